@@ -1,0 +1,95 @@
+"""Atomic writes and schema-checked parquet tables (DESIGN.md, "Data contracts")."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from distinctcap.errors import DistinctcapError
+
+SCHEMAS: dict[str, pa.Schema] = {
+    "images": pa.schema(
+        [("image_id", pa.int64()), ("file", pa.string()), ("split", pa.string()),
+         ("width", pa.int32()), ("height", pa.int32())]
+    ),
+    "captions": pa.schema(
+        [("caption_id", pa.int64()), ("image_id", pa.int64()), ("split", pa.string()),
+         ("text", pa.string()), ("tokens", pa.list_(pa.int32()))]
+    ),
+    "quarantine": pa.schema(
+        [("kind", pa.string()), ("id", pa.string()), ("file", pa.string()),
+         ("reason", pa.string())]
+    ),
+    "entropy": pa.schema(
+        [("caption_id", pa.int64()), ("image_id", pa.int64()), ("entropy", pa.float32()),
+         ("subset", pa.string())]
+    ),
+    "generated": pa.schema(
+        [("run", pa.string()), ("image_id", pa.int64()), ("sample", pa.int32()),
+         ("text", pa.string()), ("logprob", pa.float32())]
+    ),
+}
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside `path`; rename it to `path` only if the block succeeds."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(tmp)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_table(df: pd.DataFrame, path: str | os.PathLike, table: str | None = None) -> None:
+    """Write `df` as parquet atomically; contract columns are cast to the named table's types."""
+    arrow = pa.Table.from_pandas(df, preserve_index=False)
+    for field in SCHEMAS[table] if table else []:
+        if field.name not in arrow.column_names:
+            raise DistinctcapError(f"{table} table is missing column {field.name!r}")
+        i = arrow.schema.get_field_index(field.name)
+        arrow = arrow.set_column(i, field, arrow.column(i).cast(field.type))
+    with atomic_path(path) as tmp:
+        pq.write_table(arrow, tmp)
+
+
+def read_table(path: str | os.PathLike, table: str | None = None) -> pd.DataFrame:
+    """Read parquet and check it has the named contract's columns and types."""
+    arrow = pq.read_table(path)
+    if table:
+        check_schema(arrow.schema, table, path)
+    return arrow.to_pandas()
+
+
+def check_schema(schema: pa.Schema, table: str, where: object) -> None:
+    for field in SCHEMAS[table]:
+        if field.name not in schema.names:
+            raise DistinctcapError(f"{where}: {table} table lacks column {field.name!r}")
+        got = schema.field(field.name).type
+        if got != field.type:
+            raise DistinctcapError(
+                f"{where}: column {field.name!r} of the {table} table is {got}, "
+                f"expected {field.type}"
+            )
+
+
+def write_json(obj: object, path: str | os.PathLike) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=float) + "\n")
+
+
+def read_json(path: str | os.PathLike) -> object:
+    return json.loads(Path(path).read_text())

@@ -1,0 +1,85 @@
+"""Bad input never vanishes silently: each bad image or caption is quarantined with its reason
+(`on_bad_input: skip`) or stops the stage naming it (`fail`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+from PIL import Image
+from tqdm import tqdm
+
+from distinctcap.errors import DistinctcapError
+
+QUARANTINE_COLUMNS = ["kind", "id", "file", "reason"]
+
+
+def image_problem(path: Path) -> str | None:
+    """Why the image at `path` is unusable, or None if it decodes fully."""
+    if not path.is_file():
+        return "missing file"
+    try:
+        with Image.open(path) as im:
+            im.verify()
+        with Image.open(path) as im:
+            im.load()
+    except Exception as error:  # PIL raises many types for broken files
+        return f"unreadable image: {type(error).__name__}: {error}"
+    return None
+
+
+def caption_problem(text: object) -> str | None:
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError:
+            return "caption is not valid UTF-8"
+    if not isinstance(text, str):
+        return f"caption is not text ({type(text).__name__})"
+    if not text.strip():
+        return "empty caption"
+    return None
+
+
+def check_tables(
+    images: pd.DataFrame, captions: pd.DataFrame, image_root: str | Path, on_bad_input: str
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """Drop bad images/captions (and captions of dropped images); return them as a quarantine."""
+    root = Path(image_root)
+    bad: list[tuple[str, str, str, str]] = []
+
+    def flag(kind, item_id, file, reason):
+        if on_bad_input == "fail":
+            raise DistinctcapError(f"bad {kind} {item_id} ({file}): {reason}")
+        bad.append((kind, str(item_id), str(file), reason))
+
+    dup_images = images.image_id.duplicated(keep="first")
+    for row in images[dup_images].itertuples():
+        flag("image", row.image_id, row.file, "duplicate image_id")
+    images = images[~dup_images]
+    keep = []
+    for row in tqdm(images.itertuples(), total=len(images), desc="check images", unit="images"):
+        reason = image_problem(root / row.file)
+        if reason:
+            flag("image", row.image_id, row.file, reason)
+        keep.append(reason is None)
+    images = images[keep]
+
+    dup_captions = captions.caption_id.duplicated(keep="first")
+    for row in captions[dup_captions].itertuples():
+        flag("caption", row.caption_id, "", "duplicate caption_id")
+    captions = captions[~dup_captions]
+    valid_images = set(images.image_id.tolist())
+    keep = []
+    for row in captions.itertuples():
+        reason = caption_problem(row.text)
+        if reason is None and row.image_id not in valid_images:
+            reason = f"its image {row.image_id} is missing or quarantined"
+        if reason:
+            flag("caption", row.caption_id, "", reason)
+        keep.append(reason is None)
+    captions = captions[keep].copy()
+    captions["text"] = [t.decode() if isinstance(t, bytes) else t for t in captions.text]
+    quarantine = pd.DataFrame(bad, columns=QUARANTINE_COLUMNS)
+    return images.reset_index(drop=True), captions.reset_index(drop=True), quarantine
+

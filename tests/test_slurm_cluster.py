@@ -1,0 +1,111 @@
+"""Smoke test of the local SLURM cluster started by .ci/slurm/start.sh.
+
+Submits real batch jobs and reads their records back from accounting (sacct via slurmdbd),
+which is what the snakemake slurm executor relies on. Skipped when no cluster answers.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slurm
+
+STATE_DIR = Path(os.environ.get("SLURM_STATE_DIR", "/tmp/distinctcap-slurm"))
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL"}
+
+
+def _env() -> dict[str, str]:
+    """Environment for SLURM clients: the state dir's config unless SLURM_CONF is set."""
+    env = dict(os.environ)
+    conf = STATE_DIR / "etc" / "slurm.conf"
+    if "SLURM_CONF" not in env and conf.exists():
+        env["SLURM_CONF"] = str(conf)
+    return env
+
+
+def _run(*args: str, timeout: float = 20) -> str:
+    return subprocess.run(
+        args, env=_env(), capture_output=True, text=True, check=True, timeout=timeout
+    ).stdout
+
+
+def _cluster_reason() -> str | None:
+    """Why the cluster cannot be used, or None when scontrol ping reaches slurmctld."""
+    if shutil.which("scontrol") is None:
+        return "SLURM client tools not installed (run .ci/slurm/install.sh)"
+    try:
+        _run("scontrol", "ping", timeout=10)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as err:
+        return f"local SLURM cluster not up (`scontrol ping` failed; run .ci/slurm/start.sh): {err}"
+    return None
+
+
+@pytest.fixture(scope="module")
+def cluster() -> None:
+    reason = _cluster_reason()
+    if reason:
+        pytest.skip(reason)
+
+
+def _submit(workdir: Path, name: str, script: str, *options: str) -> str:
+    out = _run(
+        "sbatch", "--parsable", "-J", name, "-D", str(workdir), "-o", f"{name}.out",
+        *options, "--wrap", script,
+    )  # fmt: skip
+    return out.strip().split(";")[0]
+
+
+def _wait_accounted(job_id: str, timeout: float = 90) -> dict[str, str]:
+    """Poll sacct until the job's own record (not its steps) reaches a terminal state."""
+    fields = ["State", "ReqTRES", "AllocTRES", "ExitCode"]
+    deadline = time.monotonic() + timeout
+    while True:
+        out = _run("sacct", "-X", "-j", job_id, f"--format={','.join(fields)}", "-P", "-n")
+        lines = out.strip().splitlines()
+        if lines:
+            record = dict(zip(fields, lines[0].split("|"), strict=True))
+            if record["State"].split()[0] in TERMINAL:
+                return record
+        if time.monotonic() > deadline:
+            pytest.fail(f"job {job_id} not finished in sacct after {timeout}s: {out!r}")
+        time.sleep(1)
+
+
+def _tres(text: str) -> dict[str, str]:
+    return dict(item.split("=", 1) for item in text.split(",") if item)
+
+
+def _mebibytes(value: str) -> float:
+    units = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024**2}
+    return float(value[:-1]) * units[value[-1]] if value[-1] in units else float(value)
+
+
+def test_plain_job_completes_with_default_memory(cluster: None, tmp_path: Path) -> None:
+    job = _submit(tmp_path, "plain", "echo plain-ok")
+    record = _wait_accounted(job)
+    assert record["State"] == "COMPLETED", record
+    assert (tmp_path / "plain.out").read_text().strip() == "plain-ok"
+    alloc = _tres(record["AllocTRES"])
+    assert "gres/gpu" not in _tres(record["ReqTRES"])
+    assert alloc["cpu"] == "1"
+    node_mem = int(_run("sinfo", "-h", "-o", "%m").split()[0].rstrip("+"))
+    # DefMemPerCPU keeps a 1-CPU job from taking the whole node's memory.
+    assert _mebibytes(alloc["mem"]) < node_mem
+
+
+@pytest.mark.parametrize("request_gpu", ["--gres=gpu:1", "--gpus=1"])
+def test_gpu_job_gets_a_fake_gpu(cluster: None, tmp_path: Path, request_gpu: str) -> None:
+    # --gpus is what the snakemake plugin emits for `gpu=1`, --gres for `gres="gpu:1"`.
+    job = _submit(tmp_path, "gpu", 'echo "CVD=${CUDA_VISIBLE_DEVICES-unset}"', request_gpu)
+    record = _wait_accounted(job)
+    assert record["State"] == "COMPLETED", record
+    assert _tres(record["ReqTRES"]).get("gres/gpu") == "1", record
+    assert _tres(record["AllocTRES"]).get("gres/gpu") == "1", record
+    visible = (tmp_path / "gpu.out").read_text().strip().removeprefix("CVD=")
+    assert visible in {"0", "1"}, visible

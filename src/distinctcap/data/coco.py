@@ -386,12 +386,9 @@ def build_tables(
     return check_tables(images, captions, root, on_bad_input)
 
 
-def prepare_tables(
-    cfg: dict | CocoConfig, on_bad_input: str = "skip"
-) -> tuple[pd.DataFrame, pd.DataFrame, Path]:
+def prepare_tables(cfg: dict | CocoConfig) -> tuple[pd.DataFrame, pd.DataFrame, Path]:
     """The data stage's COCO source: fetch per `cfg` (the ``data.coco`` block), then return
-    unchecked (images, captions, root); the caller runs quality.check_tables with
-    `on_bad_input` (accepted here for that interface, not used)."""
+    unchecked (images, captions, root); the caller runs quality.check_tables."""
     config = cfg if isinstance(cfg, CocoConfig) else CocoConfig.from_dict(cfg)
     root = fetch(config)
     images, captions = read_tables(root, config.split, config.max_words, config.mrnn_val_images)

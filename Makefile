@@ -1,0 +1,26 @@
+# Two commands from a fresh clone: `make run` (pipeline on the embedded default) and
+# `make test` (the test suite). Both create .venv from the committed requirements first.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+CORES ?= 2
+export HF_HUB_OFFLINE ?= 1
+export MPLBACKEND ?= Agg
+
+$(VENV)/.installed: requirements.txt pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps -e .
+	touch $@
+
+.PHONY: install run test report
+install: $(VENV)/.installed
+
+run: install
+	$(VENV)/bin/snakemake --cores $(CORES)
+
+report: run
+	$(VENV)/bin/snakemake --cores $(CORES) --report results/report.html
+
+test: install
+	$(PY) -m pytest -q

@@ -1,0 +1,21 @@
+"""distinctcap: make image captioners say what is distinctive (UNKT, CL, SMILE, specificity).
+
+Each stage file adds its final outputs to ALL_TARGETS; `rule all` asks for all of them.
+"""
+
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "config.yaml"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/data.smk"
+
+
+rule all:
+    input:
+        ALL_TARGETS,
+    default_target: True

@@ -1,0 +1,14 @@
+"""ruff is part of the test suite (snakemake --lint is in test_config.py)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import ROOT
+
+
+def test_ruff_is_clean():
+    ruff = Path(sys.executable).with_name("ruff")
+    result = subprocess.run([str(ruff), "check", "src", "tests", "bench", "workflow/scripts"],
+                            cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -1,0 +1,125 @@
+"""Shapes world only: score generated captions against the true scene graph.
+
+A caption is parsed into claims: each mentioned object gives up to three facts (its shape,
+colour+shape, size+shape), each relation phrase between two mentioned objects gives one
+relation fact, and "on a <colour> background" gives the background fact. A claim is correct if
+the scene holds an object (pair) that matches it. Precision = correct claims / claims; recall =
+scene facts a caption covers / scene facts, micro-averaged over captions. This measures "talks
+much, errs much" exactly, which no COCO metric can: a generic caption claims nothing (recall 0,
+no precision penalty); a detailed wrong one loses precision.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from distinctcap.data.shapes import BACKGROUNDS, COLOURS, INVERSE, RELATIONS, SHAPES, SIZES
+
+SHAPE_WORDS = {w: shape for shape, words in SHAPES.items() for w in words}
+SIZE_WORDS = {w: size for size, words in SIZES.items() for w in words}
+RELATION_PHRASES = sorted(
+    ((tuple(p.split()), rel) for rel, phrases in RELATIONS.items() for p in phrases),
+    key=lambda item: -len(item[0]),
+)
+
+
+@dataclass
+class Claims:
+    objects: list[dict] = field(default_factory=list)  # {"shape", "colour"?, "size"?}
+    relations: list[tuple[int, str, int]] = field(default_factory=list)
+    background: str | None = None
+
+
+def parse(text: str) -> Claims:
+    """Objects as (size? colour? shape) runs; a relation phrase between consecutive objects."""
+    words = text.lower().split()
+    claims, pending, relation = Claims(), {}, None
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word in BACKGROUNDS and i + 1 < len(words) and words[i + 1] in ("background",
+                                                                           "backdrop"):
+            claims.background, pending = word, {}
+        elif word in SIZE_WORDS:
+            pending["size"] = SIZE_WORDS[word]
+        elif word in COLOURS:
+            pending["colour"] = word
+        elif word in SHAPE_WORDS:
+            claims.objects.append({**pending, "shape": SHAPE_WORDS[word]})
+            if relation is not None and len(claims.objects) >= 2:
+                claims.relations.append((len(claims.objects) - 2, relation,
+                                         len(claims.objects) - 1))
+            pending, relation = {}, None
+        else:
+            for phrase, rel in RELATION_PHRASES:
+                if tuple(words[i:i + len(phrase)]) == phrase and claims.objects:
+                    relation, i = rel, i + len(phrase) - 1
+                    break
+        i += 1
+    return claims
+
+
+def matches(claim: dict, obj: dict) -> bool:
+    return all(obj[key] == value for key, value in claim.items())
+
+
+def object_facts(claim: dict) -> list[dict]:
+    facts = [{"shape": claim["shape"]}]
+    facts += [{"shape": claim["shape"], key: claim[key]} for key in ("colour", "size")
+              if key in claim]
+    return facts
+
+
+def relation_holds(scene: dict, a: dict, rel: str, b: dict) -> bool:
+    objs = scene["objects"]
+    return any(matches(a, objs[i]) and matches(b, objs[j])
+               for i, r, j in scene["relations"] if r == rel)
+
+
+def score_caption(text: str, scene: dict) -> dict[str, int]:
+    """Counts for one caption: claims, correct claims, scene facts, covered scene facts."""
+    claims, objs = parse(text), scene["objects"]
+    correct = total = 0
+    for claim in claims.objects:
+        for fact in object_facts(claim):
+            total += 1
+            correct += any(matches(fact, o) for o in objs)
+    for i, rel, j in claims.relations:
+        total += 1
+        correct += relation_holds(scene, claims.objects[i], rel, claims.objects[j])
+    if claims.background:
+        total += 1
+        correct += claims.background == scene["background"]
+    return {"claims": total, "correct": correct, **coverage(claims, scene)}
+
+
+def coverage(claims: Claims, scene: dict) -> dict[str, int]:
+    objs = scene["objects"]
+    facts = covered = 0
+    for o in objs:
+        for fact in object_facts(o):
+            facts += 1
+            covered += any(all(c.get(k) == v for k, v in fact.items()) for c in claims.objects)
+    said = {(rel, i, j) for i, rel, j in claims.relations}
+    said |= {(INVERSE[rel], j, i) for rel, i, j in said}
+    for i, rel, j in scene["relations"]:
+        facts += 1
+        covered += any(r == rel and matches(claims.objects[a], objs[i])
+                       and matches(claims.objects[b], objs[j]) for r, a, b in said)
+    facts += 1
+    covered += claims.background == scene["background"]
+    return {"facts": facts, "covered": covered}
+
+
+def scene_f1(texts: list[str], scenes: list[str | dict]) -> dict[str, float]:
+    """Micro-averaged scene precision, recall and F1 of captions against their scenes."""
+    totals = {"claims": 0, "correct": 0, "facts": 0, "covered": 0}
+    for text, scene in zip(texts, scenes, strict=True):
+        scene = json.loads(scene) if isinstance(scene, str) else scene
+        for key, value in score_caption(text, scene).items():
+            totals[key] += value
+    precision = totals["correct"] / totals["claims"] if totals["claims"] else float("nan")
+    recall = totals["covered"] / totals["facts"] if totals["facts"] else float("nan")
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall > 0 else 0.0
+    return {"scene_precision": precision, "scene_recall": recall, "scene_f1": f1}

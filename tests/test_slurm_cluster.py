@@ -17,6 +17,7 @@ import pytest
 pytestmark = pytest.mark.slurm
 
 STATE_DIR = Path(os.environ.get("SLURM_STATE_DIR", "/tmp/distinctcap-slurm"))
+GPU_TYPE = os.environ.get("SLURM_FAKE_GPU_TYPE", "fakegpu")
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL"}
 
 
@@ -54,23 +55,24 @@ def cluster() -> None:
 
 
 def _submit(workdir: Path, name: str, script: str, *options: str) -> str:
-    out = _run(
-        "sbatch", "--parsable", "-J", name, "-D", str(workdir), "-o", f"{name}.out",
-        *options, "--wrap", script,
-    )  # fmt: skip
+    args = ["-J", name, "--comment", f"rule_{name}", "-D", str(workdir), "-o", f"{name}.out"]
+    out = _run("sbatch", "--parsable", *args, *options, "--wrap", script)
     return out.strip().split(";")[0]
 
 
 def _wait_accounted(job_id: str, timeout: float = 90) -> dict[str, str]:
-    """Poll sacct until the job's own record (not its steps) reaches a terminal state."""
-    fields = ["State", "ReqTRES", "AllocTRES", "ExitCode"]
+    """Poll sacct until the job's own record (not its steps) is terminal and has its TRES.
+
+    slurmdbd may store the end state before ReqTRES (seen empty right after COMPLETED).
+    """
+    fields = ["State", "ReqTRES", "AllocTRES", "Comment"]
     deadline = time.monotonic() + timeout
     while True:
         out = _run("sacct", "-X", "-j", job_id, f"--format={','.join(fields)}", "-P", "-n")
         lines = out.strip().splitlines()
         if lines:
             record = dict(zip(fields, lines[0].split("|"), strict=True))
-            if record["State"].split()[0] in TERMINAL:
+            if record["State"].split()[0] in TERMINAL and record["ReqTRES"]:
                 return record
         if time.monotonic() > deadline:
             pytest.fail(f"job {job_id} not finished in sacct after {timeout}s: {out!r}")
@@ -90,6 +92,8 @@ def test_plain_job_completes_with_default_memory(cluster: None, tmp_path: Path) 
     job = _submit(tmp_path, "plain", "echo plain-ok")
     record = _wait_accounted(job)
     assert record["State"] == "COMPLETED", record
+    # AccountingStoreFlags=job_comment: the snakemake plugin's rule_<name> comment is kept.
+    assert record["Comment"] == "rule_plain"
     assert (tmp_path / "plain.out").read_text().strip() == "plain-ok"
     alloc = _tres(record["AllocTRES"])
     assert "gres/gpu" not in _tres(record["ReqTRES"])
@@ -99,13 +103,17 @@ def test_plain_job_completes_with_default_memory(cluster: None, tmp_path: Path) 
     assert _mebibytes(alloc["mem"]) < node_mem
 
 
-@pytest.mark.parametrize("request_gpu", ["--gres=gpu:1", "--gpus=1"])
+@pytest.mark.parametrize("request_gpu", ["--gres=gpu:1", "--gpus=1", f"--gpus={GPU_TYPE}:1"])
 def test_gpu_job_gets_a_fake_gpu(cluster: None, tmp_path: Path, request_gpu: str) -> None:
-    # --gpus is what the snakemake plugin emits for `gpu=1`, --gres for `gres="gpu:1"`.
+    # The snakemake plugin emits --gpus=1 for `gpu=1`, --gpus=MODEL:1 with `gpu_model`,
+    # and --gres=gpu:1 for `gres="gpu:1"`.
     job = _submit(tmp_path, "gpu", 'echo "CVD=${CUDA_VISIBLE_DEVICES-unset}"', request_gpu)
     record = _wait_accounted(job)
     assert record["State"] == "COMPLETED", record
     assert _tres(record["ReqTRES"]).get("gres/gpu") == "1", record
     assert _tres(record["AllocTRES"]).get("gres/gpu") == "1", record
+    assert _tres(record["AllocTRES"]).get(f"gres/gpu:{GPU_TYPE}") == "1", record
+    if GPU_TYPE in request_gpu:
+        assert _tres(record["ReqTRES"]).get(f"gres/gpu:{GPU_TYPE}") == "1", record
     visible = (tmp_path / "gpu.out").read_text().strip().removeprefix("CVD=")
     assert visible in {"0", "1"}, visible

@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034  # variables are used by the scripts that source this
 # Shared settings for start.sh/stop.sh (sourced, not executed).
 # Every path the cluster writes lives under one state dir, so start/stop are idempotent.
 STATE="${SLURM_STATE_DIR:-/tmp/distinctcap-slurm}"
@@ -6,6 +7,7 @@ SLURMD_PORT="${SLURM_SLURMD_PORT:-6818}"
 DBD_PORT="${SLURM_DBD_PORT:-6819}"
 DB_PORT="${SLURM_DB_PORT:-3307}"
 NGPUS="${SLURM_FAKE_GPUS:-2}"
+GPU_TYPE="${SLURM_FAKE_GPU_TYPE:-fakegpu}"
 export SLURM_CONF="$STATE/etc/slurm.conf"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 

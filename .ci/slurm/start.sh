@@ -46,16 +46,18 @@ node="$(hostname -s)"
 hw="$(slurmd -C | head -n 1)"
 cpus="$(sed -n 's/.* CPUs=\([0-9]*\).*/\1/p' <<<"$hw")"
 real_mem="$(sed -n 's/.* RealMemory=\([0-9]*\).*/\1/p' <<<"$hw")"
-[ -n "$cpus" ] && [ -n "$real_mem" ] || fail "cannot parse 'slurmd -C': $hw"
+{ [ -n "$cpus" ] && [ -n "$real_mem" ]; } || fail "cannot parse 'slurmd -C': $hw"
 def_mem=$((real_mem / cpus))
 [ "$def_mem" -le 1024 ] || def_mem=1024
 [ -s "$STATE/etc/dbpass" ] || (umask 077 && od -An -tx1 -N12 /dev/urandom | tr -d ' \n' >"$STATE/etc/dbpass")
 db_pass="$(cat "$STATE/etc/dbpass")"
 
+[[ "$NGPUS" =~ ^[1-9][0-9]*$ ]] || fail "SLURM_FAKE_GPUS must be a positive integer, got '$NGPUS'"
+old_sum="$(cat "$STATE"/etc/{slurm,gres,slurmdbd}.conf 2>/dev/null | md5sum)"
 render() {
     sed -e "s|@STATE@|$STATE|g" -e "s|@NODE@|$node|g" -e "s|@CPUS@|$cpus|g" \
         -e "s|@REAL_MEMORY@|$real_mem|g" -e "s|@DEF_MEM_PER_CPU@|$def_mem|g" \
-        -e "s|@NGPUS@|$NGPUS|g" -e "s|@LAST_GPU@|$((NGPUS - 1))|g" \
+        -e "s|@NGPUS@|$NGPUS|g" -e "s|@GPU_TYPE@|$GPU_TYPE|g" -e "s|@LAST_GPU@|$((NGPUS - 1))|g" \
         -e "s|@CTLD_PORT@|$CTLD_PORT|g" -e "s|@SLURMD_PORT@|$SLURMD_PORT|g" \
         -e "s|@DBD_PORT@|$DBD_PORT|g" -e "s|@DB_PORT@|$DB_PORT|g" -e "s|@DB_PASS@|$db_pass|g" \
         "$HERE/$1" >"$STATE/etc/$1"
@@ -64,6 +66,10 @@ render slurm.conf
 render gres.conf
 render slurmdbd.conf
 chmod 600 "$STATE/etc/slurmdbd.conf"
+if [ "$old_sum" != "$(cat "$STATE"/etc/{slurm,gres,slurmdbd}.conf | md5sum)" ] &&
+    pid_alive "$STATE/run/slurmctld.pid" slurmctld >/dev/null; then
+    echo "slurm start: config changed under running daemons; run stop.sh then start.sh" >&2
+fi
 cat >"$STATE/etc/my.cnf" <<CNF
 [mysqld]
 datadir=$STATE/mysql
@@ -82,15 +88,18 @@ echo "export SLURM_CONF=$SLURM_CONF" >"$STATE/env.sh"
 
 # Fake GPUs: gres/gpu needs character devices behind File=.
 for ((i = 0; i < NGPUS; i++)); do
-    [ -c "$STATE/dev/gpu$i" ] || mknod -m 666 "$STATE/dev/gpu$i" c 1 3
+    [ -c "$STATE/dev/gpu$i" ] || mknod -m 666 "$STATE/dev/gpu$i" c 1 3 || fail "mknod failed"
 done
 
-# Let plain client commands (and jobs without SLURM_CONF) find the config.
+# Let client commands find the config without SLURM_CONF. Needed by snakemake: its slurm-jobstep
+# executor drops every SLURM_* variable (SLURM_CONF too) before the srun inside each job.
 mkdir -p /etc/slurm
 if [ -L /etc/slurm/slurm.conf ] || [ ! -e /etc/slurm/slurm.conf ]; then
     ln -sfn "$SLURM_CONF" /etc/slurm/slurm.conf
 else
-    echo "slurm start: /etc/slurm/slurm.conf is a real file; left alone (use SLURM_CONF)" >&2
+    echo "slurm start: WARNING /etc/slurm/slurm.conf is a real file and was left alone;" \
+        "clients need SLURM_CONF=$SLURM_CONF and snakemake's srun inside jobs will not" \
+        "find this cluster" >&2
 fi
 
 # ---- daemons ---------------------------------------------------------------------------------
@@ -160,5 +169,5 @@ while :; do
     [ "$SECONDS" -lt "$end" ] || fail "node $node is '${state:-unknown}' after ${TIMEOUT}s"
     sleep 0.5
 done
-echo "slurm start: node $node $state (CPUs=$cpus RealMemory=$real_mem gpu:$NGPUS)" \
+echo "slurm start: node $node $state (CPUs=$cpus RealMemory=$real_mem gpu:$GPU_TYPE:$NGPUS)" \
     "in $((SECONDS - t0))s; state in $STATE; SLURM_CONF=$SLURM_CONF"

@@ -8,9 +8,9 @@ WAIT="${SLURM_STOP_TIMEOUT:-30}"
 
 if pid_alive "$STATE/run/slurmctld.pid" slurmctld >/dev/null; then
     # Jobs left running would keep slurmstepd processes alive after slurmd exits.
-    jobs="$(timeout 10 squeue -h -o %i 2>/dev/null | tr '\n' ' ' || true)"
-    if [ -n "${jobs// /}" ]; then
-        timeout 10 scancel $jobs || true
+    mapfile -t jobs < <(timeout 10 squeue -h -o %i 2>/dev/null || true)
+    if [ "${#jobs[@]}" -gt 0 ]; then
+        timeout 10 scancel "${jobs[@]}" || true
         end=$((SECONDS + 15))
         while [ -n "$(timeout 10 squeue -h -t running,completing -o %i 2>/dev/null || true)" ] &&
             [ "$SECONDS" -lt "$end" ]; do

@@ -1,0 +1,237 @@
+"""Contrastive Learning (CL, Dai & Lin 2017, §4.2): fine-tune a target captioner against a
+frozen reference so that it raises p(c | I) of true pairs and lowers p(c/ | I) of mismatched
+pairs, both relative to the reference.
+
+Per micro-batch (B caption rows, each with its image):
+
+- positives X: the batch's own (caption, image) pairs;
+- negatives Y_1..Y_K: for each row, K captions of OTHER images (never a caption of the row's own
+  image, by image id: C/I_t of §4.2), drawn uniformly from every training caption, afresh at
+  each step. The draw is a pure function of (seed, step, the batch's caption ids), so a resumed
+  run and an uninterrupted one see the same negatives;
+- G = ln p_m(c|I) - ln p_n(c|I) (eq. 7) from one encoder pass over the B images and one decoder
+  pass over the B + B*K rows, for the target and (under no_grad) the reference;
+- loss = -J (eq. 8-10), `distinctcap.losses.contrastive_loss`.
+
+Options (the run's block in `runs:`):
+
+- `negatives` K (default 5, "K = 5 is sufficient", §4.2);
+- `nu` (default 1, "we choose nu = 1", §4.2) and `nu_in_sigmoid`: with true (default) h =
+  r_nu(G) = 1 / (1 + nu exp(-G)) as in eq. 3 and 8; with false h = sigmoid(G), which is what the
+  authors' released Lua code does (its criterion is built with log nu = 0, and nu, `-vu 5`, is
+  only the number of negative draws);
+- `constraints`: both (CL), positive (CL(P)) or negative (CL(N)), Table 4;
+- `replace_reference_every` N > 0: before optimiser step N, 2N, ... the reference's weights are
+  replaced by the target's current weights (§4.3, Table 6). The paper replaces the reference by
+  the *best* target on validation after the target saturates and then reruns the learning; the
+  objective cannot see validation, so this in-run variant copies the current target. The paper's
+  protocol is a second run: `{method: cl, init: cl, reference: cl}` (the trainer's `model.pt`
+  is the checkpoint selected on validation).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from distinctcap.errors import DistinctcapError
+from distinctcap.losses import contrastive_loss
+
+if TYPE_CHECKING:
+    from distinctcap.data.batches import Batch
+    from distinctcap.methods import TrainContext
+    from distinctcap.model import Captioner
+
+CONSTRAINTS = ("both", "positive", "negative")
+DEFAULTS = {
+    "negatives": 5,
+    "nu": 1.0,
+    "nu_in_sigmoid": True,
+    "constraints": "both",
+    "replace_reference_every": 0,
+}
+
+
+def step_generator(
+    seed: int, step: int, caption_ids: Tensor, device: torch.device | str = "cpu"
+) -> torch.Generator:
+    """A torch.Generator seeded from (seed, step, the batch's caption ids).
+
+    A pure function of its inputs, so random draws survive a resume; including the caption ids
+    makes the micro-batches of one optimiser step (gradient accumulation) draw differently.
+    """
+    entropy = [abs(int(seed)), int(step), *(abs(int(c)) for c in caption_ids.tolist())]
+    hi, lo = np.random.SeedSequence(entropy).generate_state(2, np.uint32)
+    return torch.Generator(device).manual_seed(int(hi) << 32 | int(lo))
+
+
+def sample_negatives(
+    image_ids: Tensor, own_images: Tensor, k: int, generator: torch.Generator
+) -> Tensor:
+    """(B, K) positions into `image_ids` (C,), every one a caption of another image than
+    `own_images[b]` (B,): uniform over the C/I_t of CL §4.2, with replacement."""
+    c = len(image_ids)
+    idx = torch.randint(c, (len(own_images), k), generator=generator)
+    clash = image_ids[idx] == own_images[:, None]
+    for _ in range(8):  # rejection: each round keeps a clash with prob. ~ (own captions) / C
+        if not clash.any():
+            return idx
+        idx[clash] = torch.randint(c, (int(clash.sum()),), generator=generator)
+        clash = image_ids[idx] == own_images[:, None]
+    for b, j in clash.nonzero().tolist():  # an image owning most captions: draw exactly
+        others = (image_ids != own_images[b]).nonzero().squeeze(1)
+        if len(others) == 0:
+            raise DistinctcapError("CL negatives need captions of at least two images")
+        idx[b, j] = others[torch.randint(len(others), (1,), generator=generator)]
+    return idx
+
+
+def pair_logprobs(
+    model: Captioner,
+    grid: Tensor,
+    pooled: Tensor,
+    image_index: Tensor,
+    inputs: Tensor,
+    labels: Tensor,
+    pad_id: int,
+) -> Tensor:
+    """ln p(c_r | I_image_index[r]) for R (image, caption) rows -> (R,), a sum over the non-pad
+    labels (CL eq. 7 compares whole-caption probabilities). The B images of grid (B, G, Dv) /
+    pooled (B, Dp) are encoded once; inputs/labels (R, N) go through the decoder in one pass.
+    Differentiable; the caller decides no_grad."""
+    memory = model.encode(grid, pooled).index_select(0, image_index)  # (R, M, W)
+    logits = model.decode(memory, inputs)  # (R, N, V)
+    nll = F.cross_entropy(
+        logits.flatten(0, 1), labels.flatten(), ignore_index=pad_id, reduction="none"
+    )
+    return -nll.view(labels.shape).sum(dim=1)
+
+
+def _pad_to(x: Tensor, width: int, pad_id: int) -> Tensor:
+    return F.pad(x, (0, width - x.shape[1]), value=pad_id)
+
+
+class ContrastiveLearning:
+    """CL objective, loss = -J(theta) of eq. 10 (see the module doc)."""
+
+    needs: tuple[str, ...] = ("reference",)
+
+    def __init__(self, run_cfg: dict, ctx: TrainContext):
+        opts = {key: run_cfg.get(key, default) for key, default in DEFAULTS.items()}
+        where = f"runs.{run_cfg.get('name', '<cl run>')}"
+        if opts["constraints"] not in CONSTRAINTS:
+            raise DistinctcapError(
+                f"{where}.constraints = {opts['constraints']!r}: choose one of {CONSTRAINTS}"
+            )
+        if int(opts["negatives"]) < 1:
+            raise DistinctcapError(f"{where}.negatives = {opts['negatives']}: allowed >= 1")
+        if not float(opts["nu"]) > 0:
+            raise DistinctcapError(f"{where}.nu = {opts['nu']}: allowed > 0")
+        if int(opts["replace_reference_every"]) < 0:
+            raise DistinctcapError(
+                f"{where}.replace_reference_every = {opts['replace_reference_every']}: "
+                "allowed >= 0 (0 = never)"
+            )
+        if "reference" not in ctx.frozen:
+            raise DistinctcapError(f"{where}: method cl needs the frozen reference model")
+        self.k = int(opts["negatives"])
+        self.nu = float(opts["nu"]) if opts["nu_in_sigmoid"] else 1.0
+        self.use_pos = opts["constraints"] in ("both", "positive")
+        self.use_neg = opts["constraints"] in ("both", "negative")
+        self.replace_every = int(opts["replace_reference_every"])
+        self.replaced_at = 0  # step of the last reference replacement (0 = the original)
+        self.seed = int(run_cfg.get("seed", 0))
+        self.reference = ctx.frozen["reference"]
+        self.data = ctx.train_data
+        self.pad_id = ctx.pad_id
+        if self.use_neg and len(torch.unique(self.data.image_ids)) < 2:
+            raise DistinctcapError(f"{where}: CL negatives need captions of at least two images")
+
+    # -- negatives and rows --------------------------------------------------------------------
+
+    def negatives(self, batch: Batch, step: int) -> Tensor:
+        """(B, K) positions in ctx.train_data of the batch's negative captions at `step`."""
+        gen = step_generator(self.seed, step, batch.caption_ids)
+        return sample_negatives(self.data.image_ids, batch.image_ids, self.k, gen)
+
+    def rows(self, batch: Batch, step: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Every scored pair of the micro-batch: image index (R,), inputs and labels (R, N),
+        the B positives first (if used), then the B*K negatives row-major (row b's K first)."""
+        device, b = batch.inputs.device, len(batch)
+        images, inputs, labels = [], [], []
+        if self.use_pos:
+            images.append(torch.arange(b))
+            inputs.append(batch.inputs)
+            labels.append(batch.labels)
+        if self.use_neg:
+            flat = self.negatives(batch, step).flatten()
+            n = max(int(self.data.lengths[flat].max()), 1)
+            images.append(torch.arange(b).repeat_interleave(self.k))
+            inputs.append(self.data.inputs[flat, :n].to(device, non_blocking=True))
+            labels.append(self.data.labels[flat, :n].to(device, non_blocking=True))
+        width = max(x.shape[1] for x in inputs)
+        return (
+            torch.cat(images).to(device),
+            torch.cat([_pad_to(x, width, self.pad_id) for x in inputs]),
+            torch.cat([_pad_to(x, width, self.pad_id) for x in labels]),
+        )
+
+    # -- reference replacement (§4.3, Table 6) -------------------------------------------------
+
+    def maybe_replace_reference(self, model: Captioner, step: int) -> bool:
+        """Copy the target's weights into the frozen reference before steps N, 2N, ..."""
+        every = self.replace_every
+        if not every or step <= 0 or step % every or self.replaced_at >= step:
+            return False
+        try:
+            self.reference.load_state_dict(model.state_dict())
+        except RuntimeError as error:
+            raise DistinctcapError(
+                "replace_reference_every needs the reference and the target to share one "
+                f"captioner architecture: {str(error)[:200]}"
+            ) from error
+        self.replaced_at = step
+        return True
+
+    def state_dict(self) -> dict:
+        """What a resume needs beyond the target: the replaced reference, if any."""
+        replaced = self.replaced_at > 0
+        return {
+            "replaced_at": self.replaced_at,
+            "reference": self.reference.state_dict() if replaced else None,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.replaced_at = int(state["replaced_at"])
+        if state.get("reference") is not None:
+            self.reference.load_state_dict(state["reference"])
+
+    # -- the objective -------------------------------------------------------------------------
+
+    def loss(
+        self, model: Captioner, batch: Batch, step: int, total_steps: int
+    ) -> tuple[Tensor, dict[str, float]]:
+        self.maybe_replace_reference(model, step)
+        images, inputs, labels = self.rows(batch, step)
+        args = (batch.grid, batch.pooled, images, inputs, labels, self.pad_id)
+        logp_target = pair_logprobs(model, *args)
+        with torch.no_grad():
+            logp_ref = pair_logprobs(self.reference, *args)
+        b = len(batch)
+        pos_t = pos_r = neg_t = neg_r = None
+        if self.use_pos:
+            pos_t, pos_r = logp_target[:b], logp_ref[:b]
+        if self.use_neg:
+            start = b if self.use_pos else 0
+            neg_t, neg_r = logp_target[start:].view(b, self.k), logp_ref[start:].view(b, self.k)
+        loss = contrastive_loss(pos_t, pos_r, neg_t, neg_r, nu=self.nu)
+        extras = {}
+        if self.use_pos:
+            extras["g_pos"] = float((pos_t - pos_r).detach().mean())
+        if self.use_neg:
+            extras["g_neg"] = float((neg_t - neg_r).detach().mean())
+        return loss, extras

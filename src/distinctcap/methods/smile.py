@@ -1,0 +1,75 @@
+"""Semipermeable MLE (SMILE, Yue et al. 2023): further training of an MLE captioner with the
+softmax of every position restricted to the words of its own caption (§2.2, eq. 2-3, App. A).
+
+Options (the run's block in `runs:`):
+
+- `subset`: smile (V_D, the caption's own words; default), random (|V_D| random words) or
+  reverse (V \\ V_D plus the label): the ablations of §3.4 / Fig. 4a;
+- `first_token_mle` (default true): the first position uses the full vocabulary, the paper's
+  default "initial context restriction" (§3.3, Table 4). Its other variant, first-token
+  shifting, swaps the first label for a rare sub-word form ("a" -> "##a" in BERT's vocabulary);
+  it depends on the vocabulary and is not implemented;
+- `mle_weight` lambda in [0, 1] (default 0, pure SMILE): eq. 4,
+  L = lambda L_MLE + (1 - lambda) L_SMILE; Table 5 tries 1, 0.5, 0.1, 0.05, 0.01 and 0 and finds
+  0.01 best for self-retrieval.
+
+The loss is computed from one teacher-forced forward; the random subset is drawn from a
+generator seeded by (seed, step, batch), so a resumed run draws the same subsets.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from torch import Tensor
+
+from distinctcap.errors import DistinctcapError
+from distinctcap.losses import SMILE_SUBSETS, mle_loss, smile_loss, smile_objective
+from distinctcap.methods.cl import step_generator
+
+if TYPE_CHECKING:
+    from distinctcap.data.batches import Batch
+    from distinctcap.methods import TrainContext
+    from distinctcap.model import Captioner
+
+DEFAULTS = {"subset": "smile", "first_token_mle": True, "mle_weight": 0.0}
+
+
+class SMILE:
+    """L = lambda L_MLE + (1 - lambda) L_SMILE (eq. 4), token means over non-pad labels."""
+
+    needs: tuple[str, ...] = ()
+
+    def __init__(self, run_cfg: dict, ctx: TrainContext):
+        opts = {key: run_cfg.get(key, default) for key, default in DEFAULTS.items()}
+        where = f"runs.{run_cfg.get('name', '<smile run>')}"
+        if opts["subset"] not in SMILE_SUBSETS:
+            raise DistinctcapError(
+                f"{where}.subset = {opts['subset']!r}: choose one of {SMILE_SUBSETS}"
+            )
+        if not 0.0 <= float(opts["mle_weight"]) <= 1.0:
+            raise DistinctcapError(
+                f"{where}.mle_weight = {opts['mle_weight']}: allowed 0 <= mle_weight <= 1"
+            )
+        self.subset = opts["subset"]
+        self.first_token_mle = bool(opts["first_token_mle"])
+        self.lam = float(opts["mle_weight"])
+        self.seed = int(run_cfg.get("seed", 0))
+        self.pad_id = ctx.pad_id
+
+    def loss(
+        self, model: Captioner, batch: Batch, step: int, total_steps: int
+    ) -> tuple[Tensor, dict[str, float]]:
+        logits, _ = model(batch.grid, batch.pooled, batch.inputs)
+        gen = None
+        if self.subset == "random":
+            gen = step_generator(self.seed, step, batch.caption_ids, logits.device)
+        smile = smile_loss(
+            logits, batch.labels, self.pad_id, self.first_token_mle, self.subset, gen
+        )
+        extras = {"smile": float(smile.detach())}
+        if self.lam == 0.0:  # pure SMILE: no second softmax over the vocabulary
+            return smile, extras
+        mle = mle_loss(logits, batch.labels, self.pad_id)
+        extras["mle"] = float(mle.detach())
+        return smile_objective(smile, mle, self.lam), extras

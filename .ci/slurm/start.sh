@@ -6,6 +6,7 @@
 # Clients need SLURM_CONF=$SLURM_STATE_DIR/etc/slurm.conf unless /etc/slurm/slurm.conf is the
 # symlink this script makes (it never replaces a real file there).
 set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 TIMEOUT="${SLURM_START_TIMEOUT:-60}"
 t0=$SECONDS

@@ -3,6 +3,7 @@
 # order by the pid files in the state dir (never by process name), each wait bounded.
 # State (database, munge key, job state) is kept, so a later start.sh resumes it.
 set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 WAIT="${SLURM_STOP_TIMEOUT:-30}"
 

@@ -9,6 +9,7 @@ from conftest import ROOT
 
 def test_ruff_is_clean():
     ruff = Path(sys.executable).with_name("ruff")
-    result = subprocess.run([str(ruff), "check", "src", "tests", "bench", "workflow/scripts"],
-                            cwd=ROOT, capture_output=True, text=True)
+    paths = [p for p in ("src", "tests", "bench", "workflow/scripts") if (ROOT / p).exists()]
+    result = subprocess.run([str(ruff), "check", *paths], cwd=ROOT, capture_output=True,
+                            text=True)
     assert result.returncode == 0, result.stdout + result.stderr

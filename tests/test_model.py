@@ -118,6 +118,22 @@ def test_kv_cache_matches_full_decoding(batch):
     assert torch.allclose(torch.cat([first, rest], 1), full, atol=1e-5)
 
 
+def test_grouped_cache_shares_memory_between_rows(batch):
+    """Three captions per image against one copy of its memory = against three copies."""
+    grid, pooled, tokens = batch
+    model = tiny()
+    memory = model.encode(grid, pooled)
+    rows = torch.randint(3, V, (3 * B, N), generator=torch.Generator().manual_seed(2))
+    full = model.decode(memory.repeat_interleave(3, dim=0), rows)
+    cache = model.init_cache(memory, group=3)
+    assert cache.group == 3 and cache.cross[0][0].shape[0] == B
+    steps = []
+    for t in range(N):
+        logits, cache = model.decode_step(rows[:, t : t + 1], cache)
+        steps.append(logits)
+    assert torch.allclose(torch.cat(steps, 1), full, atol=1e-5)
+
+
 def test_right_padding_needs_no_key_mask(batch):
     grid, pooled, tokens = batch
     model = tiny()

@@ -88,13 +88,15 @@ def _score(model: Captioner, memory: Tensor, token_lists: Sequence[Sequence[int]
 def _finish(
     model: Captioner, memory: Tensor, seqs: Tensor, logprob: Tensor, no_repeat: bool
 ) -> list[Caption]:
-    """Generated ids (B, T) and their log-probs (B,), one row per memory row -> captions."""
+    """Generated ids (B*g, T) and their log-probs (B*g,), g rows per image of memory
+    (B, M, W) -> captions."""
     caps = [Caption(_trim(r), lp) for r, lp in zip(seqs.tolist(), logprob.tolist(), strict=True)]
     if no_repeat:
         changed = [i for i, c in enumerate(caps) if drop_repeats(c.tokens) != c.tokens]
         if changed:
             cleaned = [drop_repeats(caps[i].tokens) for i in changed]
-            scores = _score(model, memory[changed], cleaned).tolist()
+            images = torch.tensor(changed, device=memory.device) // (len(caps) // len(memory))
+            scores = _score(model, memory[images], cleaned).tolist()
             for i, toks, lp in zip(changed, cleaned, scores, strict=True):
                 caps[i] = Caption(toks, lp)
     return caps
@@ -107,12 +109,17 @@ def _ban_specials(logp: Tensor) -> Tensor:
 
 
 def _generate(
-    model: Captioner, memory: Tensor, max_len: int, choose: Callable[[Tensor], Tensor]
+    model: Captioner,
+    memory: Tensor,
+    group: int,
+    max_len: int,
+    choose: Callable[[Tensor], Tensor],
 ) -> tuple[Tensor, Tensor]:
-    """Left-to-right decoding, one token per row and step chosen by `choose(logits (B, V))`.
-    Returns ids (B, T) (pad after eos) and log p of each row's tokens up to eos (B,)."""
-    b = memory.shape[0]
-    cache = model.init_cache(memory)
+    """Left-to-right decoding of `group` rows per image of memory (B, M, W), one token per row
+    and step chosen by `choose(log-probs (B*group, V))`. Returns ids (B*group, T) (pad after
+    eos) and log p of each row's tokens up to eos (B*group,)."""
+    b = memory.shape[0] * group
+    cache = model.init_cache(memory, group)
     tok = torch.full((b, 1), BOS, dtype=torch.long, device=memory.device)
     logprob = torch.zeros(b, device=memory.device)
     done = torch.zeros(b, dtype=torch.bool, device=memory.device)
@@ -130,6 +137,15 @@ def _generate(
     return torch.stack(out, dim=1), logprob
 
 
+def _draw(probs: Tensor, generator: torch.Generator | None) -> Tensor:
+    """One token per row of probs (B, V) by inverting the CDF with one uniform number per
+    row: the same law as torch.multinomial, which draws V exponentials per row (several times
+    slower here). right=True never returns a zero-probability token."""
+    cdf = probs.cumsum(dim=-1)
+    u = torch.rand(len(probs), 1, generator=generator, device=probs.device) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).clamp(max=probs.shape[-1] - 1).squeeze(1)
+
+
 def greedy(
     model: Captioner,
     grid: Tensor,
@@ -141,7 +157,9 @@ def greedy(
     grid (B, G, Dv), pooled (B, Dp); max_len defaults to the model's."""
     with _inference(model):
         memory = _memory(model, grid, pooled)
-        seqs, logprob = _generate(model, memory, _max_len(model, max_len), lambda lp: lp.argmax(-1))
+        seqs, logprob = _generate(
+            model, memory, 1, _max_len(model, max_len), lambda lp: lp.argmax(-1)
+        )
         return _finish(model, memory, seqs, logprob, no_repeat)
 
 
@@ -177,12 +195,11 @@ def sample(
             probs = sorted_logits.softmax(dim=-1)
             outside = probs.cumsum(dim=-1) - probs >= top_p  # mass before it already >= top_p
             logits = logits.scatter(1, order, sorted_logits.masked_fill(outside, float("-inf")))
-        probs = logits.softmax(dim=-1)
-        return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+        return _draw(logits.softmax(dim=-1), generator)
 
     with _inference(model):
-        memory = _memory(model, grid, pooled).repeat_interleave(n, dim=0)  # (B*n, M, W)
-        seqs, logprob = _generate(model, memory, _max_len(model, max_len), choose)
+        memory = _memory(model, grid, pooled)
+        seqs, logprob = _generate(model, memory, n, _max_len(model, max_len), choose)
         caps = _finish(model, memory, seqs, logprob, no_repeat)
     return [caps[i : i + n] for i in range(0, len(caps), n)]
 
@@ -208,8 +225,7 @@ def beam_search_all(
     with _inference(model):
         memory = _memory(model, grid, pooled)
         b, dev = memory.shape[0], memory.device
-        memory = memory.repeat_interleave(k, dim=0)  # (B*k, M, W)
-        cache = model.init_cache(memory)
+        cache = model.init_cache(memory, group=k)
         scores = torch.full((b, k), float("-inf"), device=dev)
         scores[:, 0] = 0.0  # start from one beam, or the k copies would fill the beam
         done = torch.zeros(b, k, dtype=torch.bool, device=dev)
@@ -236,7 +252,7 @@ def beam_search_all(
             done = was_done | (new_tok == EOS)
             if done.all():
                 break
-            cache = cache.select(rows, cross=False)  # beams of one image share its memory
+            cache = cache.select(rows)
             tok = new_tok.view(-1, 1)
         rank = scores / lengths.clamp(min=1).float() ** length_penalty
         order = rank.argsort(dim=-1, descending=True)  # (B, k)

@@ -18,8 +18,9 @@ Read top to bottom: attention, blocks, the model, then batching and saving helpe
   (UNKT eq. 8) come back with each decoder layer's hidden states; otherwise the fast
   `F.scaled_dot_product_attention` runs.
 - Incremental decoding keeps a `KVCache`: per decoder layer the self-attention keys/values of
-  the prefix and the cross-attention keys/values of the memory (computed once), so each new
-  token costs O(N) attention instead of re-running the prefix.
+  the prefix (preallocated buffers, filled in place) and the cross-attention keys/values of the
+  memory (computed once per image, shared by its samples or beams), so each new token costs
+  O(N) attention instead of re-running the prefix.
 """
 
 from __future__ import annotations
@@ -64,20 +65,23 @@ class CaptionerConfig:
 
 @dataclass
 class KVCache:
-    """Decoder state for incremental decoding; one entry per decoder layer."""
+    """Decoder state for incremental decoding, one entry per decoder layer. Rows come in groups
+    of `group` consecutive rows per image (its samples or beams), which share the image's
+    memory keys/values. `decode_step` writes into the self-attention buffers in place, so a
+    cache is used once: carry on with the one it returns."""
 
-    cross: list[KV]  # memory keys/values, (B, H, M, Dh), fixed
-    self_: list[KV]  # keys/values of the tokens decoded so far, (B, H, T, Dh), growing
+    cross: list[KV]  # memory keys/values per image, (B, H, M, Dh)
+    self_: list[KV]  # keys/values per row, (B*group, H, max_len, Dh); the first `length` are set
+    length: int = 0
 
     @property
-    def length(self) -> int:
-        return self.self_[0][0].shape[2]
+    def group(self) -> int:
+        return self.self_[0][0].shape[0] // self.cross[0][0].shape[0]
 
-    def select(self, index: Tensor, cross: bool = True) -> KVCache:
-        """Keep rows `index` (B',) of the batch, e.g. to reorder beams. `cross=False` keeps the
-        memory keys/values as they are (valid when row i and index[i] share an image)."""
-        pick = [(k[index], v[index]) for k, v in self.self_]
-        return KVCache([(k[index], v[index]) for k, v in self.cross] if cross else self.cross, pick)
+    def select(self, index: Tensor) -> KVCache:
+        """The rows `index` (B*group,) of the decoded prefix, e.g. to reorder beams; row i and
+        index[i] must belong to the same image."""
+        return KVCache(self.cross, [(k[index], v[index]) for k, v in self.self_], self.length)
 
 
 def causal_mask(n: int, s: int, device: torch.device) -> Tensor:
@@ -107,9 +111,13 @@ class Attention(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         """x (B, N, W) attends to kv (B, H, S, Dh); returns (B, N, W) and, if asked, the
         attention probabilities (B, H, N, S), taken before dropout so rows sum to 1.
-        With `causal`, query i is the (S - N + i)-th position: it sees keys 0..S-N+i."""
+        With `causal`, query i is the (S - N + i)-th position: it sees keys 0..S-N+i.
+        kv may have B/g rows, shared by g consecutive rows of x (cross-attention of the
+        samples or beams of one image): their queries are then stacked, not the keys copied."""
         q, (k, v) = self.split_heads(self.q(x)), kv  # q: (B, H, N, Dh)
-        n, s = q.shape[2], k.shape[2]
+        n, s, g = q.shape[2], k.shape[2], q.shape[0] // k.shape[0]
+        if g > 1:
+            q = q.unflatten(0, (-1, g)).transpose(1, 2).flatten(2, 3)  # (B/g, H, g*N, Dh)
         causal = causal and n > 1  # a single query (the newest position) sees every key
         p_drop = self.dropout if self.training else 0.0
         probs = None
@@ -124,6 +132,8 @@ class Attention(nn.Module):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p_drop)
         else:
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=p_drop, is_causal=causal)
+        if g > 1:
+            out = out.unflatten(2, (g, n)).transpose(1, 2).flatten(0, 1)  # (B, H, N, Dh)
         out = out.transpose(1, 2).flatten(2)  # (B, N, W)
         return F.dropout(self.proj(out), p_drop, self.training), probs
 
@@ -161,20 +171,27 @@ class DecoderBlock(nn.Module):
         self.mlp = MLP(cfg.width, cfg.ffn, cfg.dropout)
 
     def forward(
-        self, x: Tensor, memory_kv: KV, past: KV | None = None, need_weights: bool = False
-    ) -> tuple[Tensor, KV, Tensor | None, Tensor | None]:
-        """x (B, N, W) -> (x, keys/values of prefix + x, self probs (B, H, N, T),
-        cross probs (B, H, N, M)); `past` holds the prefix's keys/values when decoding
-        incrementally."""
+        self,
+        x: Tensor,
+        memory_kv: KV,
+        cache: KV | None = None,
+        start: int = 0,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """x (B, N, W) at positions start..start+N-1 -> (x, self probs (B, H, N, N),
+        cross probs (B, H, N, M)). When decoding incrementally, `cache` holds the buffers of
+        the prefix's keys/values: this step's are written into them."""
         h = self.ln1(x)
         k, v = self.self_attn.project_kv(h)
-        if past is not None:
-            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+        if cache is not None:
+            end = start + k.shape[2]
+            cache[0][:, :, start:end], cache[1][:, :, start:end] = k, v
+            k, v = cache[0][:, :, :end], cache[1][:, :, :end]
         a, self_p = self.self_attn(h, (k, v), causal=True, need_weights=need_weights)
         x = x + a
         a, cross_p = self.cross_attn(self.ln2(x), memory_kv, need_weights=need_weights)
         x = x + a
-        return x + self.mlp(self.ln3(x)), (k, v), self_p, cross_p
+        return x + self.mlp(self.ln3(x)), self_p, cross_p
 
 
 class Captioner(nn.Module):
@@ -222,18 +239,20 @@ class Captioner(nn.Module):
             x = block(x)
         return self.enc_ln(x)
 
-    def init_cache(self, memory: Tensor) -> KVCache:
-        """An empty cache for incremental decoding against memory (B, M, W)."""
-        cross = [blk.cross_attn.project_kv(memory) for blk in self.decoder]
+    def init_cache(self, memory: Tensor, group: int = 1) -> KVCache:
+        """An empty cache for decoding `group` captions per image of memory (B, M, W) at once."""
+        cross = [
+            tuple(t.contiguous() for t in blk.cross_attn.project_kv(memory)) for blk in self.decoder
+        ]
         b, h, _, dh = cross[0][0].shape
-        empty = memory.new_zeros(b, h, 0, dh)
-        return KVCache(cross, [(empty, empty) for _ in self.decoder])
+        shape = (b * group, h, self.cfg.max_len, dh)
+        return KVCache(cross, [(memory.new_empty(shape), memory.new_empty(shape)) for _ in cross])
 
     def _decode(
-        self, tokens: Tensor, cross: list[KV], past: list[KV] | None, need_weights: bool
-    ) -> tuple[Tensor, list[KV], dict[str, list[Tensor]]]:
-        """tokens (B, N) at positions start..start+N-1 -> logits (B, N, V), new keys/values."""
-        start = 0 if past is None else past[0][0].shape[2]
+        self, tokens: Tensor, cross: list[KV], cache: KVCache | None, need_weights: bool
+    ) -> tuple[Tensor, dict[str, list[Tensor]]]:
+        """tokens (B, N) at positions start..start+N-1 -> logits (B, N, V)."""
+        start = 0 if cache is None else cache.length
         n = tokens.shape[1]
         if start + n > self.cfg.max_len:
             raise DistinctcapError(
@@ -242,17 +261,14 @@ class Captioner(nn.Module):
         pos = torch.arange(start, start + n, device=tokens.device)
         x = self.drop(self.tok_emb(tokens) + self.pos_emb(pos))  # (B, N, W)
         internals: dict[str, list[Tensor]] = {"hidden": [], "self_attn": [], "cross_attn": []}
-        new_kv = []
         for i, blk in enumerate(self.decoder):
-            x, kv, self_p, cross_p = blk(
-                x, cross[i], None if past is None else past[i], need_weights
-            )
-            new_kv.append(kv)
+            buffers = None if cache is None else cache.self_[i]
+            x, self_p, cross_p = blk(x, cross[i], buffers, start, need_weights)
             if need_weights:
                 internals["hidden"].append(x)
                 internals["self_attn"].append(self_p)
                 internals["cross_attn"].append(cross_p)
-        return self.head(self.dec_ln(x)), new_kv, internals
+        return self.head(self.dec_ln(x)), internals
 
     def decode(
         self, memory: Tensor, tokens_in: Tensor, return_internals: bool = False
@@ -261,14 +277,14 @@ class Captioner(nn.Module):
         With `return_internals`, also {"hidden": L x (B, N, W), "self_attn": L x (B, H, N, N),
         "cross_attn": L x (B, H, N, M)} for UNKT eq. 7-8."""
         cross = [blk.cross_attn.project_kv(memory) for blk in self.decoder]
-        logits, _, internals = self._decode(tokens_in, cross, None, return_internals)
+        logits, internals = self._decode(tokens_in, cross, None, return_internals)
         return (logits, internals) if return_internals else logits
 
     def decode_step(self, tokens: Tensor, cache: KVCache) -> tuple[Tensor, KVCache]:
         """Incremental decoding: the next tokens (B, T) after the cache's prefix ->
         logits (B, T, V) and the cache extended by T positions."""
-        logits, kv, _ = self._decode(tokens, cache.cross, cache.self_, False)
-        return logits, KVCache(cache.cross, kv)
+        logits, _ = self._decode(tokens, cache.cross, cache, False)
+        return logits, KVCache(cache.cross, cache.self_, cache.length + tokens.shape[1])
 
     def forward(
         self,

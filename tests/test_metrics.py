@@ -31,6 +31,7 @@ from distinctcap.metrics import (
     quality_scores,
     recall_at_k,
     retrieval_ranks,
+    retrieval_scores,
     self_cider,
     spice_unavailable_reason,
     vocab_size,
@@ -114,6 +115,9 @@ def test_clipscore_is_w_times_clipped_cosine():
     text = np.array([[1.0, 0.0], [3.0, 4.0], [1.0, 0.0]])
     image = np.array([[2.0, 0.0], [1.0, 0.0], [-1.0, 0.0]])
     assert clipscore(text, image) == pytest.approx((2.5 + 2.5 * 0.6 + 0.0) / 3)
+    torch = pytest.importorskip("torch")
+    as_tensors = torch.tensor(text, dtype=torch.float16), torch.tensor(image)
+    assert clipscore(*as_tensors, w=1.0) == pytest.approx((1.0 + 0.6 + 0.0) / 3, rel=1e-3)
 
 
 def test_retrieval_ranks_recall_and_hard_pool():
@@ -123,6 +127,9 @@ def test_retrieval_ranks_recall_and_hard_pool():
     assert ranks.tolist() == [1, 2, 3]
     assert recall_at_k(ranks) == pytest.approx({"r_at_1": 1 / 3, "r_at_5": 1.0, "r_at_10": 1.0})
     assert mean_rank(ranks) == 2.0
+    assert retrieval_scores(texts, images, [0, 1, 2]).values == pytest.approx(
+        {"r_at_1": 1 / 3, "r_at_5": 1.0, "r_at_10": 1.0, "mean_rank": 2.0}
+    )
     # A hard pool appends look-alike images; a tie counts against the caption.
     pool = np.vstack([images, [[1.0, 0.01, 0.0], [2.0, 0.0, 0.0]]])
     assert retrieval_ranks(texts, pool, [0, 1, 2]).tolist() == [2, 4, 5]

@@ -38,6 +38,7 @@ from distinctcap.metrics.retrieval import (
     model_self_retrieval,
     recall_at_k,
     retrieval_ranks,
+    retrieval_scores,
 )
 
 __all__ = [
@@ -66,6 +67,7 @@ __all__ = [
     "quality_scores",
     "recall_at_k",
     "retrieval_ranks",
+    "retrieval_scores",
     "self_cider",
     "spice_unavailable_reason",
     "vocab_size",

@@ -76,9 +76,11 @@ class CiderD:
         penalty = math.exp(-((len_h - len_r) ** 2) / (2 * self.sigma**2))
         total = 0.0
         for k in range(self.n):
-            val = sum(
-                min(w, vec_r[k].get(g, 0.0)) * vec_r[k].get(g, 0.0) for g, w in vec_h[k].items()
-            )
+            ref_k, val = vec_r[k], 0.0
+            for gram, w in vec_h[k].items():
+                r = ref_k.get(gram)
+                if r:  # clipped overlap min(w_hyp, w_ref) * w_ref
+                    val += min(w, r) * r
             if norm_h[k] != 0 and norm_r[k] != 0:
                 val /= norm_h[k] * norm_r[k]
             total += val * penalty

@@ -5,13 +5,16 @@ and start one Java process per scorer object. Here one `CocoTools` session runs 
 with private temporary folders, so evaluations work from a read-only venv and in parallel:
 the PTB tokenizer runs once per `tokenize` call, METEOR is one long-lived `-stdio` server per
 session (started on first use), and SPICE runs once over a batch of (candidate, refs) pairs.
-BLEU, ROUGE-L and CIDEr-D are pycocoevalcap's pure-Python scorers.
+BLEU, ROUGE-L and CIDEr-D are pycocoevalcap's pure-Python scorers. SPICE runs only where
+its Stanford CoreNLP 3.6.0 jars are already installed (they are not on the dev box, so the
+SPICE run path is exercised only where they are).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import subprocess
 import tempfile
@@ -149,13 +152,17 @@ class CocoTools:
     """
 
     def __init__(self, spice: bool = True, meteor_memory: str = "2G", spice_memory: str = "8G"):
-        self.java = java_executable()
         self.meteor_memory, self.spice_memory = meteor_memory, spice_memory
         self.spice_skip_reason = "SPICE disabled by the caller" if not spice else None
         self.spice_skip_reason = self.spice_skip_reason or spice_unavailable_reason()
         self.launches: Counter[str] = Counter()
         self._meteor: _Meteor | None = None
         self._spice: dict[tuple[str, tuple[str, ...]], float] = {}
+
+    @property
+    def java(self) -> str:
+        """The `java` executable, looked up when a tool first needs it."""
+        return java_executable()
 
     def __enter__(self) -> CocoTools:
         return self
@@ -237,7 +244,7 @@ class CocoTools:
                 "-silent",
             ]
             self.launches["spice"] += 1
-            proc = subprocess.run(cmd, capture_output=True, cwd=tmp)
+            proc = subprocess.run(cmd, capture_output=True, cwd=tmp, env=_spice_env())
             if proc.returncode != 0:
                 raise DistinctcapError(
                     f"SPICE failed: {proc.stderr.decode(errors='replace')[-2000:]}"
@@ -245,6 +252,16 @@ class CocoTools:
             results = json.loads(dst.read_text())
         f_by_id = {r["image_id"]: r["scores"]["All"]["f"] for r in results}
         return [math.nan if f_by_id[i] is None else float(f_by_id[i]) for i in range(len(pairs))]
+
+
+def _spice_env() -> dict[str, str]:
+    """SPICE's FST serialiser reflects into java.base, which Java >= 16 forbids unless opened
+    ("InaccessibleObjectException ... does not opens java.lang"). JDK_JAVA_OPTIONS is read by
+    the launcher of Java 9+ only, so Java 8 runs the jar unchanged."""
+    packages = ("lang", "lang.reflect", "util", "util.concurrent", "math", "text", "net", "io")
+    opens = " ".join(f"--add-opens=java.base/java.{p}=ALL-UNNAMED" for p in packages)
+    current = os.environ.get("JDK_JAVA_OPTIONS", "")
+    return {**os.environ, "JDK_JAVA_OPTIONS": f"{current} {opens}".strip()}
 
 
 @contextmanager
@@ -276,7 +293,8 @@ def quality_scores(
     corpus BLEU ("closest" reference length), METEOR the corpus score from summed statistics,
     ROUGE-L and CIDEr-D (pycocoevalcap `Cider`, idf from `gts`) means over images, SPICE the
     mean F-score, or NaN with a reason in `skipped` when its CoreNLP jars are absent.
-    Returns bleu1..bleu4, meteor, rouge_l, cider, spice (fractions; CIDEr-D is x10 as usual).
+    Returns bleu1..bleu4, meteor, rouge_l, cider, spice on pycocoevalcap's scale (papers print
+    them x100).
     """
     ids = list(res)
     if set(ids) != set(gts):

@@ -75,6 +75,19 @@ def mean_rank(ranks: np.ndarray) -> float:
     return float(np.mean(ranks))
 
 
+def retrieval_scores(
+    text_emb: object,
+    image_emb: object,
+    target_index: Sequence[int] | np.ndarray,
+    ks: Sequence[int] = (1, 5, 10),
+) -> MetricResult:
+    """CLIP self-retrieval columns r_at_1, r_at_5, r_at_10 (fractions) and mean_rank."""
+    ranks = retrieval_ranks(text_emb, image_emb, target_index)
+    out = MetricResult(recall_at_k(ranks, ks))
+    out.values["mean_rank"] = mean_rank(ranks)
+    return out
+
+
 def clipscore(text_emb: object, image_emb: object, w: float = 2.5) -> float:
     """CLIPScore (Hessel et al. 2021 eq. 1): mean over pairs of w * max(cos(t_i, v_i), 0).
 

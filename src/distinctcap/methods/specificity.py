@@ -1,0 +1,399 @@
+"""Retrieval-guided specificity training (specificity paper §3.2-3.3, eq. 2-5, §4).
+
+Per micro-batch:
+
+1. The captioner generates a caption for each image, left to right without gradient and
+   without dropout (argmax by default, as `decode.greedy`; `sampling: gumbel` draws
+   Gumbel-max samples, i.e. exact samples of p(y_t | ...), and keeps the noise for step 3).
+   Images repeated in a batch (several captions of one image) are decoded once when sampling
+   is argmax: their captions would be identical.
+2. A teacher-forced pass of the captioner on its own tokens gives differentiable output
+   probabilities p_t (B, T, V) at the generated positions (the same numbers the generator saw,
+   up to dropout).
+3. Straight-through (§3.3, Bengio et al. 2013): the CLIP text encoder reads the hard one-hot
+   tokens, and the gradient w.r.t. the one-hot is used as the gradient w.r.t. p_t:
+   onehot + p - p.detach(). For Gumbel, p_t = softmax((log p_t + g_t) / tau) (Jang et al.
+   2017) with the noise g_t of step 1, so the hard token is argmax of the same perturbed scores.
+4. The frozen CLIP text encoder embeds the caption (`ClipTextEncoder`, which reproduces
+   open_clip's `encode_text` from token embeddings), and `specificity_loss` (eq. 2-5) compares
+   it with the true image's and, for cdp/ccos, a contrastive image's CLIP embedding. The
+   contrastive image is drawn uniformly from the image's top-1% most similar training images
+   (`distinctcap.neighbours`), reproducibly per (seed, step, micro-batch).
+
+The paper replaces MLE by this loss (§4); `mle_weight` > 0 adds the MLE loss of the batch's
+reference captions as an optional regulariser (not in the paper). Checkpoints are selected on
+the validation mean rank (§4, "early stopping ... lowest mean rank"): `val_mean_rank`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from distinctcap.decode import greedy
+from distinctcap.errors import DistinctcapError
+from distinctcap.losses import SPECIFICITY_KINDS, mle_loss, specificity_loss
+from distinctcap.model import BOS, EOS, PAD, Captioner
+from distinctcap.neighbours import NeighbourTable
+
+if TYPE_CHECKING:
+    from distinctcap.data.batches import Batch, CaptionData
+    from distinctcap.methods import TrainContext
+
+SAMPLINGS = ("argmax", "gumbel")
+POOL_TYPES = ("argmax", "eos", "first", "last")
+DEFAULTS = {
+    "loss": "ccos",
+    "sampling": "argmax",
+    "gumbel_temperature": 1.0,
+    "mle_weight": 0.0,
+    "rank_images": 0,
+}
+
+
+class ClipTextEncoder(nn.Module):
+    """open_clip's text tower, fed with token embeddings so one-hot tokens can carry gradient.
+
+    Reproduces `CLIP.encode_text` (and `TextTransformer.forward` of a CustomTextCLIP without a
+    CLS token or pad mask): token embeddings + positional embedding, the transformer with its
+    causal mask, ln_final, pooling at the eot position (open_clip's default `argmax` pooling:
+    eot has the largest id), text_projection, then L2 normalisation. The tower is frozen.
+
+    Captioner ids map to CLIP ids through `clip_ids` (data/tokenizer.py). A one-hot over CLIP's
+    vocabulary (V_clip = 49408) times the token-embedding matrix E equals a one-hot over the
+    captioner's vocabulary times E[clip_ids] (V_cap rows), and so do their gradients; the
+    second is what runs, so memory is (B, T, V_cap), not (B, T, 49408).
+    """
+
+    def __init__(self, clip: nn.Module, clip_ids: Sequence[int]):
+        super().__init__()
+        clip = getattr(clip, "model", clip)  # distinctcap.clip.LoadedClip or the model
+        tower = clip.text if hasattr(clip, "text") else clip  # CustomTextCLIP or CLIP
+        needed = ("token_embedding", "positional_embedding", "transformer", "ln_final")
+        missing = [a for a in needed if not hasattr(tower, a)]
+        if (
+            missing
+            or getattr(tower, "cls_emb", None) is not None
+            or getattr(tower, "use_pad_mask", False)
+        ):
+            raise DistinctcapError(
+                f"CLIP text tower {type(tower).__name__} is not a plain open_clip text "
+                "transformer (token embedding, causal transformer, eot pooling); "
+                f"missing {missing or 'nothing, but it has a CLS token or pad mask'}"
+            )
+        self.pool = getattr(tower, "text_pool_type", None) or getattr(tower, "pool_type", "argmax")
+        if self.pool not in POOL_TYPES:
+            raise DistinctcapError(f"CLIP text pooling {self.pool!r}: supported {POOL_TYPES}")
+        self.eos_id = getattr(tower, "text_eos_id", None) or getattr(tower, "eos_id", None)
+        self.tower = tower
+        self.context_length = tower.positional_embedding.shape[0]
+        self.register_buffer(
+            "clip_ids", torch.as_tensor(list(clip_ids), dtype=torch.long), persistent=False
+        )
+        self.sot, self.eot = int(self.clip_ids[BOS]), int(self.clip_ids[EOS])
+        self.requires_grad_(False).eval()
+
+    def train(self, mode: bool = True) -> ClipTextEncoder:
+        return super().train(False)  # frozen: always eval (no dropout)
+
+    def clip_tokens(self, seqs: Tensor) -> Tensor:
+        """Captioner ids (B, T) of generated captions (pad after eos; eos may be missing when
+        the caption hit max_len) -> CLIP ids (B, context_length): [sot] + caption + [eot],
+        pad 0. Too long a caption keeps its first context_length - 2 tokens and ends with eot,
+        as open_clip's tokenizer truncates."""
+        b, t = seqs.shape
+        ctx = self.context_length
+        n_fit = min(t, ctx - 1)
+        is_tok = (seqs != PAD) & (seqs != EOS)
+        first_end = torch.where(is_tok, t, torch.arange(t, device=seqs.device)).min(dim=1).values
+        eot_pos = (first_end + 1).clamp(max=ctx - 1)  # (B,)
+        tok = seqs.new_zeros(b, ctx)
+        tok[:, 0] = self.sot
+        tok[:, 1 : 1 + n_fit] = self.clip_ids[seqs[:, :n_fit]]
+        pos = torch.arange(ctx, device=seqs.device)
+        tok = tok.masked_fill(pos > eot_pos[:, None], 0)
+        return tok.scatter(1, eot_pos[:, None], self.eot)
+
+    def pool_index(self, tok: Tensor) -> Tensor:
+        """Row position whose features are the text embedding, from the hard ids (B, L)."""
+        if self.pool == "argmax":
+            return tok.argmax(dim=-1)
+        if self.pool == "eos":
+            return (tok == self.eos_id).int().argmax(dim=-1)
+        return torch.full_like(tok[:, 0], 0 if self.pool == "first" else tok.shape[1] - 1)
+
+    def forward_embeddings(self, x: Tensor, tok: Tensor) -> Tensor:
+        """Token embeddings x (B, L, W) of CLIP ids tok (B, L) -> L2-normalised (B, E)."""
+        tw = self.tower
+        x = x.to(tw.transformer.get_cast_dtype()) + tw.positional_embedding.to(x.dtype)
+        x = tw.transformer(x, attn_mask=tw.attn_mask)
+        x = tw.ln_final(x)
+        x = x[torch.arange(x.shape[0], device=x.device), self.pool_index(tok)]  # (B, W)
+        proj = tw.text_projection
+        if proj is not None:
+            x = proj(x) if isinstance(proj, nn.Linear) else x @ proj
+        return F.normalize(x.float(), dim=-1)
+
+    def encode_ids(self, tok: Tensor) -> Tensor:
+        """CLIP ids (B, context_length) -> L2-normalised text embeddings (B, E), as
+        `encode_text(tok, normalize=True)`."""
+        return self.forward_embeddings(self.tower.token_embedding(tok), tok)
+
+    def forward(self, seqs: Tensor, probs: Tensor | None = None) -> Tensor:
+        """Generated captioner ids (B, T) -> L2-normalised CLIP text embeddings (B, E).
+
+        With `probs` (B, T, V_cap), the captioner's (differentiable) output probabilities at
+        those positions, the forward pass is unchanged (hard tokens) and the gradient w.r.t.
+        each one-hot input token flows to probs (straight-through)."""
+        tok = self.clip_tokens(seqs)
+        x = self.tower.token_embedding(tok)  # (B, L, W): the hard one-hot times E
+        if probs is not None:
+            n_fit = min(seqs.shape[1], self.context_length - 1)
+            kept = tok[:, 1 : 1 + n_fit] == self.clip_ids[seqs[:, :n_fit]]
+            kept &= seqs[:, :n_fit] != PAD  # positions whose CLIP token is the generated one
+            residual = (probs - probs.detach())[:, :n_fit] * kept[..., None]  # value 0
+            emb = self.tower.token_embedding.weight[self.clip_ids]  # (V_cap, W)
+            delta = residual.to(emb.dtype) @ emb  # (B, n_fit, W)
+            x = x + F.pad(delta, (0, 0, 1, self.context_length - 1 - n_fit))
+        return self.forward_embeddings(x, tok)
+
+
+def _ban_specials(logp: Tensor) -> Tensor:
+    """Pad and bos are never generated (as in decode.py)."""
+    return logp.index_fill(-1, torch.tensor([PAD, BOS], device=logp.device), float("-inf"))
+
+
+@torch.no_grad()
+def generate_ids(
+    model: Captioner,
+    grid: Tensor,
+    pooled: Tensor,
+    sampling: str = "argmax",
+    generator: torch.Generator | None = None,
+    max_len: int | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """Captions of B images, left to right with the model's key/value cache, without gradient
+    and in eval mode: ids (B, T) incl. eos, pad after it, and for Gumbel the noise g (B, T, V)
+    added to the log-probabilities at each step (hard token = argmax(log p + g), an exact
+    sample of p). Argmax decoding equals `decode.greedy`."""
+    was_training = model.training
+    model.eval()
+    try:
+        memory = model.encode(grid, pooled)
+        cache = model.init_cache(memory)
+        b, dev = memory.shape[0], memory.device
+        tok = torch.full((b, 1), BOS, dtype=torch.long, device=dev)
+        done = torch.zeros(b, dtype=torch.bool, device=dev)
+        out, noise = [], []
+        for _ in range(max_len or model.cfg.max_len):
+            logits, cache = model.decode_step(tok, cache)
+            logp = _ban_specials(logits[:, -1].float().log_softmax(dim=-1))  # (B, V)
+            if sampling == "gumbel":
+                u = torch.rand(logp.shape, generator=generator, device=dev)
+                noise.append(-(-u.clamp_min(1e-20).log()).clamp_min(1e-20).log())  # Gumbel(0, 1)
+                logp = logp + noise[-1]
+            nxt = logp.argmax(dim=-1).masked_fill(done, PAD)  # (B,)
+            out.append(nxt)
+            done |= nxt == EOS
+            if done.all():
+                break
+            tok = nxt[:, None]
+    finally:
+        model.train(was_training)
+    return torch.stack(out, dim=1), torch.stack(noise, dim=1) if noise else None
+
+
+def output_probs(
+    model: Captioner,
+    grid: Tensor,
+    pooled: Tensor,
+    seqs: Tensor,
+    noise: Tensor | None = None,
+    temperature: float = 1.0,
+) -> Tensor:
+    """Teacher-forced probabilities of the generated positions, with gradient: (B, T, V).
+    Without noise p(y_t | y_<t, I); with Gumbel noise softmax((log p + g) / temperature)."""
+    inputs = torch.cat([torch.full_like(seqs[:, :1], BOS), seqs[:, :-1]], dim=1)
+    logits, _ = model(grid, pooled, inputs)
+    logp = logits.float().log_softmax(dim=-1)
+    if noise is None:
+        return logp.exp()
+    return ((_ban_specials(logp) + noise) / temperature).softmax(dim=-1)
+
+
+def _step_generator(seed: int, step: int, micro: int, device: torch.device) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed((seed * 1_000_003 + step) * 1_009 + micro)
+
+
+def _load_clip_model(paths: dict) -> nn.Module:
+    from distinctcap.clip import load_clip
+
+    if not paths.get("clip") or not paths.get("clip_arch"):
+        raise DistinctcapError(
+            "method specificity needs the CLIP model: paths.clip (weights "
+            "file or tag) and paths.clip_arch (open_clip architecture)"
+        )
+    return load_clip(paths["clip_arch"], str(paths["clip"])).model
+
+
+class Specificity:
+    """Specificity loss of the captioner's own captions through frozen CLIP (eq. 2-5).
+
+    Run options (config `runs.<name>`): loss dp|cos|cdp|ccos (default ccos), sampling
+    argmax|gumbel, gumbel_temperature (> 0), mle_weight (>= 0, default 0 = the paper),
+    rank_images (validation images for the mean rank, 0 = all)."""
+
+    needs: tuple[str, ...] = ()
+
+    def __init__(
+        self,
+        run_cfg: dict,
+        ctx: TrainContext,
+        clip: nn.Module | None = None,
+        neighbours: NeighbourTable | str | os.PathLike | None = None,
+    ):
+        opts = {k: run_cfg.get(k, v) for k, v in DEFAULTS.items()}
+        name = run_cfg.get("name", "specificity")
+        if opts["loss"] not in SPECIFICITY_KINDS:
+            raise DistinctcapError(
+                f"runs.{name}.loss = {opts['loss']!r}: choose one of {list(SPECIFICITY_KINDS)}"
+            )
+        if opts["sampling"] not in SAMPLINGS:
+            raise DistinctcapError(
+                f"runs.{name}.sampling = {opts['sampling']!r}: choose one of {list(SAMPLINGS)}"
+            )
+        if opts["gumbel_temperature"] <= 0 or opts["mle_weight"] < 0 or opts["rank_images"] < 0:
+            raise DistinctcapError(
+                f"runs.{name}: gumbel_temperature must be > 0, mle_weight >= 0 and rank_images >= 0"
+            )
+        if ctx.tokenizer is None:
+            raise DistinctcapError("method specificity needs the caption tokenizer (clip_ids)")
+        self.kind, self.sampling = opts["loss"], opts["sampling"]
+        self.temperature, self.mle_weight = opts["gumbel_temperature"], opts["mle_weight"]
+        self.rank_images = int(opts["rank_images"])
+        self.seed, self.pad_id, self.device = int(run_cfg.get("seed", 0)), ctx.pad_id, ctx.device
+        paths = run_cfg.get("paths", {}) or {}
+        if clip is None:
+            clip = getattr(ctx, "clip", None)
+        if clip is None:
+            clip = _load_clip_model(paths)
+        self.encoder = ClipTextEncoder(clip, ctx.tokenizer.clip_ids).to(ctx.device)
+        self.features = ctx.train_data.features
+        self.neighbours = None
+        if self.kind in ("cdp", "ccos"):
+            table = next(
+                (
+                    t
+                    for t in (neighbours, getattr(ctx, "neighbours", None), paths.get("neighbours"))
+                    if t is not None
+                ),
+                None,
+            )
+            if table is None:
+                raise DistinctcapError(
+                    f"loss {self.kind} needs the contrastive-image table "
+                    "(paths.neighbours, results/neighbours/...)"
+                )
+            if not isinstance(table, NeighbourTable):
+                table = NeighbourTable.load(table, self.features.image_ids)
+            self.neighbours = table
+        self._micro = (-1, 0)  # (step, micro-batches seen in it)
+
+    def _next_micro(self, step: int) -> int:
+        last, count = self._micro
+        count = count + 1 if step == last else 0
+        self._micro = (step, count)
+        return count
+
+    def loss(
+        self, model: Captioner, batch: Batch, step: int, total_steps: int
+    ) -> tuple[Tensor, dict[str, float]]:
+        micro = self._next_micro(step)
+        gen = _step_generator(self.seed, step, micro, batch.grid.device)
+        if self.sampling == "argmax":  # one caption per distinct image
+            uniq, inverse = torch.unique(batch.image_rows, return_inverse=True)
+            first = (
+                torch.full((len(uniq),), len(inverse), dtype=torch.long)
+                .scatter_reduce(0, inverse, torch.arange(len(inverse)), "amin")
+                .to(batch.grid.device)
+            )
+        else:
+            inverse = torch.arange(len(batch))
+            first = inverse.to(batch.grid.device)
+        grid, pooled = batch.grid[first], batch.pooled[first]
+        seqs, noise = generate_ids(model, grid, pooled, self.sampling, gen)
+        probs = output_probs(model, grid, pooled, seqs, noise, self.temperature)
+        text = self.encoder(seqs, probs)[inverse.to(batch.grid.device)]  # (B, E)
+        image = batch.pooled.float()
+        contrast = None
+        if self.neighbours is not None:
+            cpu_gen = _step_generator(self.seed, step, micro, torch.device("cpu"))
+            rows = self.neighbours.draw(batch.image_rows, cpu_gen)
+            contrast = self.features.pooled[rows].to(image.device).float()
+        spec = specificity_loss(text, image, contrast, self.kind)
+        text = text.detach()
+        extras = {
+            "specificity": float(spec.detach()),
+            "cos_true": float(F.cosine_similarity(text, image).mean()),
+            "gen_len": float((seqs != PAD).sum(1).float().mean()),
+        }
+        if contrast is not None:
+            extras["cos_contrast"] = float(F.cosine_similarity(text, contrast).mean())
+        loss = spec
+        if self.mle_weight > 0:
+            logits, _ = model(batch.grid, batch.pooled, batch.inputs)
+            mle = mle_loss(logits, batch.labels, self.pad_id)
+            loss = loss + self.mle_weight * mle
+            extras["mle"] = float(mle.detach())
+        return loss, extras
+
+    def val_mean_rank(self, model: Captioner, val: CaptionData, autocast: Callable | None = None):
+        """`val_mean_rank` with this run's CLIP encoder and `rank_images`."""
+        return val_mean_rank(model, val, self.encoder, self.rank_images, autocast=autocast)
+
+
+def caption_ids_tensor(token_lists: Sequence[Sequence[int]], device: torch.device) -> Tensor:
+    """Decoded captions (tokens without eos) -> ids (B, T) with eos appended, pad after it."""
+    t = max((len(x) for x in token_lists), default=0) + 1
+    out = torch.full((len(token_lists), t), PAD, dtype=torch.long)
+    for i, toks in enumerate(token_lists):
+        out[i, : len(toks) + 1] = torch.tensor([*toks, EOS], dtype=torch.long)
+    return out.to(device)
+
+
+@torch.no_grad()
+def val_mean_rank(
+    model: Captioner,
+    val: CaptionData,
+    encoder: ClipTextEncoder,
+    images: int = 0,
+    batch_size: int = 128,
+    autocast: Callable | None = None,
+) -> float:
+    """Mean rank of the true image (specificity paper §2.2, §4 checkpoint selection): greedy
+    captions of the validation images (the first `images` by feature row, 0 = all) are embedded
+    by the CLIP text encoder and rank their own image among those images by cosine (1-based,
+    ties counted against the caption, as `metrics.retrieval`). Lower is better."""
+    from distinctcap.metrics.retrieval import mean_rank, retrieval_ranks
+
+    rows = torch.unique(val.image_rows, sorted=True)
+    rows = rows[:images] if images else rows
+    device = next(model.parameters()).device
+    texts = []
+    for s in range(0, len(rows), batch_size):
+        r = rows[s : s + batch_size]
+        grid, pooled = val.features.grid[r].to(device), val.features.pooled[r].to(device)
+        with autocast() if autocast else contextlib.nullcontext():
+            caps = greedy(model, grid.float(), pooled.float())
+            seqs = caption_ids_tensor([c.tokens for c in caps], device)
+            texts.append(encoder(seqs).float().cpu())
+    text = torch.cat(texts)
+    ranks = retrieval_ranks(text, val.features.pooled[rows].float(), np.arange(len(rows)))
+    return mean_rank(ranks)

@@ -1,0 +1,353 @@
+"""Retrieval-guided specificity (specificity paper §3.2-3.3): the CLIP text path from one-hot
+tokens, the straight-through gradient, the objective, validation mean rank, and the
+contrastive-image (top-1%) neighbour table."""
+
+import math
+
+import numpy as np
+import open_clip
+import pytest
+import torch
+
+import distinctcap.clip  # noqa: F401  (registers the tiny `shapes-vit-tiny` architecture)
+from distinctcap.data.batches import CaptionData, ImageFeatures
+from distinctcap.data.tokenizer import CaptionTokenizer
+from distinctcap.decode import greedy
+from distinctcap.errors import DistinctcapError
+from distinctcap.losses import specificity_loss
+from distinctcap.methods import METHODS, TrainContext
+from distinctcap.methods.specificity import (
+    ClipTextEncoder,
+    Specificity,
+    caption_ids_tensor,
+    generate_ids,
+    val_mean_rank,
+)
+from distinctcap.metrics.retrieval import retrieval_ranks
+from distinctcap.model import EOS, PAD, Captioner, CaptionerConfig
+from distinctcap.neighbours import (
+    NeighbourTable,
+    neighbour_count,
+    read_neighbours,
+    top_neighbours,
+    write_neighbours,
+)
+
+ARCH = "shapes-vit-tiny"
+TEXTS = [
+    "a red circle left of a blue square",
+    "a small green triangle",
+    "some shapes on a grey background",
+    "a large yellow star above a purple circle",
+    "two blue squares",
+    "a picture of some shapes",
+]
+
+
+@pytest.fixture(scope="module")
+def clip():
+    torch.manual_seed(0)
+    return open_clip.create_model(ARCH).eval()  # random weights: no download
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return CaptionTokenizer.fit(TEXTS)
+
+
+def world(clip, tok, n_images=6, seed=0):
+    """Images whose CLIP embedding is the text embedding of one caption each, so the
+    specificity loss has a clear optimum; grid features are random."""
+    with torch.no_grad():
+        pooled = clip.encode_text(open_clip.get_tokenizer(ARCH)(TEXTS[:n_images]), normalize=True)
+    g = torch.Generator().manual_seed(seed)
+    grid = torch.randn(n_images, 4, 16, generator=g).half()
+    ids = np.arange(100, 100 + n_images)
+    feats = ImageFeatures(ids, pooled, grid)
+    data = CaptionData(
+        feats, np.arange(n_images), ids, [tok.encode(t) for t in TEXTS[:n_images]], max_len=12
+    )
+    return feats, data
+
+
+def captioner(tok, seed=0):
+    torch.manual_seed(seed)
+    cfg = CaptionerConfig(
+        tok.vocab_size,
+        visual_dim=16,
+        pooled_dim=128,
+        width=32,
+        enc_layers=1,
+        dec_layers=1,
+        heads=2,
+        ffn=64,
+        dropout=0.0,
+        max_len=12,
+    )
+    return Captioner(cfg)
+
+
+def table_of(feats, k=2):
+    ids = feats.image_ids
+    return NeighbourTable(ids, ids[top_neighbours(feats.pooled, k).numpy()], ids)
+
+
+def seqs_of(tok, texts, eos=True):
+    rows = [tok.encode(t) + ([EOS] if eos else []) for t in texts]
+    out = torch.full((len(rows), max(map(len, rows))), PAD)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.tensor(r)
+    return out
+
+
+# ------------------------------------------------------------------ the CLIP text path
+
+
+def test_clip_tokens_match_open_clip_tokenizer(clip, tok):
+    enc = ClipTextEncoder(clip, tok.clip_ids)
+    expected = open_clip.get_tokenizer(ARCH)(TEXTS)
+    assert torch.equal(enc.clip_tokens(seqs_of(tok, TEXTS)), expected)
+    # A caption that hit max_len without eos still ends with CLIP's eot.
+    assert torch.equal(enc.clip_tokens(seqs_of(tok, TEXTS, eos=False)), expected)
+    # Longer than the context (32): open_clip keeps the first 30 tokens and ends with eot.
+    long = " ".join(TEXTS * 2)
+    assert len(tok.encode(long)) > enc.context_length
+    assert torch.equal(enc.clip_tokens(seqs_of(tok, [long])), open_clip.get_tokenizer(ARCH)([long]))
+
+
+def test_text_encoder_equals_encode_text(clip, tok):
+    enc = ClipTextEncoder(clip, tok.clip_ids)
+    seqs = seqs_of(tok, TEXTS)
+    with torch.no_grad():
+        expected = clip.encode_text(open_clip.get_tokenizer(ARCH)(TEXTS), normalize=True)
+        probs = torch.rand(*seqs.shape, tok.vocab_size).softmax(-1)
+        assert torch.allclose(enc(seqs), expected, atol=1e-5)
+        assert torch.allclose(enc(seqs, probs), expected, atol=1e-5)  # forward uses hard ids
+
+
+def test_straight_through_gradient_is_the_one_hot_gradient(clip, tok):
+    """d loss / d probs[b, t, v] = d loss / d onehot_clip[b, t + 1, clip_ids[v]] at caption
+    positions (incl. eos), 0 at pad positions: the captioner-vocabulary shortcut computes the
+    same thing as a one-hot over CLIP's 49408 tokens times the embedding matrix."""
+    enc = ClipTextEncoder(clip, tok.clip_ids)
+    seqs = seqs_of(tok, TEXTS[:3])
+    w = torch.randn(128, generator=torch.Generator().manual_seed(1))
+    probs = torch.rand(*seqs.shape, tok.vocab_size).softmax(-1).requires_grad_()
+    (enc(seqs, probs) @ w).sum().backward()
+
+    tokens = enc.clip_tokens(seqs)
+    onehot = torch.nn.functional.one_hot(tokens, clip.vocab_size).float().requires_grad_()
+    x = onehot @ clip.token_embedding.weight
+    (enc.forward_embeddings(x, tokens) @ w).sum().backward()
+
+    clip_ids = torch.tensor(tok.clip_ids)
+    expected = onehot.grad[:, 1 : 1 + seqs.shape[1]][..., clip_ids]  # (B, T, V_cap)
+    expected = expected * (seqs != PAD)[..., None]
+    assert probs.grad.abs().sum() > 0
+    assert torch.allclose(probs.grad, expected, atol=1e-6)
+
+
+# ------------------------------------------------------------------ the objective
+
+
+def make_objective(clip, tok, data, feats, **run):
+    ctx = TrainContext(torch.device("cpu"), data, {}, tok)
+    return Specificity({"seed": 0, **run}, ctx, clip=clip, neighbours=table_of(feats))
+
+
+def test_registered_method():
+    assert METHODS["specificity"] is Specificity
+
+
+def test_argmax_generation_is_greedy_decoding(tok, clip):
+    feats, data = world(clip, tok)
+    model = captioner(tok)
+    seqs, noise = generate_ids(model, feats.grid, feats.pooled)
+    expected = [c.tokens for c in greedy(model, feats.grid, feats.pooled)]
+    assert noise is None
+    assert torch.equal(seqs, caption_ids_tensor(expected, seqs.device)[:, : seqs.shape[1]])
+
+
+def test_gradient_reaches_captioner_parameters(clip, tok):
+    feats, data = world(clip, tok)
+    model = captioner(tok)
+    model.train()
+    loss, extras = make_objective(clip, tok, data, feats, loss="cos").loss(
+        model, data.batch(torch.arange(6)), 0, 10
+    )
+    loss.backward()
+    for name in (
+        "decoder.0.self_attn.q.weight",
+        "decoder.0.cross_attn.kv.weight",
+        "decoder.0.mlp.net.0.weight",
+        "tok_emb.weight",
+        "encoder.0.attn.q.weight",
+    ):
+        grad = dict(model.named_parameters())[name].grad
+        assert grad is not None and grad.abs().sum() > 0, name
+    assert set(extras) == {"specificity", "cos_true", "gen_len"}
+
+
+def test_training_lowers_the_loss(clip, tok):
+    """A few steps of straight-through training make the greedy captions closer to their
+    images in CLIP space (eq. 3)."""
+    feats, data = world(clip, tok)
+    model = captioner(tok)
+    enc = ClipTextEncoder(clip, tok.clip_ids)
+    objective = make_objective(clip, tok, data, feats, loss="cos")
+    batch = data.batch(torch.arange(6))
+
+    def greedy_loss():
+        seqs, _ = generate_ids(model, feats.grid, feats.pooled)
+        with torch.no_grad():
+            return float(specificity_loss(enc(seqs), feats.pooled, kind="cos"))
+
+    before = greedy_loss()
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for step in range(40):
+        loss, _ = objective.loss(model, batch, step, 40)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert greedy_loss() < before - 0.05
+
+
+@pytest.mark.parametrize("kind", ["dp", "cos", "cdp", "ccos"])
+@pytest.mark.parametrize("sampling", ["argmax", "gumbel"])
+def test_each_loss_kind_builds(clip, tok, kind, sampling):
+    feats, data = world(clip, tok)
+    model = captioner(tok)
+    objective = make_objective(
+        clip, tok, data, feats, loss=kind, sampling=sampling, gumbel_temperature=0.5, mle_weight=0.1
+    )
+    loss, extras = objective.loss(model, data.batch(torch.arange(6)), 3, 10)
+    loss.backward()
+    assert math.isfinite(float(loss)) and "mle" in extras
+    assert ("cos_contrast" in extras) == (kind in ("cdp", "ccos"))
+    if kind in ("cdp", "ccos"):
+        assert float(loss) - 0.1 * extras["mle"] >= -1e-6  # hinge losses are >= 0
+
+
+def test_duplicate_images_decoded_once_give_the_per_caption_loss(clip, tok):
+    """Several captions of one image in a batch: argmax decodes each image once, and the loss
+    is still the mean over the batch's captions."""
+    feats, _ = world(clip, tok)
+    image_ids = feats.image_ids[[0, 0, 1, 2, 2, 2]]
+    data = CaptionData(feats, np.arange(6), image_ids, [tok.encode(t) for t in TEXTS], 12)
+    model = captioner(tok)
+    batch = data.batch(torch.arange(6))
+    loss, _ = make_objective(clip, tok, data, feats, loss="cos").loss(model, batch, 0, 1)
+    seqs, _ = generate_ids(model, batch.grid, batch.pooled)
+    with torch.no_grad():
+        text = ClipTextEncoder(clip, tok.clip_ids)(seqs)
+    assert float(loss) == pytest.approx(
+        float(specificity_loss(text, batch.pooled, kind="cos")), abs=1e-6
+    )
+
+
+def test_draws_are_reproducible_per_step(clip, tok):
+    feats, data = world(clip, tok)
+    model = captioner(tok)
+    batch = data.batch(torch.arange(6))
+    first = make_objective(clip, tok, data, feats, loss="ccos", sampling="gumbel")
+    second = make_objective(clip, tok, data, feats, loss="ccos", sampling="gumbel")
+    a = [float(first.loss(model, batch, s, 10)[0]) for s in (0, 1, 2)]
+    b = [float(second.loss(model, batch, s, 10)[0]) for s in (0, 1, 2)]
+    assert a == b
+    assert len({*a}) > 1  # another step, another draw
+
+
+def test_bad_options_and_missing_table(clip, tok):
+    feats, data = world(clip, tok)
+    ctx = TrainContext(torch.device("cpu"), data, {}, tok)
+    with pytest.raises(DistinctcapError, match="loss"):
+        Specificity({"loss": "l2"}, ctx, clip=clip)
+    with pytest.raises(DistinctcapError, match="sampling"):
+        Specificity({"sampling": "beam"}, ctx, clip=clip)
+    with pytest.raises(DistinctcapError, match="contrastive-image table"):
+        Specificity({"loss": "cdp"}, ctx, clip=clip)
+    Specificity({"loss": "dp"}, ctx, clip=clip)  # non-contrastive kinds need no table
+
+
+def test_val_mean_rank(clip, tok):
+    feats, data = world(clip, tok)
+    model = captioner(tok)
+    rank = val_mean_rank(model, data, ClipTextEncoder(clip, tok.clip_ids))
+    caps = greedy(model, feats.grid, feats.pooled)
+    clip_tokens = torch.zeros(6, 32, dtype=torch.long)  # [sot] + caption + [eot], pad 0
+    for i, c in enumerate(caps):
+        row = [49406, *tok.to_clip(c.tokens), 49407]
+        clip_tokens[i, : len(row)] = torch.tensor(row)
+    with torch.no_grad():
+        text = clip.encode_text(clip_tokens, normalize=True)
+    expected = retrieval_ranks(text, feats.pooled, np.arange(6)).mean()
+    assert 1 <= rank <= 6 and rank == pytest.approx(expected)
+    assert 1 <= val_mean_rank(model, data, ClipTextEncoder(clip, tok.clip_ids), images=3) <= 3
+
+
+# ------------------------------------------------------------------ the neighbour table
+
+# Unit vectors at these angles (degrees); all pairwise angular distances differ, so the
+# order of neighbours (most similar = smallest angle first) is known by hand.
+ANGLES = [0, 10, 25, 90, 100, 195]
+EXPECTED = [
+    [1, 2, 3, 4, 5],  # 0:   10, 25, 90, 100, 165
+    [0, 2, 3, 4, 5],  # 10:  10, 15, 80, 90, 175
+    [1, 0, 3, 4, 5],  # 25:  15, 25, 65, 75, 170
+    [4, 2, 1, 0, 5],  # 90:  10, 65, 80, 90, 105
+    [3, 2, 1, 5, 0],  # 100: 10, 75, 90, 95, 100
+    [4, 3, 0, 2, 1],  # 195: 95, 105, 165, 170, 175
+]
+
+
+def circle():
+    a = torch.tensor(ANGLES, dtype=torch.float64).deg2rad()
+    return torch.stack([a.cos(), a.sin()], dim=1).float()
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 4, 100])
+def test_neighbours_by_hand_and_chunk_invariant(chunk):
+    emb = circle()
+    assert top_neighbours(emb, 5, chunk=chunk).tolist() == EXPECTED
+    assert top_neighbours(emb, 2, chunk=chunk).tolist() == [r[:2] for r in EXPECTED]
+
+
+def test_self_excluded_but_identical_twin_kept():
+    emb = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]])
+    assert top_neighbours(emb, 1)[:2].tolist() == [[1], [0]]
+
+
+def test_neighbour_count():
+    assert neighbour_count(2000, 0.01) == 20
+    assert neighbour_count(240, 0.01) == 3
+    assert neighbour_count(118287, 0.01) == 1183
+    assert neighbour_count(2, 0.01) == 1
+    for n, f in ((1, 0.01), (10, 0.0), (10, 1.5)):
+        with pytest.raises(DistinctcapError):
+            neighbour_count(n, f)
+
+
+def test_write_read_and_draw(tmp_path):
+    ids = np.array([7, 3, 11, 5, 2, 13])
+    path = tmp_path / "train_top40pct.parquet"
+    k = write_neighbours(ids, circle(), path, fraction=0.4, chunk=4)  # ceil(0.4 * 5) = 2
+    got_ids, got = read_neighbours(path)
+    assert k == 2 and got_ids.tolist() == ids.tolist()
+    assert got.tolist() == ids[np.array(EXPECTED)[:, :2]].tolist()
+
+    feature_ids = np.array([99, *ids[::-1]])  # feature rows in another order, plus a non-train
+    table = NeighbourTable.load(path, feature_ids)
+    rows = torch.tensor([1, 6, 6, 6, 6, 6, 6, 6, 6])  # feature row 6 = image 7 -> {3, 11}
+    drawn = table.draw(rows, torch.Generator().manual_seed(0))
+    assert torch.equal(drawn, table.draw(rows, torch.Generator().manual_seed(0)))
+    assert {int(feature_ids[r]) for r in drawn[1:]} == {3, 11}
+    assert int(feature_ids[drawn[0]]) in (2, 5)  # image 13's neighbours
+    with pytest.raises(DistinctcapError, match="not in the neighbour table"):
+        table.draw(torch.tensor([0]), torch.Generator())
+
+
+def test_non_finite_embeddings_named(tmp_path):
+    emb = circle()
+    emb[2, 0] = float("nan")
+    with pytest.raises(DistinctcapError, match="25"):
+        write_neighbours([5, 15, 25, 35, 45, 55], emb, tmp_path / "n.parquet", fraction=0.4)

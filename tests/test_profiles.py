@@ -1,0 +1,90 @@
+"""The execution profiles: rules they name exist, only heavy rules ask for GPUs, and the SLURM
+test profile mirrors the shipped SLURM profile (so the cluster test exercises its settings)."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+import yaml
+from conftest import ROOT, SNAKEMAKE
+
+PROFILES = {
+    "slurm": ROOT / "workflow" / "profiles" / "slurm" / "config.yaml",
+    "local-gpu": ROOT / "workflow" / "profiles" / "local-gpu" / "config.yaml",
+    "slurm-test": ROOT / "tests" / "slurm_profile" / "config.yaml",
+}
+GPU_RULES = {"train_clip", "extract_features", "train_run", "decode"}
+# Keys whose values are the cluster's or the test's own; everything else must match.
+SITE_VALUES = {"jobs", "latency-wait", "retries", "slurm-init-seconds-before-status-checks"}
+SITE_RESOURCES = {"slurm_partition", "slurm_account", "gpu_model", "runtime", "mem_mb"}
+
+
+def load(name: str) -> dict:
+    return yaml.safe_load(PROFILES[name].read_text())
+
+
+@pytest.fixture(scope="module")
+def workflow_rules(tmp_path_factory) -> set[str]:
+    """Rule names of the workflow, from `snakemake --list-rules` on a copy of it."""
+    import shutil
+
+    work = tmp_path_factory.mktemp("rules")
+    for name in ("Snakefile", "workflow", "envs", "config.yaml"):
+        src = ROOT / name
+        if src.exists():
+            (shutil.copytree if src.is_dir() else shutil.copy)(src, work / name)
+    out = subprocess.run(
+        ["timeout", "-k", "10", "120", SNAKEMAKE, "--list-rules"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    return set(out.stdout.split())
+
+
+@pytest.mark.parametrize("name", sorted(PROFILES))
+def test_profile_names_only_existing_rules(name: str, workflow_rules: set[str]) -> None:
+    # set-resources for a rule that does not exist is silently ignored by snakemake: a typo
+    # (or a renamed rule) would drop its GPU request without any error.
+    named = set(load(name).get("set-resources", {}))
+    planned = GPU_RULES - workflow_rules  # heavy rules of stages that have not landed yet
+    assert named - workflow_rules - planned == set()
+
+
+@pytest.mark.parametrize("name", sorted(PROFILES))
+def test_only_heavy_rules_ask_for_gpus(name: str) -> None:
+    profile = load(name)
+    assert "gpu" not in profile.get("default-resources", {})
+    assert "gpu_model" not in profile.get("default-resources", {})
+    gpu = {rule for rule, res in profile["set-resources"].items() if "gpu" in res}
+    assert gpu == GPU_RULES
+    for rule, res in profile["set-resources"].items():
+        # gres together with gpu/gpu_model makes sbatch fail; gpu_model alone means 1 GPU.
+        assert "gres" not in res, rule
+        assert "gpu_model" not in res or "gpu" in res, rule
+
+
+def test_slurm_profiles_submit_with_partition_account_and_requeue() -> None:
+    for name in ("slurm", "slurm-test"):
+        profile = load(name)
+        assert profile["executor"] == "slurm"
+        assert profile["slurm-requeue"] is True
+        assert {"slurm_partition", "slurm_account", "runtime", "mem_mb"} <= set(
+            profile["default-resources"]
+        )
+
+
+def test_test_profile_mirrors_the_shipped_slurm_profile() -> None:
+    shipped, test = load("slurm"), load("slurm-test")
+    assert set(shipped) == set(test)
+    for key in set(shipped) - SITE_VALUES - {"default-resources", "set-resources"}:
+        assert shipped[key] == test[key], key
+    assert set(shipped["default-resources"]) == set(test["default-resources"])
+    assert set(shipped["set-resources"]) == set(test["set-resources"])
+    for rule, res in shipped["set-resources"].items():
+        mine = test["set-resources"][rule]
+        assert set(res) - SITE_RESOURCES == set(mine) - SITE_RESOURCES, rule
+        assert ("gpu_model" in res) == ("gpu_model" in mine), rule
+        assert res.get("gpu") == mine.get("gpu"), rule

@@ -1,0 +1,298 @@
+"""UNKT: unlikely negative knowledge transfer from a frozen negative teacher (UNKT §3.2-3.3).
+
+The student (the run's model) trains on all of D with eq. 9,
+
+    L = (1 - lam) L_mle + lam (w_pred L_pred + w_hid sum_l L_hid^l + w_att sum_l L_att^l),
+
+against the negative teacher p_n: the frozen run named by the run's `teacher` (an MLE model on
+the high-entropy subset D-, Algorithm 1 lines 1-7). Both models read the same batch (the same
+grid/pooled features and caption prefix); the teacher runs without gradients.
+
+- L_pred (eq. 5): soft unlikelihood of the teacher's softened predictions, `targets: soft`.
+  The Table 6 ablations swap the target, keeping the rest of eq. 9: `hard` uses the teacher's
+  greedy caption of the image as one negative token per position (token unlikelihood, eq. 2,
+  aligned by position with the reference caption; decoded once per image and kept, see
+  GreedyCaptions), `random` the tokens of a random D- caption, drawn afresh per caption and
+  step with the global torch RNG (which the trainer's checkpoints restore).
+- L_hid^l (eq. 7): each decoder layer's hidden state (the residual stream after block l) is
+  turned into a distribution by a softmax over the feature dimension, one per caption position
+  (the paper applies a KL to hidden states without saying how they become distributions; see
+  distinctcap.losses.hidden_distribution), then reverse_kl_repulsion (eq. 6).
+- L_att^l (eq. 8): reverse_kl_repulsion of the attention rows softmax(QK^T / sqrt(d_k)) of
+  decoder layer l, averaged over heads and positions; `attention: self | cross | both`. With
+  `both`, a layer contributes its self- and its cross-attention term (the paper's "attention
+  matrices of the l-th decoder layer"; our decoder layer has both kinds).
+- Every term is a mean over non-pad caption positions: rows of pad query positions are
+  excluded (they compute garbage under right padding, see distinctcap.model).
+- lam (§3.3): `lambda_schedule: progressive` rises linearly to 1 over the warm-up and then
+  follows eq. 10 (distinctcap.losses.progressive_lambda); `fixed` keeps `lambda_value`
+  (Table 8). The paper warms up over 5 epochs: `warmup_epochs` is converted to optimiser steps
+  with the trainer's epoch length, len(train captions) // batch_size micro-batches divided by
+  grad_accum (data/batches.py BatchOrder); `warmup_steps`, when set, is used as is. The warm-up
+  is capped at the run's total steps.
+- With every weight 0 (Table 3 "w/o L_neg") there is no negative term and eq. 9 is the MLE
+  loss: lam is taken as 0 (else the (1 - lam) factor would switch MLE off at lam = 1).
+
+Random targets draw from the D- captions that are also training captions of this run: the
+caption ids in `paths.d_minus` (the D- parquet shards, or one parquet file, with a
+caption_id column), looked up in the run's training data (so a run on all of D has them all).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow.parquet as pq
+import torch
+from torch import Tensor
+
+from distinctcap.decode import greedy
+from distinctcap.errors import DistinctcapError
+from distinctcap.losses import (
+    hidden_distribution,
+    mle_loss,
+    progressive_lambda,
+    reverse_kl_repulsion,
+    soft_unlikelihood_loss,
+    token_unlikelihood_loss,
+    unkt_objective,
+)
+from distinctcap.model import EOS
+
+if TYPE_CHECKING:
+    from distinctcap.data.batches import Batch, CaptionData, ImageFeatures
+    from distinctcap.methods import TrainContext
+    from distinctcap.model import Captioner
+
+TARGETS = ("soft", "hard", "random")
+ATTENTION = ("self", "cross", "both")
+LAMBDA_SCHEDULES = ("progressive", "fixed")
+
+
+@dataclass
+class UNKTConfig:
+    """The unkt options of a run block (schema: workflow/schemas/sections/runs.yaml, # unkt)."""
+
+    w_pred: float = 1.0  # weight of L_pred in eq. 9 (0: Table 3 "w/o L_pred")
+    w_hid: float = 1.0  # weight of sum_l L_hid^l (0: "w/o L_hid")
+    w_att: float = 1.0  # weight of sum_l L_att^l (0: "w/o L_att")
+    attention: str = "both"  # decoder attention maps in L_att: self | cross | both
+    targets: str = "soft"  # prediction-layer targets: soft | hard | random (Table 6)
+    lambda_schedule: str = "progressive"  # progressive (§3.3, eq. 10) | fixed (Table 8)
+    lambda_value: float = 0.5  # lam of the fixed schedule
+    warmup_epochs: float = 5.0  # progressive warm-up (paper: 5 epochs)
+    warmup_steps: int | None = None  # progressive warm-up in optimiser steps; overrides epochs
+    temperature: float = 1.0  # t in p = softmax(logits / t), eq. 5 (paper: 1)
+
+    def __post_init__(self) -> None:
+        for key, allowed in (
+            ("attention", ATTENTION),
+            ("targets", TARGETS),
+            ("lambda_schedule", LAMBDA_SCHEDULES),
+        ):
+            if getattr(self, key) not in allowed:
+                raise DistinctcapError(
+                    f"unkt {key} = {getattr(self, key)!r}: choose one of {list(allowed)}"
+                )
+        for key in ("w_pred", "w_hid", "w_att", "warmup_epochs"):
+            if getattr(self, key) < 0:
+                raise DistinctcapError(f"unkt {key} = {getattr(self, key)}: allowed >= 0")
+        if self.warmup_steps is not None and self.warmup_steps < 0:
+            raise DistinctcapError(f"unkt warmup_steps = {self.warmup_steps}: allowed >= 0")
+        if not 0 <= self.lambda_value <= 1:
+            raise DistinctcapError(f"unkt lambda_value = {self.lambda_value}: allowed 0..1")
+        if self.temperature <= 0:
+            raise DistinctcapError(f"unkt temperature = {self.temperature}: allowed > 0")
+
+    @classmethod
+    def from_run(cls, run_cfg: dict) -> UNKTConfig:
+        """The unkt keys of a run's effective config; other keys belong to the trainer."""
+        return cls(**{f.name: run_cfg[f.name] for f in fields(cls) if f.name in run_cfg})
+
+    @property
+    def any_negative(self) -> bool:
+        return self.w_pred > 0 or self.w_hid > 0 or self.w_att > 0
+
+    @property
+    def intermediate(self) -> bool:
+        """Whether eq. 7-8 need the decoder internals of both models."""
+        return self.w_hid > 0 or self.w_att > 0
+
+
+def steps_per_epoch(n_captions: int, train_cfg: dict) -> float:
+    """Optimiser steps per pass over the training captions, as the trainer counts them
+    (BatchOrder drops the last incomplete micro-batch; grad_accum micro-batches a step)."""
+    batch_size = min(int(train_cfg.get("batch_size", 64)), n_captions)
+    return (n_captions // max(batch_size, 1)) / int(train_cfg.get("grad_accum", 1))
+
+
+def read_caption_ids(path: str | Path) -> np.ndarray:
+    """caption_id column of a parquet file or of every *.parquet in a folder (subset shards)."""
+    path = Path(path)
+    files = sorted(path.glob("*.parquet")) if path.is_dir() else [path]
+    if not files or not files[0].exists():
+        raise DistinctcapError(f"unkt targets = 'random': no parquet shards at {path}")
+    return np.concatenate(
+        [pq.read_table(f, columns=["caption_id"]).column(0).to_numpy() for f in files]
+    )
+
+
+def negative_pool(train_data: CaptionData, caption_ids: np.ndarray) -> Tensor:
+    """Labels (P, max_len) of the training captions whose id is in `caption_ids` (D-)."""
+    keep = torch.isin(train_data.caption_ids, torch.as_tensor(caption_ids, dtype=torch.long))
+    if not keep.any():
+        raise DistinctcapError(
+            "unkt targets = 'random': none of the D- captions (paths.d_minus) is a training "
+            "caption of this run; train the student on data: all"
+        )
+    return train_data.labels[keep]
+
+
+def align_negatives(negatives: Tensor, labels: Tensor, pad_id: int) -> Tensor:
+    """Negative captions (B, K) aligned by position with labels (B, N): cut or right-padded to
+    N, and pad where the reference is pad, so pad query positions are excluded. -> (B, N)."""
+    n = labels.shape[1]
+    out = torch.full_like(labels, pad_id)
+    k = min(n, negatives.shape[1])
+    out[:, :k] = negatives[:, :k].to(labels.device)
+    return out.masked_fill(labels == pad_id, pad_id)
+
+
+class GreedyCaptions:
+    """The frozen teacher's greedy caption of each image as labels (tokens + [eos]), for the hard
+    targets of Table 6. An image is decoded (distinctcap.decode.greedy, no grad) the first time
+    a batch holds it and then kept: greedy decoding of a frozen model in eval mode is
+    deterministic, so later batches would decode the same caption again."""
+
+    def __init__(self, teacher: Captioner, features: ImageFeatures, pad_id: int):
+        self.teacher, self.features = teacher, features
+        n, self.max_len = len(features.image_ids), teacher.cfg.max_len
+        self.labels = torch.full((n, self.max_len), pad_id, dtype=torch.long)  # by feature row
+        self.done = torch.zeros(n, dtype=torch.bool)
+
+    def __call__(self, image_rows: Tensor) -> Tensor:
+        """Feature rows (B,) -> the teacher's greedy labels (B, max_len) on the CPU."""
+        todo = torch.unique(image_rows[~self.done[image_rows]])
+        if len(todo):
+            dev = next(self.teacher.parameters()).device
+            grid, pooled = self.features.grid[todo].to(dev), self.features.pooled[todo].to(dev)
+            for row, cap in zip(todo.tolist(), greedy(self.teacher, grid, pooled), strict=True):
+                seq = [*cap.tokens, EOS][: self.max_len]
+                self.labels[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+            self.done[todo] = True
+        return self.labels[image_rows]
+
+
+def attention_maps(internals: dict[str, list[Tensor]], which: str) -> list[Tensor]:
+    """Decoder attention probabilities (B, H, N, S) used by L_att, layer by layer."""
+    kinds = ("self_attn", "cross_attn") if which == "both" else (f"{which}_attn",)
+    return [internals[k][layer] for layer in range(len(internals["hidden"])) for k in kinds]
+
+
+class UNKT:
+    """UNKT eq. 9 against the frozen negative teacher `ctx.frozen["teacher"]` (module doc)."""
+
+    needs: tuple[str, ...] = ("teacher",)
+
+    def __init__(self, run_cfg: dict, ctx: TrainContext):
+        self.cfg = UNKTConfig.from_run(run_cfg)
+        self.pad_id = ctx.pad_id
+        self.teacher = ctx.frozen["teacher"]
+        c = self.cfg
+        if c.warmup_steps is not None:
+            self.warmup = c.warmup_steps
+        else:
+            per_epoch = steps_per_epoch(len(ctx.train_data), run_cfg.get("train", {}))
+            self.warmup = round(c.warmup_epochs * per_epoch)
+        self.pool = self.greedy = None
+        if c.targets == "hard" and c.w_pred > 0:
+            self.greedy = GreedyCaptions(self.teacher, ctx.train_data.features, self.pad_id)
+        if c.targets == "random" and c.w_pred > 0:
+            path = run_cfg.get("paths", {}).get("d_minus")
+            if not path:
+                raise DistinctcapError(
+                    f"run {run_cfg.get('name')}: unkt targets = 'random' needs the D- shards "
+                    "as paths.d_minus"
+                )
+            self.pool = negative_pool(ctx.train_data, read_caption_ids(path)).to(ctx.device)
+
+    def lam(self, step: int, total_steps: int) -> float:
+        """lam of eq. 9 before optimiser step `step` (0-based) of `total_steps`."""
+        if not self.cfg.any_negative:
+            return 0.0
+        if self.cfg.lambda_schedule == "fixed":
+            return self.cfg.lambda_value
+        return progressive_lambda(step, min(self.warmup, total_steps), total_steps)
+
+    def loss(
+        self, model: Captioner, batch: Batch, step: int, total_steps: int
+    ) -> tuple[Tensor, dict[str, float]]:
+        c, pad = self.cfg, self.pad_id
+        lam = self.lam(step, total_steps)
+        internal = lam > 0 and c.intermediate
+        out = model(batch.grid, batch.pooled, batch.inputs, return_internals=internal)
+        logits, student = out[0], (out[2] if internal else None)
+        mle = mle_loss(logits, batch.labels, pad)
+        if lam == 0:  # eq. 9 is exactly L_mle; the teacher is not needed
+            return mle, {"lambda": 0.0, "mle": mle.detach()}
+
+        teacher_logits, teacher = self.teacher_forward(batch, internal)
+        pred = self.pred_loss(logits, teacher_logits, batch) if c.w_pred > 0 else None
+        mask = batch.labels != pad  # (B, N): rows of pad query positions are excluded
+        hid, att = [], []
+        if c.w_hid > 0:
+            hid = [
+                reverse_kl_repulsion(
+                    hidden_distribution(h_n.float()), hidden_distribution(h_s.float()), mask
+                )
+                for h_n, h_s in zip(teacher["hidden"], student["hidden"], strict=True)
+            ]
+        if c.w_att > 0:
+            head_mask = mask[:, None, :]  # (B, 1, N) against rows (B, H, N)
+            att = [
+                reverse_kl_repulsion(a_n.float(), a_s.float(), head_mask)
+                for a_n, a_s in zip(
+                    attention_maps(teacher, c.attention),
+                    attention_maps(student, c.attention),
+                    strict=True,
+                )
+            ]
+        loss = unkt_objective(mle, pred, hid, att, lam, c.w_pred, c.w_hid, c.w_att)
+        extras = {"lambda": lam, "mle": mle.detach()}
+        if pred is not None:
+            extras["pred"] = pred.detach()
+        if hid:
+            extras["hid"] = torch.stack(hid).sum().detach()
+        if att:
+            extras["att"] = torch.stack(att).sum().detach()
+        return loss, extras
+
+    def teacher_forward(
+        self, batch: Batch, internal: bool
+    ) -> tuple[Tensor | None, dict[str, list[Tensor]] | None]:
+        """Teacher logits (only for soft targets) and internals (only for eq. 7-8), no grad."""
+        soft = self.cfg.targets == "soft" and self.cfg.w_pred > 0
+        if not (soft or internal):
+            return None, None
+        with torch.no_grad():
+            out = self.teacher(batch.grid, batch.pooled, batch.inputs, return_internals=internal)
+        return out[0], (out[2] if internal else None)
+
+    def pred_loss(self, logits: Tensor, teacher_logits: Tensor | None, batch: Batch) -> Tensor:
+        """L_pred: eq. 5 with the teacher's soft targets, or eq. 2 with one negative token per
+        position (hard: the teacher's greedy caption; random: a random D- caption)."""
+        c, pad = self.cfg, self.pad_id
+        if c.targets == "soft":
+            return soft_unlikelihood_loss(
+                logits.float(), teacher_logits.float(), batch.labels, pad, c.temperature
+            )
+        if c.targets == "hard":
+            negatives = self.greedy(batch.image_rows)
+        else:
+            pick = torch.randint(len(self.pool), (len(batch),)).to(self.pool.device)
+            negatives = self.pool[pick]
+        negatives = align_negatives(negatives, batch.labels, pad)
+        return token_unlikelihood_loss(logits.float() / c.temperature, negatives, pad)

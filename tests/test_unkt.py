@@ -1,0 +1,352 @@
+"""UNKT objective (UNKT eq. 5-10, Tables 3-8) on a tiny captioner: eq. 9 assembled by hand,
+lambda, masking, ablation configs, the teacher's frozenness, repulsion, hard/random targets, and
+every preset entry trained and decoded through distinctcap.train."""
+
+import copy
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import yaml
+
+from distinctcap.data.batches import CaptionData, ImageFeatures
+from distinctcap.decode import greedy
+from distinctcap.errors import DistinctcapError
+from distinctcap.losses import mle_loss, soft_unlikelihood_loss
+from distinctcap.methods import METHODS, TrainContext
+from distinctcap.methods.unkt import (
+    UNKT,
+    GreedyCaptions,
+    align_negatives,
+    attention_maps,
+    steps_per_epoch,
+)
+from distinctcap.model import EOS, PAD, Captioner, CaptionerConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+G, DV, DP, V, W, H, L, MAXLEN = 5, 6, 4, 24, 16, 2, 2, 9
+IMAGES = 8  # 5 captions each
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny tensors: threads only add contention on a busy 2-core box."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def captioner_cfg() -> dict:
+    return dict(width=W, enc_layers=1, dec_layers=L, heads=H, ffn=32, dropout=0.0, max_len=MAXLEN)
+
+
+def tiny(seed: int) -> Captioner:
+    torch.manual_seed(seed)
+    return Captioner(CaptionerConfig(V, DV, DP, **captioner_cfg()))
+
+
+@pytest.fixture(scope="module")
+def data() -> CaptionData:
+    g = torch.Generator().manual_seed(0)
+    feats = ImageFeatures(
+        np.arange(IMAGES, dtype=np.int64),
+        torch.nn.functional.normalize(torch.randn(IMAGES, DP, generator=g), dim=-1),
+        torch.randn(IMAGES, G, DV, generator=g).half(),
+    )
+    n = IMAGES * 5
+    lengths = torch.randint(2, MAXLEN - 1, (n,), generator=g).tolist()
+    tokens = [torch.randint(4, V, (k,), generator=g).tolist() for k in lengths]
+    return CaptionData(
+        feats, np.arange(100, 100 + n), np.repeat(np.arange(IMAGES), 5), tokens, MAXLEN
+    )
+
+
+@pytest.fixture(scope="module")
+def negatives(tmp_path_factory, data) -> Path:
+    """D- stand-in: the even caption ids, as a subset shard folder."""
+    folder = tmp_path_factory.mktemp("entropy") / "D-"
+    folder.mkdir()
+    ids = data.caption_ids.numpy()[::2]
+    pd.DataFrame({"caption_id": ids}).to_parquet(folder / "part-0000.parquet")
+    return folder
+
+
+def make(data, run: dict, teacher: Captioner | None = None, negatives: Path | None = None):
+    ctx = TrainContext(torch.device("cpu"), data, {"teacher": teacher or tiny(1)})
+    cfg = {"method": "unkt", "train": {"batch_size": 8}, **run}
+    if negatives is not None:
+        cfg["paths"] = {"d_minus": str(negatives)}
+    return METHODS[cfg["method"]](cfg, ctx)
+
+
+def a_batch(data):
+    batch = data.batch(torch.arange(0, 12))  # images 0, 1 and 2 (two captions), padded rows
+    assert (batch.labels == PAD).any()
+    return batch
+
+
+def rkl_rows(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """exp(-KL(p || q)) averaged over rows (M, D), written out independently of losses.py."""
+    kl = (p * (p.clamp_min(1e-30).log() - q.clamp_min(1e-8).log())).sum(-1)
+    return torch.exp(-kl).mean()
+
+
+def test_registered_and_needs_teacher():
+    assert METHODS["unkt"] is UNKT and UNKT.needs == ("teacher",)
+
+
+def test_loss_is_eq9_assembled_by_hand(data):
+    teacher, student = tiny(1), tiny(2)
+    obj = make(data, {"warmup_steps": 4}, teacher)
+    batch = a_batch(data)
+    lam = 0.5  # step 2 of a 4-step warm-up
+    loss, extras = obj.loss(student, batch, 2, 10)
+
+    mask = batch.labels != PAD
+    with torch.no_grad():
+        s_logits, _, s = student(batch.grid, batch.pooled, batch.inputs, return_internals=True)
+        t_logits, _, t = teacher(batch.grid, batch.pooled, batch.inputs, return_internals=True)
+        mle = mle_loss(s_logits, batch.labels, PAD)
+        pred = soft_unlikelihood_loss(s_logits, t_logits, batch.labels, PAD)
+        hid = [
+            rkl_rows(t["hidden"][i][mask].softmax(-1), s["hidden"][i][mask].softmax(-1))
+            for i in range(L)
+        ]
+        att = []
+        for i in range(L):
+            for kind in ("self_attn", "cross_attn"):
+                # (B, H, N, S) -> rows of non-pad query positions, every head: (M * H, S)
+                rows_t = t[kind][i].transpose(1, 2)[mask].flatten(0, 1)
+                rows_s = s[kind][i].transpose(1, 2)[mask].flatten(0, 1)
+                att.append(rkl_rows(rows_t, rows_s))
+        expected = (1 - lam) * mle + lam * (pred + sum(hid) + sum(att))
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    assert extras["lambda"] == lam
+    assert float(extras["att"]) == pytest.approx(float(sum(att)), rel=1e-5)
+
+
+def test_pad_rows_do_not_count(data):
+    """Changing the teacher's internals only at pad query positions changes nothing: compare
+    two batches that differ only in the tokens fed at pad positions (garbage there)."""
+    obj = make(data, {"lambda_schedule": "fixed", "lambda_value": 1.0})
+    student = tiny(2)
+    batch = a_batch(data)
+    other = copy.copy(batch)
+    other.inputs = batch.inputs.clone()
+    pad_in = batch.labels == PAD  # query positions whose label is pad (right end)
+    other.inputs[pad_in] = 7
+    assert not torch.equal(other.inputs, batch.inputs)
+    a, _ = obj.loss(student, batch, 0, 10)
+    b, _ = obj.loss(student, other, 0, 10)
+    assert a.item() == pytest.approx(b.item(), rel=1e-6)
+
+
+def test_lambda_zero_is_exactly_mle(data):
+    student, batch = tiny(2), a_batch(data)
+    mle, _ = make(data, {"method": "mle"}).loss(student, batch, 0, 10)
+    at_start, extras = make(data, {}).loss(student, batch, 0, 10)  # progressive: lambda(0) = 0
+    assert at_start.item() == mle.item() and extras["lambda"] == 0.0
+    no_negative = make(data, {"w_pred": 0, "w_hid": 0, "w_att": 0})
+    assert no_negative.lam(500, 1000) == 0.0
+    assert no_negative.loss(student, batch, 500, 1000)[0].item() == mle.item()
+
+
+def test_lambda_schedules_and_epoch_warmup(data):
+    assert steps_per_epoch(40, {"batch_size": 8}) == 5
+    assert steps_per_epoch(40, {"batch_size": 8, "grad_accum": 2}) == 2.5
+    assert steps_per_epoch(40, {"batch_size": 64}) == 1  # one smaller batch, as BatchOrder
+    obj = make(data, {"warmup_epochs": 2})  # 40 captions / 8 = 5 steps an epoch -> 10
+    assert obj.warmup == 10
+    assert obj.lam(5, 110) == pytest.approx(0.5)
+    assert obj.lam(10, 110) == pytest.approx(1.0)
+    assert obj.lam(110, 110) == pytest.approx(0.5)  # eq. 10 as printed ends at 1/2
+    assert obj.lam(2, 4) == pytest.approx(0.5)  # warm-up capped at the run's 4 steps
+    assert make(data, {"warmup_steps": 3, "warmup_epochs": 2}).warmup == 3
+    fixed = make(data, {"lambda_schedule": "fixed", "lambda_value": 0.5})
+    assert fixed.lam(0, 10) == fixed.lam(9, 10) == 0.5
+
+
+@pytest.mark.parametrize(
+    "run, message",
+    [
+        ({"attention": "encoder"}, "attention"),
+        ({"targets": "sampled"}, "targets"),
+        ({"lambda_schedule": "cosine"}, "lambda_schedule"),
+        ({"lambda_value": 1.5}, "lambda_value"),
+        ({"w_hid": -1}, "w_hid"),
+        ({"temperature": 0}, "temperature"),
+        ({"targets": "random"}, "d_minus"),
+    ],
+)
+def test_bad_options_name_the_key(data, run, message):
+    with pytest.raises(DistinctcapError, match=message):
+        make(data, run)
+
+
+def test_attention_choice_sets_the_terms(data):
+    student, batch = tiny(2), a_batch(data)
+    _, _, internals = student(batch.grid, batch.pooled, batch.inputs, return_internals=True)
+    assert len(attention_maps(internals, "both")) == 2 * L
+    assert attention_maps(internals, "cross")[1] is internals["cross_attn"][1]
+    sizes = {}
+    for which in ("self", "cross", "both"):
+        run = {
+            "attention": which,
+            "w_pred": 0,
+            "w_hid": 0,
+            "lambda_schedule": "fixed",
+            "lambda_value": 1.0,
+        }
+        sizes[which] = make(data, run).loss(student, batch, 0, 10)[0].item()
+    assert sizes["both"] == pytest.approx(sizes["self"] + sizes["cross"], rel=1e-5)
+
+
+def preset_runs() -> dict:
+    return yaml.safe_load((ROOT / "presets" / "unkt-ablations.yaml").read_text())["runs"]
+
+
+@pytest.mark.parametrize("name", [n for n, r in preset_runs().items() if r["method"] == "unkt"])
+def test_every_preset_ablation_builds_and_gives_a_finite_loss(data, negatives, name):
+    run = {**preset_runs()[name], "warmup_steps": 2}
+    student, batch = tiny(2), a_batch(data)
+    loss, extras = make(data, run, negatives=negatives).loss(student, batch, 2, 10)
+    assert torch.isfinite(loss)
+    loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in student.parameters() if p.grad is not None)
+    for key, term in (("w_pred", "pred"), ("w_hid", "hid"), ("w_att", "att")):
+        assert (term in extras) == (run.get(key, 1) > 0)
+
+
+def test_teacher_gets_no_gradient(data):
+    teacher, student = tiny(1), tiny(2)
+    teacher.requires_grad_(True)  # even if the trainer forgot to freeze it
+    obj = make(data, {"lambda_schedule": "fixed", "lambda_value": 0.7}, teacher)
+    loss, _ = obj.loss(student, a_batch(data), 0, 10)
+    loss.backward()
+    assert all(p.grad is None for p in teacher.parameters())
+    assert all(p.grad is not None for p in student.decoder.parameters())
+
+
+def output_kl(teacher, student, batch) -> tuple[float, float]:
+    """Mean KL(p_n || p_s) over non-pad positions and the student's mean probability of the
+    teacher's most likely token."""
+    with torch.no_grad():
+        p_n = teacher(batch.grid, batch.pooled, batch.inputs)[0].softmax(-1)
+        p_s = student(batch.grid, batch.pooled, batch.inputs)[0].softmax(-1)
+    mask = batch.labels != PAD
+    kl = (p_n * (p_n.log() - p_s.log())).sum(-1)[mask].mean()
+    top = p_s.gather(-1, p_n.argmax(-1, keepdim=True)).squeeze(-1)[mask].mean()
+    return kl.item(), top.item()
+
+
+@pytest.mark.parametrize(
+    "weights",
+    [{"w_hid": 0, "w_att": 0}, {"w_pred": 0}],  # L_pred alone; the L_rkl terms alone
+    ids=["L_pred", "L_rkl"],
+)
+def test_negative_terms_push_the_student_away_from_the_teacher(data, weights):
+    teacher = tiny(1)
+    student = copy.deepcopy(teacher)
+    with torch.no_grad():  # a nearby student: at identical models the L_rkl gradient is 0
+        for p in student.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    run = {**weights, "lambda_schedule": "fixed", "lambda_value": 1.0}  # negative terms only
+    obj = make(data, run, teacher)
+    batch = a_batch(data)
+    kl0, top0 = output_kl(teacher, student, batch)
+    hid0 = obj.loss(student, batch, 0, 10)[1].get("hid")
+    opt = torch.optim.Adam(student.parameters(), lr=3e-3)
+    for _ in range(5):
+        loss, _ = obj.loss(student, batch, 0, 10)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    kl1, top1 = output_kl(teacher, student, batch)
+    assert kl1 > kl0 + 1e-3
+    assert top1 < top0
+    if hid0 is not None:  # L_rkl of the hidden states fell: the features moved apart
+        assert obj.loss(student, batch, 0, 10)[1]["hid"] < hid0
+
+
+def test_hard_targets_are_the_teachers_greedy_captions(data):
+    teacher, batch = tiny(1), a_batch(data)
+    cache = GreedyCaptions(teacher, data.features, PAD)
+    hard = cache(batch.image_rows)
+    assert hard.shape == (len(batch), MAXLEN)
+    assert cache.done.sum() == len(torch.unique(batch.image_rows))  # each image decoded once
+    caps = greedy(teacher, batch.grid, batch.pooled)
+    for row, cap in zip(hard.tolist(), caps, strict=True):
+        seq = [*cap.tokens, EOS][:MAXLEN]  # an untrained teacher may not stop: no eos then
+        assert row == seq + [PAD] * (MAXLEN - len(seq))
+    same_image = batch.image_ids == batch.image_ids[0]
+    assert (hard[same_image] == hard[0]).all()
+    cache.labels[batch.image_rows[0]] = 5  # a kept caption is not decoded again
+    assert (cache(batch.image_rows[:1]) == 5).all()
+    aligned = align_negatives(hard, batch.labels, PAD)
+    assert aligned.shape == batch.labels.shape
+    assert ((aligned == PAD) >= (batch.labels == PAD)).all()  # pad rows stay excluded
+    n = batch.labels.shape[1]
+    short = greedy(teacher, batch.grid, batch.pooled, max_len=n)  # greedy is prefix-consistent
+    for row, cap in zip(aligned.tolist(), short, strict=True):
+        seq = [*cap.tokens, EOS][:n]
+        assert all(a in (t, PAD) for a, t in zip(row, seq, strict=False))
+
+
+def test_random_targets_come_from_the_d_minus_captions(data, negatives):
+    obj = make(data, {"targets": "random"}, negatives=negatives)
+    d_minus = data.labels[::2]
+    assert obj.pool.shape == d_minus.shape and torch.equal(obj.pool, d_minus)
+    batch = a_batch(data)
+    short = align_negatives(obj.pool[:12, :3], batch.labels, PAD)
+    assert short.shape == batch.labels.shape and (short[:, 3:] == PAD).all()
+    torch.manual_seed(0)
+    loss, extras = obj.loss(tiny(2), batch, 100, 100)
+    assert torch.isfinite(loss) and extras["pred"] > 0
+    with pytest.raises(DistinctcapError, match="none of the D- captions"):
+        pd.DataFrame({"caption_id": [1, 2]}).to_parquet(negatives.parent / "other.parquet")
+        make(data, {"targets": "random"}, negatives=negatives.parent / "other.parquet")
+
+
+def test_every_preset_entry_trains_and_decodes(tmp_path, data, negatives):
+    """Each preset entry through distinctcap.train.train (a few steps), then greedy decoding."""
+    from distinctcap.train import RunData, train
+
+    runs = preset_runs()
+    base = {
+        "seed": 0,
+        "device": "cpu",
+        "captioner": {"vocab_size": V, **captioner_cfg()},
+        "train": {
+            "steps": 3,
+            "batch_size": 8,
+            "warmup_steps": 1,
+            "val_every": 0,
+            "checkpoint_every": 0,
+            "log_every": 1,
+        },
+    }
+    run_data = RunData(data)
+    paths = {}
+    teachers = {"teacher_neg": {"method": "mle", "data": "all"}}
+    teachers.update({k: v for k, v in runs.items() if v["method"] == "mle"})
+    for name, block in teachers.items():  # teacher data selection does not matter here
+        out = tmp_path / name
+        train({**base, "name": name, **block, "paths": {"out_dir": str(out)}}, run_data)
+        paths[name] = out / "model.pt"
+    for name, block in runs.items():
+        if block["method"] != "unkt":
+            continue
+        cfg = {
+            **base,
+            "name": name,
+            **block,
+            "warmup_epochs": 0.2,
+            "paths": {"teacher": str(paths[block["teacher"]]), "d_minus": str(negatives)},
+        }
+        result = train(cfg, run_data)
+        assert result.steps == 3 and np.isfinite(result.curve["loss"]).all()
+        caps = greedy(result.model, data.features.grid[:2].float(), data.features.pooled[:2])
+        assert len(caps) == 2 and all(isinstance(c.tokens, list) for c in caps)

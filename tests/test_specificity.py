@@ -222,10 +222,12 @@ def test_each_loss_kind_builds(clip, tok, kind, sampling):
     )
     loss, extras = objective.loss(model, data.batch(torch.arange(6)), 3, 10)
     loss.backward()
-    assert math.isfinite(float(loss)) and "mle" in extras
+    assert math.isfinite(float(loss.detach())) and "mle" in extras
     assert ("cos_contrast" in extras) == (kind in ("cdp", "ccos"))
     if kind in ("cdp", "ccos"):
-        assert float(loss) - 0.1 * extras["mle"] >= -1e-6  # hinge losses are >= 0
+        assert float(loss.detach()) - 0.1 * extras["mle"] >= -1e-6  # hinge losses are >= 0
+    expected = 0.1 * extras["mle"] + 0.9 * extras["specificity"]  # SMILE-style eq. 4 mixing
+    assert float(loss.detach()) == pytest.approx(expected, abs=1e-5)
 
 
 def test_duplicate_images_decoded_once_give_the_per_caption_loss(clip, tok):
@@ -240,7 +242,7 @@ def test_duplicate_images_decoded_once_give_the_per_caption_loss(clip, tok):
     seqs, _ = generate_ids(model, batch.grid, batch.pooled)
     with torch.no_grad():
         text = ClipTextEncoder(clip, tok.clip_ids)(seqs)
-    assert float(loss) == pytest.approx(
+    assert float(loss.detach()) == pytest.approx(
         float(specificity_loss(text, batch.pooled, kind="cos")), abs=1e-6
     )
 
@@ -251,8 +253,8 @@ def test_draws_are_reproducible_per_step(clip, tok):
     batch = data.batch(torch.arange(6))
     first = make_objective(clip, tok, data, feats, loss="ccos", sampling="gumbel")
     second = make_objective(clip, tok, data, feats, loss="ccos", sampling="gumbel")
-    a = [float(first.loss(model, batch, s, 10)[0]) for s in (0, 1, 2)]
-    b = [float(second.loss(model, batch, s, 10)[0]) for s in (0, 1, 2)]
+    a = [float(first.loss(model, batch, s, 10)[0].detach()) for s in (0, 1, 2)]
+    b = [float(second.loss(model, batch, s, 10)[0].detach()) for s in (0, 1, 2)]
     assert a == b
     assert len({*a}) > 1  # another step, another draw
 
@@ -262,6 +264,8 @@ def test_bad_options_and_missing_table(clip, tok):
     ctx = TrainContext(torch.device("cpu"), data, {}, tok)
     with pytest.raises(DistinctcapError, match="loss"):
         Specificity({"loss": "l2"}, ctx, clip=clip)
+    with pytest.raises(DistinctcapError, match="mle_weight"):
+        Specificity({"mle_weight": 2.0}, ctx, clip=clip)
     with pytest.raises(DistinctcapError, match="sampling"):
         Specificity({"sampling": "beam"}, ctx, clip=clip)
     with pytest.raises(DistinctcapError, match="contrastive-image table"):

@@ -13,6 +13,7 @@ parquet one row group per chunk.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from collections.abc import Sequence
@@ -28,7 +29,16 @@ from tqdm import tqdm
 from distinctcap.errors import DistinctcapError
 from distinctcap.io import atomic_path
 
+log = logging.getLogger(__name__)
+
+ROOT = "results/neighbours"
 SCHEMA = pa.schema([("image_id", pa.int64()), ("neighbours", pa.list_(pa.int64()))])
+
+
+def table_path(pct: float, root: str = ROOT) -> str:
+    """The cached table of the top `pct` percent, e.g. results/neighbours/train_top1pct.parquet
+    (the `{pct}` wildcard of the neighbours rule; a run picks it with `contrastive_top_pct`)."""
+    return f"{root}/train_top{float(pct):g}pct.parquet"
 
 
 def neighbour_count(n: int, fraction: float) -> int:
@@ -143,3 +153,30 @@ class NeighbourTable:
             )
         pick = torch.randint(self.k, (len(slots),), generator=generator)
         return self.neighbours[slots, pick]
+
+
+def build_table(
+    features_index: str | os.PathLike,
+    images_path: str | os.PathLike,
+    out: str | os.PathLike,
+    pct: float = 1.0,
+    device: str = "auto",
+    chunk: int = 1024,
+) -> int:
+    """The stage: the training images' pooled CLIP embeddings (features index JSON, images
+    table) -> the table of their top `pct` percent most similar training images. Returns k."""
+    from distinctcap.features import load_image_features
+    from distinctcap.io import read_table
+
+    images = read_table(images_path, "images")
+    train = np.sort(images.image_id[images.split == "train"].to_numpy(dtype=np.int64))
+    ids, pooled, _ = load_image_features(features_index, grid=False)
+    keep = np.isin(ids, train)
+    if keep.sum() != len(train):
+        missing = np.setdiff1d(train, ids[keep])[:10].tolist()
+        raise DistinctcapError(f"no image features for training images {missing} (first 10)")
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    k = write_neighbours(ids[keep], pooled[keep], out, pct / 100, chunk, device)
+    log.info("%d training images, top %g%% = %d neighbours each -> %s", len(train), pct, k, out)
+    return k

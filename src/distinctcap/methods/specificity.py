@@ -20,8 +20,9 @@ Per micro-batch:
    contrastive image is drawn uniformly from the image's top-1% most similar training images
    (`distinctcap.neighbours`), reproducibly per (seed, step, micro-batch).
 
-The paper replaces MLE by this loss (§4); `mle_weight` > 0 adds the MLE loss of the batch's
-reference captions as an optional regulariser (not in the paper). Checkpoints are selected on
+The paper replaces MLE by this loss (§4: mle_weight 0, the default); `mle_weight` = lambda
+in (0, 1] mixes in the MLE loss of the batch's reference captions as SMILE's eq. 4 does,
+L = lambda L_MLE + (1 - lambda) L_spec (not in the specificity paper). Checkpoints are selected on
 the validation mean rank (§4, "early stopping ... lowest mean rank"): `val_mean_rank`.
 """
 
@@ -247,7 +248,7 @@ class Specificity:
     """Specificity loss of the captioner's own captions through frozen CLIP (eq. 2-5).
 
     Run options (config `runs.<name>`): loss dp|cos|cdp|ccos (default ccos), sampling
-    argmax|gumbel, gumbel_temperature (> 0), mle_weight (>= 0, default 0 = the paper),
+    argmax|gumbel, gumbel_temperature (> 0), mle_weight (lambda in [0, 1], 0 = the paper),
     rank_images (validation images for the mean rank, 0 = all)."""
 
     needs: tuple[str, ...] = ()
@@ -269,9 +270,14 @@ class Specificity:
             raise DistinctcapError(
                 f"runs.{name}.sampling = {opts['sampling']!r}: choose one of {list(SAMPLINGS)}"
             )
-        if opts["gumbel_temperature"] <= 0 or opts["mle_weight"] < 0 or opts["rank_images"] < 0:
+        if (
+            opts["gumbel_temperature"] <= 0
+            or not 0 <= opts["mle_weight"] <= 1
+            or opts["rank_images"] < 0
+        ):
             raise DistinctcapError(
-                f"runs.{name}: gumbel_temperature must be > 0, mle_weight >= 0 and rank_images >= 0"
+                f"runs.{name}: allowed gumbel_temperature > 0, 0 <= mle_weight <= 1, "
+                "rank_images >= 0"
             )
         if ctx.tokenizer is None:
             raise DistinctcapError("method specificity needs the caption tokenizer (clip_ids)")
@@ -350,7 +356,7 @@ class Specificity:
         if self.mle_weight > 0:
             logits, _ = model(batch.grid, batch.pooled, batch.inputs)
             mle = mle_loss(logits, batch.labels, self.pad_id)
-            loss = loss + self.mle_weight * mle
+            loss = self.mle_weight * mle + (1 - self.mle_weight) * spec
             extras["mle"] = float(mle.detach())
         return loss, extras
 

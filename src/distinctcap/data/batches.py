@@ -1,0 +1,195 @@
+"""Training data of a run: (image features, caption tokens) pairs and a resumable batch order.
+
+- `ImageFeatures` holds CLIP features of a set of images (pooled (N, Dp) float32, grid
+  (N, G, Dv) float16), looked up by image id.
+- `CaptionData` pairs captions with the row of their image and pre-tokenises every caption once
+  (inputs = [bos] + tokens, labels = tokens + [eos], right-padded; `make_batch` semantics), so a
+  batch is a gather of rows, not a Python loop.
+- `BatchOrder`: micro-batch j of a run holds the captions at positions
+  [(j mod P) * B, (j mod P + 1) * B) of the permutation of epoch j // P (P batches per epoch,
+  the last incomplete batch dropped). The permutation is a pure function of (seed, epoch), so
+  the data position of a resumed run is just the micro-batch counter j.
+- `select_captions` picks a run's training captions: all of D, or the entropy subset D- or D+
+  (UNKT §3.1), read from the subset's parquet shards.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import torch
+from torch import Tensor
+
+from distinctcap.errors import DistinctcapError
+from distinctcap.model import BOS, EOS, PAD, make_batch
+
+DATA_SELECTIONS = ("all", "D-", "D+")
+
+
+@dataclass
+class ImageFeatures:
+    image_ids: np.ndarray  # (N,) int64
+    pooled: Tensor  # (N, Dp) float32, L2-normalised
+    grid: Tensor  # (N, G, Dv) float16
+
+    def rows(self, image_ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Row of each image id; a DistinctcapError names the ids that have no features."""
+        index = pd.Index(self.image_ids)
+        rows = index.get_indexer(np.asarray(image_ids, dtype=np.int64))
+        if (rows < 0).any():
+            missing = np.asarray(image_ids)[rows < 0][:10].tolist()
+            raise DistinctcapError(f"no image features for image ids {missing} (first 10 shown)")
+        return rows
+
+    def subset(self, image_ids: Sequence[int] | np.ndarray) -> ImageFeatures:
+        rows = torch.as_tensor(self.rows(image_ids))
+        return ImageFeatures(
+            np.asarray(image_ids, dtype=np.int64), self.pooled[rows], self.grid[rows]
+        )
+
+
+@dataclass
+class Batch:
+    grid: Tensor  # (B, G, Dv) float16 or float32
+    pooled: Tensor  # (B, Dp)
+    inputs: Tensor  # (B, N) [bos] + tokens, pad 0
+    labels: Tensor  # (B, N) tokens + [eos], pad 0
+    caption_ids: Tensor  # (B,) int64, on CPU
+    image_ids: Tensor  # (B,) int64, on CPU
+    image_rows: Tensor  # (B,) row of each image in the dataset's features, on CPU
+
+    def to(self, device: torch.device | str) -> Batch:
+        move = {"non_blocking": True}
+        return Batch(
+            self.grid.to(device, **move),
+            self.pooled.to(device, **move),
+            self.inputs.to(device, **move),
+            self.labels.to(device, **move),
+            self.caption_ids,
+            self.image_ids,
+            self.image_rows,
+        )
+
+    def __len__(self) -> int:
+        return len(self.caption_ids)
+
+    @property
+    def n_tokens(self) -> int:
+        """Label positions that count in the loss (non-pad)."""
+        return int((self.labels != PAD).sum())
+
+
+class CaptionData:
+    """Captions of one selection, each with its image's features; `batch(idx)` gathers rows."""
+
+    def __init__(
+        self,
+        features: ImageFeatures,
+        caption_ids: Sequence[int] | np.ndarray,
+        image_ids: Sequence[int] | np.ndarray,
+        tokens: Sequence[Sequence[int]],
+        max_len: int,
+    ):
+        if not len(caption_ids) == len(image_ids) == len(tokens):
+            raise DistinctcapError("caption_ids, image_ids and tokens differ in length")
+        if len(caption_ids) == 0:
+            raise DistinctcapError("no captions selected: the run has nothing to train on")
+        self.features = features
+        self.caption_ids = torch.as_tensor(np.asarray(caption_ids, dtype=np.int64))
+        self.image_ids = torch.as_tensor(np.asarray(image_ids, dtype=np.int64))
+        self.image_rows = torch.as_tensor(features.rows(self.image_ids.numpy()))
+        self.inputs, self.labels = make_batch(tokens, max_len, bos=BOS, eos=EOS, pad=PAD)
+        self.lengths = (self.labels != PAD).sum(dim=1)  # (C,)
+
+    def __len__(self) -> int:
+        return len(self.caption_ids)
+
+    @classmethod
+    def from_table(cls, captions: pd.DataFrame, features: ImageFeatures, max_len: int):
+        return cls(
+            features,
+            captions.caption_id.to_numpy(),
+            captions.image_id.to_numpy(),
+            [list(t) for t in captions.tokens],
+            max_len,
+        )
+
+    def batch(self, idx: Tensor | Sequence[int]) -> Batch:
+        """Captions at positions `idx` (B,), trimmed to the longest one (N <= max_len)."""
+        idx = torch.as_tensor(idx, dtype=torch.long)
+        n = max(int(self.lengths[idx].max()), 1)
+        rows = self.image_rows[idx]
+        return Batch(
+            self.features.grid[rows],
+            self.features.pooled[rows],
+            self.inputs[idx, :n],
+            self.labels[idx, :n],
+            self.caption_ids[idx],
+            self.image_ids[idx],
+            rows,
+        )
+
+    def batches(self, batch_size: int) -> list[Batch]:
+        """Every caption once, in order (for validation)."""
+        return [
+            self.batch(torch.arange(s, min(s + batch_size, len(self))))
+            for s in range(0, len(self), batch_size)
+        ]
+
+
+class BatchOrder:
+    """Micro-batch j -> caption positions; a pure function of (seed, j) (see module doc)."""
+
+    def __init__(self, n: int, batch_size: int, seed: int):
+        if batch_size < 1:
+            raise DistinctcapError(f"batch_size = {batch_size}: allowed >= 1")
+        self.n, self.seed = n, seed
+        self.batch_size = min(batch_size, n)  # fewer captions than a batch: one smaller batch
+        self.per_epoch = n // self.batch_size
+        self._epoch, self._perm = -1, torch.empty(0, dtype=torch.long)
+
+    def permutation(self, epoch: int) -> Tensor:
+        if epoch != self._epoch:
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            self._epoch, self._perm = epoch, torch.randperm(self.n, generator=g)
+        return self._perm
+
+    def epoch_of(self, j: int) -> int:
+        return j // self.per_epoch
+
+    def indices(self, j: int) -> Tensor:
+        """Caption positions of micro-batch j (B,)."""
+        epoch, pos = divmod(j, self.per_epoch)
+        start = pos * self.batch_size
+        return self.permutation(epoch)[start : start + self.batch_size]
+
+
+def select_captions(
+    captions: pd.DataFrame,
+    split: str,
+    data: str = "all",
+    subset_dir: str | os.PathLike | None = None,
+) -> pd.DataFrame:
+    """Captions of `split`; for data D- / D+ only those listed in the subset's parquet shards
+    (`subset_dir`, a folder of part-*.parquet with a caption_id column, or one parquet file)."""
+    if data not in DATA_SELECTIONS:
+        raise DistinctcapError(f"run data = {data!r}: choose one of {list(DATA_SELECTIONS)}")
+    chosen = captions[captions.split == split]
+    if data == "all":
+        return chosen.reset_index(drop=True)
+    if subset_dir is None:
+        raise DistinctcapError(f"run data = {data!r} needs the subset's shards (subset_dir)")
+    path = Path(subset_dir)
+    files = sorted(path.glob("*.parquet")) if path.is_dir() else [path]
+    if not files:
+        raise DistinctcapError(f"no parquet shards in {path} for data subset {data}")
+    ids = np.concatenate(
+        [pq.read_table(f, columns=["caption_id"]).column(0).to_numpy() for f in files]
+    )
+    return chosen[chosen.caption_id.isin(ids)].reset_index(drop=True)

@@ -1,0 +1,29 @@
+"""Maximum likelihood: the token cross-entropy of the reference captions (UNKT eq. 1)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from torch import Tensor
+
+from distinctcap.losses import mle_loss
+
+if TYPE_CHECKING:
+    from distinctcap.data.batches import Batch
+    from distinctcap.methods import TrainContext
+    from distinctcap.model import Captioner
+
+
+class MLE:
+    """L = -1/|y| sum_i log p(y_i | y_<i, I), mean over the batch's non-pad tokens (eq. 1)."""
+
+    needs: tuple[str, ...] = ()
+
+    def __init__(self, run_cfg: dict, ctx: TrainContext):
+        self.pad_id = ctx.pad_id
+
+    def loss(
+        self, model: Captioner, batch: Batch, step: int, total_steps: int
+    ) -> tuple[Tensor, dict[str, float]]:
+        logits, _ = model(batch.grid, batch.pooled, batch.inputs)
+        return mle_loss(logits, batch.labels, self.pad_id), {}

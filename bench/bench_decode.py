@@ -20,17 +20,22 @@ from distinctcap.decode import beam_search, greedy, sample
 from distinctcap.model import Captioner, CaptionerConfig
 
 
-def timed(fn: Callable[[], int], reps: int, sync: Callable[[], None]) -> float:
-    """Median captions/s of `fn` (which returns how many captions it produced)."""
-    fn()  # warm-up
-    rates = []
+def measure(
+    fns: dict[str, Callable[[], int]], reps: int, sync: Callable[[], None]
+) -> dict[str, list[float]]:
+    """captions/s of each fn (which returns how many captions it made) per repetition; the fns
+    take turns within a repetition, so a busy machine slows them alike and ratios hold."""
+    for fn in fns.values():
+        fn()  # warm-up
+    rates: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(reps):
-        sync()
-        start = time.perf_counter()
-        count = fn()
-        sync()
-        rates.append(count / (time.perf_counter() - start))
-    return statistics.median(rates)
+        for name, fn in fns.items():
+            sync()
+            start = time.perf_counter()
+            count = fn()
+            sync()
+            rates[name].append(count / (time.perf_counter() - start))
+    return rates
 
 
 def main() -> None:
@@ -58,25 +63,28 @@ def main() -> None:
             model(grid, pooled, tokens)
         return args.batch
 
-    def lengths(caps) -> float:
-        return statistics.mean(len(c.tokens) for c in caps)
-
-    results = {
-        "teacher-forced forward": timed(forward, args.reps, sync),
-        "greedy": timed(lambda: len(greedy(model, grid, pooled)), args.reps, sync),
-        "beam k=3": timed(lambda: len(beam_search(model, grid, pooled, k=3)), args.reps, sync),
-        "sample n=20": timed(
-            lambda: 20 * len(sample(model, grid, pooled, n=20, generator=gen)), args.reps, sync
-        ),
-    }
-    mean_len = lengths(greedy(model, grid, pooled))
+    rates = measure(
+        {
+            "teacher-forced forward": forward,
+            "greedy": lambda: len(greedy(model, grid, pooled)),
+            "beam k=3": lambda: len(beam_search(model, grid, pooled, k=3)),
+            "sample n=20": lambda: 20 * len(sample(model, grid, pooled, n=20, generator=gen)),
+        },
+        args.reps,
+        sync,
+    )
+    mean_len = statistics.mean(len(c.tokens) for c in greedy(model, grid, pooled))
     print(
         f"device {dev}, threads {torch.get_num_threads()}, batch {args.batch} images, "
         f"{model.num_params() / 1e6:.2f} M params, mean greedy length {mean_len:.1f} tokens"
     )
-    base = results["teacher-forced forward"]
-    for name, rate in results.items():
-        print(f"{name:>24}: {rate:9.1f} captions/s   ratio to forward {rate / base:.3f}")
+    base = rates["teacher-forced forward"]
+    for name, r in rates.items():
+        ratio = statistics.median(a / b for a, b in zip(r, base, strict=True))
+        print(
+            f"{name:>24}: {statistics.median(r):9.1f} captions/s (median of {len(r)})"
+            f"   ratio to forward {ratio:.3f}"
+        )
 
 
 if __name__ == "__main__":

@@ -13,6 +13,10 @@ Per micro-batch (B caption rows, each with its image):
   pass over the B + B*K rows, for the target and (under no_grad) the reference;
 - loss = -J (eq. 8-10), `distinctcap.losses.contrastive_loss`.
 
+The target runs in training mode (dropout on, as the trainer sets it) and the reference in eval
+mode, as in the authors' code, so G is not exactly 0 at the first step even though the target
+starts as a copy of the reference.
+
 Options (the run's block in `runs:`):
 
 - `negatives` K (default 5, "K = 5 is sufficient", §4.2);

@@ -8,8 +8,11 @@ import numpy as np
 import open_clip
 import pytest
 import torch
+import yaml
+from conftest import ROOT
 
-import distinctcap.clip  # noqa: F401  (registers the tiny `shapes-vit-tiny` architecture)
+import distinctcap.clip  # registers the tiny `shapes-vit-tiny` architecture
+from distinctcap.config import load_schema, validate
 from distinctcap.data.batches import CaptionData, ImageFeatures
 from distinctcap.data.tokenizer import CaptionTokenizer
 from distinctcap.decode import greedy
@@ -29,9 +32,11 @@ from distinctcap.neighbours import (
     NeighbourTable,
     neighbour_count,
     read_neighbours,
+    table_path,
     top_neighbours,
     write_neighbours,
 )
+from distinctcap.train import RunData, effective_run_config, train
 
 ARCH = "shapes-vit-tiny"
 TEXTS = [
@@ -42,6 +47,14 @@ TEXTS = [
     "two blue squares",
     "a picture of some shapes",
 ]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny tensors: threads only add overhead
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
@@ -355,3 +368,72 @@ def test_non_finite_embeddings_named(tmp_path):
     emb[2, 0] = float("nan")
     with pytest.raises(DistinctcapError, match="25"):
         write_neighbours([5, 15, 25, 35, 45, 55], emb, tmp_path / "n.parquet", fraction=0.4)
+
+
+def test_table_path():
+    assert table_path(1) == "results/neighbours/train_top1pct.parquet"
+    assert table_path(0.5) == "results/neighbours/train_top0.5pct.parquet"
+
+
+# ------------------------------------------------------------------ through the real trainer
+
+PRESET_RUNS = yaml.safe_load((ROOT / "presets" / "specificity-ablations.yaml").read_text())["runs"]
+TINY_TRAIN = {
+    "steps": 3,
+    "batch_size": 6,
+    "warmup_steps": 1,
+    "val_every": 0,
+    "checkpoint_every": 0,
+    "log_every": 1,
+    "lr": 1e-3,
+}
+TINY_CAPTIONER = {
+    "width": 32,
+    "enc_layers": 1,
+    "dec_layers": 1,
+    "heads": 2,
+    "ffn": 64,
+    "dropout": 0.0,
+    "max_len": 12,
+}
+
+
+@pytest.fixture(scope="module")
+def trained_reference(tmp_path_factory, clip, tok):
+    """A 3-step MLE reference, the CLIP weights as a file (as the CLIP stage writes them) and
+    the neighbour tables the preset's runs ask for."""
+    tmp = tmp_path_factory.mktemp("specificity")
+    runs = {
+        "reference": {"method": "mle"},
+        "specificity": {"method": "specificity", "init": "reference", "loss": "ccos"},
+        **PRESET_RUNS,
+    }
+    schema = load_schema(ROOT / "workflow" / "schemas" / "config.schema.yaml")
+    config = {
+        **validate({"runs": runs}, schema),
+        "train": TINY_TRAIN,
+        "captioner": TINY_CAPTIONER,
+        "device": "cpu",
+    }
+    feats, data = world(clip, tok)
+    run_data = RunData(data, None, tok)
+    reference = train(effective_run_config(config, "reference"), run_data)
+    paths = {"init": tmp / "reference.pt", "clip": tmp / "clip.pt", "clip_arch": ARCH}
+    reference.model.save(paths["init"])
+    distinctcap.clip.save_weights(clip, paths["clip"])
+    for pct in {r.get("contrastive_top_pct", 1) for r in config["runs"].values()}:
+        write_neighbours(feats.image_ids, feats.pooled, tmp / table_path(pct), pct / 100)
+    return config, run_data, paths, tmp
+
+
+@pytest.mark.parametrize("name", ["specificity", *sorted(PRESET_RUNS)])
+def test_main_run_and_preset_entries_train(trained_reference, name):
+    config, data, paths, tmp = trained_reference
+    cfg = effective_run_config(config, name)
+    table = tmp / table_path(cfg["contrastive_top_pct"])
+    cfg["paths"] = {**{k: str(v) for k, v in paths.items()}, "neighbours": str(table)}
+    result = train(cfg, data)
+    assert result.steps == TINY_TRAIN["steps"]
+    assert np.isfinite(result.curve["loss"]).all()
+    assert {"specificity", "cos_true", "gen_len"} <= set(result.curve)
+    assert ("cos_contrast" in result.curve) == (cfg["loss"] in ("cdp", "ccos"))

@@ -1,0 +1,14 @@
+"""Neighbours stage: each training image's top-pct most similar training images by CLIP image
+embedding, the contrastive images of the specificity method (specificity paper §3.2)."""
+
+from distinctcap import logs
+from distinctcap.neighbours import build_table
+
+logs.setup(snakemake.log[0])
+build_table(
+    snakemake.input.features,
+    snakemake.input.images,
+    snakemake.output.table,
+    pct=float(snakemake.wildcards.pct),
+    device=snakemake.params.device,
+)

@@ -282,7 +282,8 @@ class Captioner(nn.Module):
 
     def decode_step(self, tokens: Tensor, cache: KVCache) -> tuple[Tensor, KVCache]:
         """Incremental decoding: the next tokens (B, T) after the cache's prefix ->
-        logits (B, T, V) and the cache extended by T positions."""
+        logits (B, T, V) and the cache extended by T positions. For inference (under
+        torch.no_grad): the cache is filled in place, which backward cannot go through."""
         logits, _ = self._decode(tokens, cache.cross, cache, False)
         return logits, KVCache(cache.cross, cache.self_, cache.length + tokens.shape[1])
 

@@ -1,0 +1,24 @@
+"""Neighbours stage: the contrastive images of the specificity method (specificity paper §3.2),
+each training image's top {pct} percent most similar training images by CLIP image embedding.
+One cached table per percentage; a specificity run asks for
+distinctcap.neighbours.table_path(runs.<name>.contrastive_top_pct)."""
+
+
+rule neighbours:
+    input:
+        features=rules.extract_features.output.index,
+        images=f"{DATA}/images.parquet",
+    output:
+        table="results/neighbours/train_top{pct}pct.parquet",
+    wildcard_constraints:
+        pct=r"[0-9]+(\.[0-9]+)?",
+    params:
+        device=config["device"],
+    log:
+        "logs/neighbours/train_top{pct}pct.log",
+    benchmark:
+        "benchmarks/neighbours/train_top{pct}pct.tsv"
+    conda:
+        "../../envs/torch.yaml"
+    script:
+        "../scripts/neighbours.py"

@@ -1,0 +1,499 @@
+"""The evaluation stage: one metrics row per (run, split, decoding) and its CIDEr-vs-n curve.
+
+`evaluate_decoding(paths, settings)` loads a run's generated captions, the references, the
+CLIP features (and the CLIP itself, from the features manifest, to encode the captions), the
+captioner (for its own self-retrieval) and, on the shapes world, the scene graphs, and
+computes with `distinctcap.metrics`:
+
+- quality, diversity, novelty, oracle best-of-n and consensus re-ranking (UNKT §4.1-4.3,
+  specificity paper §4) in one `evaluate_captions` call, so each Java tool starts once;
+- CLIP self-retrieval R@k and mean rank of the first caption of every image among the split's
+  images, optionally in a harder pool with each image's nearest training images (SMILE §3.1,
+  after CapEnrich), and CLIPScore (Hessel et al. 2021 eq. 1);
+- the captioner's own self-retrieval (CL §4.1): rank the images of a pool by log p(c | I);
+- GPT-2 perplexity (SMILE §3.1) where local weights exist; scene precision/recall/F1 on the
+  shapes world (distinctcap.scene_score).
+
+Single-caption metrics (quality, length, vocab, novelty, retrieval, CLIPScore, PPL, scene) use
+sample 0 of each image: the greedy or best-beam caption, or the first sample of a sampling
+run. Metrics that cannot be computed (SPICE without its jars, diversity of one caption per
+image, oracle over more samples than decoded, ...) are NaN with the reason in `skipped`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import resource
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from distinctcap.errors import DistinctcapError
+from distinctcap.io import atomic_path, read_json, read_table, write_table
+from distinctcap.metrics import (
+    CLIPSCORE_PREFIX,
+    DIVERSITY_METRICS,
+    ORACLE_METRICS,
+    QUALITY_METRICS,
+    CocoTools,
+    MetricResult,
+    clipscore,
+    evaluate_captions,
+    gpt2_perplexity,
+    model_self_retrieval,
+    retrieval_scores,
+)
+
+log = logging.getLogger(__name__)
+
+KEYS = ("run", "split", "decoding")
+TEXT_METRICS = (
+    *QUALITY_METRICS,
+    "length",
+    "vocab",
+    "distinct_corpus",
+    "novelty",
+    *DIVERSITY_METRICS,
+)
+
+
+@dataclass
+class EvalSettings:
+    """The `evaluate:` config block (workflow/schemas/sections/evaluate.yaml)."""
+
+    oracle_ns: list[int] = field(default_factory=lambda: [20])
+    curve_ns: list[int] = field(default_factory=lambda: [1, 2, 5, 10, 20])
+    best_of: int = 5
+    consensus_neighbours: int = 5
+    retrieval_ks: list[int] = field(default_factory=lambda: [1, 5, 10])
+    hard_pool: int = 0
+    gpt2_path: str | None = None
+    spice: bool = True
+    meteor_memory: str = "2G"
+    self_retrieval_pool: int = 100
+    seed: int = 0
+    batch_size: int = 256
+    device: str = "cpu"
+
+    @classmethod
+    def from_config(cls, block: dict, **extra: object) -> EvalSettings:
+        """Settings from a config block; keys other than the fields (gallery, ...) are ignored."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in {**block, **extra}.items() if k in names})
+
+
+def metric_columns(settings: EvalSettings) -> list[str]:
+    """Every metric column of a metrics row, in order; the same for every decoding."""
+    ks = settings.retrieval_ks
+    oracle = [f"oracle_{m}_{n}" for n in sorted(set(settings.oracle_ns)) for m in ORACLE_METRICS]
+    consensus = [f"consensus_{m}" for m in (*QUALITY_METRICS, *DIVERSITY_METRICS)]
+    return [
+        *TEXT_METRICS,
+        *[f"r_at_{k}" for k in ks],
+        "mean_rank",
+        "clipscore",
+        *[f"hard_r_at_{k}" for k in ks],
+        "hard_mean_rank",
+        *[f"self_r_at_{k}" for k in ks],
+        "self_mean_rank",
+        *oracle,
+        *consensus,
+        "ppl",
+        "scene_precision",
+        "scene_recall",
+        "scene_f1",
+    ]
+
+
+# ---------------------------------------------------------------- inputs
+
+
+@dataclass
+class EvalPaths:
+    """Where one evaluation reads from: the rule's named inputs."""
+
+    generated: str  # results/generated/{run}/{split}-{decoding}.parquet
+    images: str
+    captions: str
+    vocab: str
+    features: str  # the CLIP features index JSON (distinctcap.features)
+    model: str | None = None  # the run's captioner, for model-based self-retrieval
+
+
+def read_generated(path: str | Path) -> tuple[str, dict[int, list[str]]]:
+    """(run, image id -> captions in sample order) of a generated table."""
+    table = read_table(path, "generated").sort_values(["image_id", "sample"])
+    runs = table.run.unique()
+    if len(runs) != 1:
+        raise DistinctcapError(f"{path}: a generated table holds one run, found {list(runs)}")
+    if table.empty:
+        raise DistinctcapError(f"{path}: no generated captions")
+    groups = table.groupby("image_id", sort=True).text.agg(list)
+    return str(runs[0]), {int(i): list(caps) for i, caps in groups.items()}
+
+
+def captions_by_image(captions: pd.DataFrame, image_ids: Sequence[int]) -> dict[int, list[str]]:
+    """image id -> its reference texts, for the given ids (in that order)."""
+    groups = captions[captions.image_id.isin(image_ids)].groupby("image_id").text.agg(list)
+    return {int(i): list(groups[i]) for i in image_ids if i in groups.index}
+
+
+def nearest(query: np.ndarray, pool: np.ndarray, k: int, chunk: int = 2048) -> np.ndarray:
+    """Rows of the k most cosine-similar `pool` rows for each `query` row -> (Nq, k)."""
+    k = min(k, len(pool))
+    out = np.empty((len(query), k), dtype=np.int64)
+    for s in range(0, len(query), chunk):
+        sims = query[s : s + chunk] @ pool.T
+        top = np.argpartition(-sims, k - 1, axis=1)[:, :k]
+        order = np.take_along_axis(-sims, top, axis=1).argsort(axis=1, kind="stable")
+        out[s : s + chunk] = np.take_along_axis(top, order, axis=1)
+    return out
+
+
+# ---------------------------------------------------------------- timing
+
+
+def _child_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+@contextmanager
+def timed(timings: dict[str, list[float]] | None, part: str) -> Iterator[None]:
+    """Add [wall s, own CPU s, finished children's CPU s (the Java tools)] of the block."""
+    start, cpu, child = time.perf_counter(), time.process_time(), _child_cpu()
+    yield
+    spent = [time.perf_counter() - start, time.process_time() - cpu, _child_cpu() - child]
+    log.info("%s: %.1f s wall, %.1f s CPU, %.1f s child CPU", part, *spent)
+    if timings is not None:
+        timings[part] = spent
+
+
+# ---------------------------------------------------------------- the parts
+
+
+def encode_texts(clip, texts: Sequence[str], batch_size: int = 256) -> np.ndarray:
+    """CLIP text embeddings (N, D), L2-normalised, float32."""
+    device = next(clip.model.parameters()).device
+    out = []
+    with torch.inference_mode():
+        for s in range(0, len(texts), batch_size):
+            tokens = clip.tokenizer(list(texts[s : s + batch_size])).to(device)
+            out.append(clip.model.encode_text(tokens, normalize=True).float().cpu())
+    return torch.cat(out).numpy() if out else np.zeros((0, 0), np.float32)
+
+
+def clip_metrics(
+    clip,
+    texts: Sequence[str],
+    pooled: np.ndarray,
+    train_pooled: np.ndarray,
+    settings: EvalSettings,
+) -> MetricResult:
+    """Self-retrieval of caption i's image (row i of `pooled`) among the split's images, the
+    hard pool (plus each image's `hard_pool` nearest training images) and CLIPScore."""
+    ks = settings.retrieval_ks
+    emb = encode_texts(clip, texts, settings.batch_size)
+    target = np.arange(len(texts))
+    out = retrieval_scores(emb, pooled, target, ks)
+    prefixed = encode_texts(clip, [CLIPSCORE_PREFIX + t for t in texts], settings.batch_size)
+    out.values["clipscore"] = clipscore(prefixed, pooled)
+    hard = [f"hard_r_at_{k}" for k in ks] + ["hard_mean_rank"]
+    if settings.hard_pool <= 0 or len(train_pooled) == 0:
+        for name in hard:
+            out.skip(name, "no hard retrieval pool (evaluate.hard_pool = 0)")
+        return out
+    extra = np.unique(nearest(pooled, train_pooled, settings.hard_pool))
+    pool = np.concatenate([pooled, train_pooled[extra]])
+    out.merge(retrieval_scores(emb, pool, target, ks), prefix="hard_")
+    return out
+
+
+def self_retrieval_metrics(
+    model,
+    tokenizer,
+    grid: torch.Tensor,
+    pooled: torch.Tensor,
+    texts: Sequence[str],
+    settings: EvalSettings,
+) -> MetricResult:
+    """CL §4.1 with the run's own captioner: caption i (of image i) against a pool of its
+    image plus `self_retrieval_pool - 1` other images of the split drawn at random (all of
+    them when the split is smaller); images ranked by log p(c_i | I)."""
+    from distinctcap.decode import sequence_logprob
+
+    n = len(texts)
+    size = min(settings.self_retrieval_pool, n)
+    rng = np.random.default_rng(settings.seed)
+    pools = np.empty((n, size), dtype=np.int64)
+    for i in range(n):
+        others = np.delete(np.arange(n), i)
+        pools[i] = np.concatenate([[i], rng.choice(others, size - 1, replace=False)])
+    tokens = [tokenizer.encode(t) for t in texts]
+    caption_of, image_of = np.repeat(np.arange(n), size), pools.ravel()
+    order = np.argsort(image_of, kind="stable")  # batches then share their images' memory
+    logp = sequence_logprob(
+        model,
+        grid,
+        pooled,
+        [tokens[c] for c in caption_of[order]],
+        batch_size=settings.batch_size,
+        image_index=torch.as_tensor(image_of[order]),
+    )
+    matrix = np.empty(n * size, dtype=np.float64)
+    matrix[order] = logp.double().numpy()
+    return model_self_retrieval(matrix.reshape(n, size), 0, settings.retrieval_ks)
+
+
+def scene_metrics(
+    texts: Sequence[str], image_ids: Sequence[int], images: pd.DataFrame
+) -> MetricResult:
+    """Scene precision/recall/F1 against the true scene graphs (shapes world only)."""
+    out = MetricResult()
+    names = ("scene_precision", "scene_recall", "scene_f1")
+    if "scene" not in images.columns:
+        for name in names:
+            out.skip(name, "no scene graphs: only the shapes world knows its scenes")
+        return out
+    from distinctcap.scene_score import scene_f1
+
+    scenes = images.set_index("image_id").scene.loc[list(image_ids)].tolist()
+    for name, value in scene_f1(list(texts), scenes).items():
+        if math.isnan(value):
+            out.skip(name, "undefined: the captions make no claim about their scenes")
+        else:
+            out.values[name] = value
+    return out
+
+
+def skip_unavailable(out: MetricResult, names: Sequence[str], reason: str) -> None:
+    for name in names:
+        if name not in out.values:
+            out.skip(name, reason)
+
+
+# ---------------------------------------------------------------- the stage
+
+
+@dataclass
+class Evaluation:
+    row: dict  # run, split, decoding, n_images, n_samples, every metric column
+    skipped: dict[str, str]
+    curve: pd.DataFrame  # run, split, decoding, n, cider (oracle CIDEr over the first n)
+    timings: dict[str, list[float]] = field(default_factory=dict)
+
+
+def evaluate_decoding(
+    paths: EvalPaths,
+    split: str,
+    decoding: str,
+    settings: EvalSettings | None = None,
+    tools: CocoTools | None = None,
+) -> Evaluation:
+    """Every metric of one decoding of one run (see the module docstring). `tools`: a
+    running COCO tools session to share (else one is started and stopped here)."""
+    settings = settings or EvalSettings()
+    timings: dict[str, list[float]] = {}
+    run, samples = read_generated(paths.generated)
+    images = read_table(paths.images)
+    captions = read_table(paths.captions)
+    ids = list(samples)
+    n_samples = min(len(c) for c in samples.values())
+    gts = captions_by_image(captions[captions.split == split], ids)
+    if len(gts) != len(ids):
+        missing = sorted(set(ids) - set(gts))[:5]
+        raise DistinctcapError(f"{paths.generated}: image ids {missing} have no {split} captions")
+    train_ids = images[images.split == "train"].image_id.astype(int).tolist()
+    train_refs = captions_by_image(captions[captions.split == "train"], train_ids)
+    first = [samples[i][0] for i in ids]
+
+    with timed(timings, "load CLIP features"):
+        from distinctcap.features import load_image_features
+
+        feat_ids, pooled_all, _ = load_image_features(paths.features, grid=False)
+        row_of = {int(i): r for r, i in enumerate(feat_ids)}
+        pooled = pooled_all[[row_of[i] for i in ids]]
+        train_rows = [row_of[i] for i in train_refs if i in row_of]
+        train_pooled = pooled_all[train_rows]
+        train_with_feat = [i for i in train_refs if i in row_of]
+
+    out = MetricResult()
+    with timed(timings, "text metrics (PTB, METEOR, BLEU, ROUGE-L, CIDEr-D, diversity)"):
+        out.merge(
+            text_metrics(
+                gts,
+                samples,
+                n_samples,
+                train_refs,
+                train_with_feat,
+                pooled,
+                train_pooled,
+                settings,
+                tools,
+            )
+        )
+    with timed(timings, "CLIP retrieval and CLIPScore"):
+        out.merge(
+            clip_metrics(
+                load_features_clip(paths.features, settings.device),
+                first,
+                pooled,
+                train_pooled,
+                settings,
+            )
+        )
+    with timed(timings, "model self-retrieval"):
+        out.merge(model_metrics(paths, ids, first, settings))
+    with timed(timings, "GPT-2 perplexity and scene F1"):
+        out.merge(gpt2_perplexity(first, settings.gpt2_path, device=settings.device))
+        out.merge(scene_metrics(first, ids, images))
+
+    columns = metric_columns(settings)
+    row = {
+        "run": run,
+        "split": split,
+        "decoding": decoding,
+        "n_images": len(ids),
+        "n_samples": n_samples,
+        **{c: float(out.values.get(c, math.nan)) for c in columns},
+    }
+    skipped = {c: out.skipped[c] for c in columns if c in out.skipped}
+    curve_ns = [n for n in sorted(set(settings.curve_ns)) if n <= n_samples]
+    curve = (
+        pd.DataFrame(
+            {
+                "run": run,
+                "split": split,
+                "decoding": decoding,
+                "n": curve_ns,
+                "cider": [out.values.get(f"oracle_cider_{n}", math.nan) for n in curve_ns],
+            }
+        )
+        if n_samples > 1
+        else pd.DataFrame(columns=["run", "split", "decoding", "n", "cider"])
+    )
+    return Evaluation(row, skipped, curve, timings)
+
+
+def text_metrics(
+    gts: dict[int, list[str]],
+    samples: dict[int, list[str]],
+    n_samples: int,
+    train_refs: dict[int, list[str]],
+    train_with_feat: list[int],
+    pooled: np.ndarray,
+    train_pooled: np.ndarray,
+    settings: EvalSettings,
+    tools: CocoTools | None = None,
+) -> MetricResult:
+    """Quality, diversity, novelty, oracle (incl. the CIDEr-vs-n points) and consensus."""
+    wanted = sorted(set(settings.oracle_ns) | set(settings.curve_ns))
+    ns = [n for n in wanted if n <= n_samples] if n_samples > 1 else []
+    neighbours = None
+    if n_samples > 1 and train_with_feat:
+        near = nearest(pooled, train_pooled, settings.consensus_neighbours)
+        neighbours = {
+            i: [c for r in near[k] for c in train_refs[train_with_feat[r]]]
+            for k, i in enumerate(samples)
+        }
+    own = tools is None
+    tools = tools or CocoTools(spice=settings.spice, meteor_memory=settings.meteor_memory)
+    try:
+        out = evaluate_captions(
+            gts,
+            samples,
+            train_refs=train_refs or None,
+            oracle_ns=ns,
+            neighbour_captions=neighbours,
+            best_of=settings.best_of,
+            tools=tools,
+        )
+    finally:
+        if own:
+            tools.close()
+    oracle = [f"oracle_{m}_{n}" for n in settings.oracle_ns for m in ORACLE_METRICS]
+    skip_unavailable(
+        out,
+        oracle,
+        f"this decoding has {n_samples} caption(s) per image; an "
+        "oracle over n needs at least n samples",
+    )
+    consensus = [f"consensus_{m}" for m in (*QUALITY_METRICS, *DIVERSITY_METRICS)]
+    why = (
+        "consensus re-ranking chooses among several samples per image; this decoding has one"
+        if n_samples < 2
+        else "no training image has CLIP features to find neighbours"
+    )
+    skip_unavailable(out, consensus, why)
+    return out
+
+
+def load_features_clip(index_path: str | Path, device: str = "cpu"):
+    """The CLIP that computed the features (arch and weights from the index's manifest)."""
+    from distinctcap.clip import load_clip
+
+    manifest = read_json(index_path)["manifest"]
+    return load_clip(manifest["arch"], manifest["pretrained"], device)
+
+
+def model_metrics(
+    paths: EvalPaths, ids: list[int], texts: list[str], settings: EvalSettings
+) -> MetricResult:
+    """The captioner's self-retrieval, or skipped when no model is given or the pool is 0."""
+    names = [f"self_r_at_{k}" for k in settings.retrieval_ks] + ["self_mean_rank"]
+    if paths.model is None or settings.self_retrieval_pool < 2 or len(ids) < 2:
+        out = MetricResult()
+        for name in names:
+            out.skip(
+                name,
+                "model self-retrieval off (no captioner given or evaluate.self_retrieval_pool < 2)",
+            )
+        return out
+    from distinctcap.data.tokenizer import CaptionTokenizer
+    from distinctcap.features import load_image_features
+    from distinctcap.model import Captioner
+
+    feat_ids, pooled, grid = load_image_features(paths.features, grid=True)
+    row_of = {int(i): r for r, i in enumerate(feat_ids)}
+    rows = [row_of[i] for i in ids]
+    model = Captioner.load(paths.model, map_location=settings.device)
+    tokenizer = CaptionTokenizer.load(paths.vocab)
+    return self_retrieval_metrics(
+        model,
+        tokenizer,
+        torch.from_numpy(grid[rows].astype(np.float32)),
+        torch.from_numpy(pooled[rows]),
+        texts,
+        settings,
+    )
+
+
+# ---------------------------------------------------------------- outputs
+
+
+def write_metrics(evaluation: Evaluation, path: str | Path) -> None:
+    """One-row parquet: the keys, n_images, n_samples, every metric, `skipped` (JSON)."""
+    row = {**evaluation.row, "skipped": json.dumps(evaluation.skipped, sort_keys=True)}
+    write_table(pd.DataFrame([row]), path)
+
+
+def write_curve(evaluation: Evaluation, path: str | Path) -> None:
+    with atomic_path(path) as tmp:
+        evaluation.curve.to_csv(tmp, index=False)
+
+
+def read_metrics(paths: Sequence[str | Path]) -> pd.DataFrame:
+    """The metrics rows of several parquets, `skipped` decoded to dicts, sorted by the keys."""
+    if not paths:
+        raise DistinctcapError("no metrics tables to read")
+    table = pd.concat([read_table(p) for p in paths], ignore_index=True)
+    table["skipped"] = [json.loads(s) for s in table.skipped]
+    return table.sort_values(list(KEYS), kind="stable").reset_index(drop=True)

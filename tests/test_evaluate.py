@@ -1,0 +1,149 @@
+"""The evaluation stage on a tiny real world: the metrics row, skips, curve and orderings."""
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from evaluate_world import N_TEST, SAMPLES, build
+
+from distinctcap.evaluate import (
+    KEYS,
+    EvalPaths,
+    EvalSettings,
+    evaluate_decoding,
+    metric_columns,
+    nearest,
+    read_metrics,
+    write_curve,
+    write_metrics,
+)
+from distinctcap.io import read_table
+from distinctcap.metrics import CocoTools, spice_unavailable_reason
+from distinctcap.scene_score import scene_f1
+
+SETTINGS = EvalSettings(
+    oracle_ns=[2, 4, 20],
+    curve_ns=[1, 2, 4, 20],
+    best_of=2,
+    consensus_neighbours=2,
+    hard_pool=1,
+    self_retrieval_pool=6,
+)
+RUNS, DECODINGS = ("perfect", "generic"), ("greedy", f"sample{SAMPLES}")
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    return build(tmp_path_factory.getbasetemp() / "evaluate-world")
+
+
+def paths(world, run: str, decoding: str) -> EvalPaths:
+    return EvalPaths(
+        world.generated(run, decoding),
+        world.images,
+        world.captions,
+        world.vocab,
+        world.features,
+        world.model,
+    )
+
+
+@pytest.fixture(scope="module")
+def results(world):
+    with CocoTools() as tools:  # one METEOR server for the four evaluations
+        out = {
+            (run, dec): evaluate_decoding(paths(world, run, dec), "test", dec, SETTINGS, tools)
+            for run in RUNS
+            for dec in DECODINGS
+        }
+        assert tools.launches["meteor"] == 1
+    return out
+
+
+def test_row_has_keys_counts_and_every_metric_column(results):
+    for (run, dec), ev in results.items():
+        assert list(ev.row) == [*KEYS, "n_images", "n_samples", *metric_columns(SETTINGS)]
+        assert (ev.row["run"], ev.row["split"], ev.row["decoding"]) == (run, "test", dec)
+        assert ev.row["n_images"] == N_TEST
+        assert ev.row["n_samples"] == (1 if dec == "greedy" else SAMPLES)
+        assert set(ev.skipped) <= set(metric_columns(SETTINGS))
+        for name, value in ev.row.items():
+            if name in ev.skipped:
+                assert math.isnan(value), name  # skipped is NaN, never 0
+            elif name not in (*KEYS, "n_images", "n_samples"):
+                assert not math.isnan(value), f"{run}/{dec}: {name} is NaN without a reason"
+
+
+def test_skips_say_why(results):
+    greedy, sampled = results["perfect", "greedy"], results["perfect", DECODINGS[1]]
+    reason = spice_unavailable_reason()
+    if reason is not None:
+        assert greedy.skipped["spice"] == reason and "CoreNLP" in reason
+    assert "GPT-2" in greedy.skipped["ppl"]
+    for name in ("div1", "oracle_cider_2", "consensus_cider", "consensus_div1"):
+        assert name in greedy.skipped, name
+    assert "oracle_cider_20" in sampled.skipped and "oracle_cider_4" not in sampled.skipped
+    assert "consensus_div1" not in sampled.skipped and "div1" not in sampled.skipped
+
+
+def test_perfect_captions_beat_generic_ones(results, world):
+    perfect, generic = results["perfect", "greedy"].row, results["generic", "greedy"].row
+    assert perfect["cider"] > 1.0 > 0.5 > generic["cider"]
+    assert perfect["bleu4"] > generic["bleu4"] and perfect["meteor"] > generic["meteor"]
+    assert perfect["scene_f1"] > 0.5 and generic["scene_recall"] < 0.05
+    assert perfect["novelty"] > generic["novelty"]
+    # One caption for all 12 images: 1/12 distinct, and retrieval exactly at chance: the one
+    # text ranks the 12 images once, so the ranks are 1..12 (CLIP weights are random here).
+    assert generic["distinct_corpus"] == pytest.approx(1 / N_TEST)
+    assert generic["r_at_1"] == pytest.approx(1 / N_TEST)
+    assert generic["mean_rank"] == pytest.approx((N_TEST + 1) / 2)
+    assert generic["vocab"] == 5 and generic["length"] == 5  # "a picture of some shapes"
+
+
+def test_scene_f1_is_the_scene_scorer_on_sample_zero(results, world):
+    images = read_table(world.images).set_index("image_id")
+    gen = read_table(world.generated("perfect", "greedy")).sort_values("image_id")
+    expected = scene_f1(gen.text.tolist(), images.scene.loc[gen.image_id].tolist())
+    row = results["perfect", "greedy"].row
+    assert row["scene_f1"] == pytest.approx(expected["scene_f1"])
+    assert row["scene_precision"] == pytest.approx(expected["scene_precision"])
+
+
+def test_retrieval_pools_and_model_self_retrieval(results):
+    for ev in results.values():
+        row = ev.row
+        assert row["hard_mean_rank"] >= row["mean_rank"]  # more images never lift a caption
+        assert 0 <= row["self_r_at_1"] <= row["self_r_at_5"] <= 1
+        assert 1 <= row["self_mean_rank"] <= SETTINGS.self_retrieval_pool
+        assert 0 <= row["clipscore"] <= 2.5
+
+
+def test_oracle_curve_rises_with_n(results, tmp_path):
+    ev = results["perfect", DECODINGS[1]]
+    assert ev.curve.n.tolist() == [1, 2, 4]  # 20 > the 4 samples decoded
+    assert ev.curve.cider.is_monotonic_increasing
+    assert ev.curve.cider.iloc[-1] == pytest.approx(ev.row["oracle_cider_4"])
+    assert results["perfect", "greedy"].curve.empty
+    write_curve(ev, tmp_path / "curve.csv")
+    assert pd.read_csv(tmp_path / "curve.csv").n.tolist() == [1, 2, 4]
+
+
+def test_metrics_parquet_round_trip(results, tmp_path):
+    files = []
+    for (run, dec), ev in results.items():
+        files.append(tmp_path / run / f"test-{dec}.parquet")
+        write_metrics(ev, files[-1])
+    table = read_metrics(files)
+    assert len(table) == 4 and table[list(KEYS)].drop_duplicates().shape[0] == 4
+    row = table[(table.run == "generic") & (table.decoding == "greedy")].iloc[0]
+    assert row.skipped == results["generic", "greedy"].skipped
+    assert json.loads(read_table(files[0]).skipped[0]) == results["perfect", "greedy"].skipped
+
+
+def test_nearest_is_cosine_top_k_in_order():
+    pool = np.array([[1, 0], [0, 1], [0.8, 0.6], [-1, 0]], dtype=np.float32)
+    query = np.array([[1, 0.1], [-0.1, -1]], dtype=np.float32)
+    assert nearest(query, pool, 2).tolist() == [[0, 2], [3, 0]]
+    assert nearest(query, pool, 10).shape == (2, 4)

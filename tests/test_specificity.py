@@ -300,6 +300,13 @@ def test_val_mean_rank(clip, tok):
     expected = retrieval_ranks(text, feats.pooled, np.arange(6)).mean()
     assert 1 <= rank <= 6 and rank == pytest.approx(expected)
     assert 1 <= val_mean_rank(model, data, ClipTextEncoder(clip, tok.clip_ids), images=3) <= 3
+    objective = make_objective(clip, tok, data, feats, loss="cos", rank_images=3)
+    assert objective.val_metrics == {"mean_rank": "min"}
+    assert objective.val_metric("mean_rank", model, data) == val_mean_rank(
+        model, data, ClipTextEncoder(clip, tok.clip_ids), images=3
+    )
+    with pytest.raises(DistinctcapError, match="mean_rank"):
+        objective.val_metric("cider", model, data)
 
 
 # ------------------------------------------------------------------ the neighbour table

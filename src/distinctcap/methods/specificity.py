@@ -360,8 +360,25 @@ class Specificity:
             extras["mle"] = float(mle.detach())
         return loss, extras
 
-    def val_mean_rank(self, model: Captioner, val: CaptionData, autocast: Callable | None = None):
-        """`val_mean_rank` with this run's CLIP encoder and `rank_images`."""
+    # Validation metrics this objective computes itself (it holds the CLIP text encoder), for
+    # the trainer's checkpoint selection: name -> "min" | "max" (which way is better).
+    val_metrics = {"mean_rank": "min"}
+
+    def val_metric(
+        self,
+        name: str,
+        model: Captioner,
+        val: CaptionData,
+        batches: list | None = None,
+        autocast: Callable | None = None,
+    ) -> float:
+        """`val_mean_rank` with this run's CLIP text encoder and `rank_images` (§4: early
+        stopping on the lowest validation mean rank). `batches` is unused: ranks are per
+        image, not per caption."""
+        if name not in self.val_metrics:
+            raise DistinctcapError(
+                f"method specificity computes {list(self.val_metrics)}, not {name!r}"
+            )
         return val_mean_rank(model, val, self.encoder, self.rank_images, autocast=autocast)
 
 

@@ -497,3 +497,27 @@ def read_metrics(paths: Sequence[str | Path]) -> pd.DataFrame:
     table = pd.concat([read_table(p) for p in paths], ignore_index=True)
     table["skipped"] = [json.loads(s) for s in table.skipped]
     return table.sort_values(list(KEYS), kind="stable").reset_index(drop=True)
+
+
+def evaluate_stage(
+    inputs: dict[str, str],
+    outputs: dict[str, str],
+    split: str,
+    decoding: str,
+    block: dict,
+    seed: int = 0,
+    device: str = "auto",
+) -> Evaluation:
+    """The evaluate rule: named inputs (generated, images, captions, vocab, features, model)
+    -> outputs metrics (parquet) and curve (csv). `block` is the `evaluate:` config."""
+    from distinctcap.clip import resolve_device
+
+    settings = EvalSettings.from_config(block, seed=seed, device=str(resolve_device(device)))
+    names = ("generated", "images", "captions", "vocab", "features", "model")
+    paths = EvalPaths(**{k: str(inputs[k]) for k in names if k in inputs})
+    evaluation = evaluate_decoding(paths, split, decoding, settings)
+    write_metrics(evaluation, outputs["metrics"])
+    write_curve(evaluation, outputs["curve"])
+    for part, (wall, cpu, child) in evaluation.timings.items():
+        log.info("time %-60s %6.1f s wall %6.1f s CPU %6.1f s child CPU", part, wall, cpu, child)
+    return evaluation

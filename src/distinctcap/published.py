@@ -20,6 +20,18 @@ class Published:
     columns: tuple[str, ...]  # headers as printed, row label excluded
     rows: tuple[tuple[str, tuple[float | None, ...]], ...]
     note: str = ""
+    digits: int | tuple[int, ...] = 1  # decimals as printed, per column or for all
+
+    def formatted(self) -> list[list[str]]:
+        """Rows as printed: label, then each value with its column's decimals ("-" if None)."""
+        digits = self.digits
+        if isinstance(digits, int):
+            digits = (digits,) * len(self.columns)
+        out = []
+        for label, values in self.rows:
+            pairs = zip(values, digits, strict=True)
+            out.append([label, *("-" if v is None else f"{v:.{d}f}" for v, d in pairs)])
+        return out
 
     def __post_init__(self) -> None:
         for label, values in self.rows:
@@ -85,6 +97,7 @@ UNKT_TABLE2 = Published(
         ("UNKT w/ memory", (0.45, 0.60, 0.83, 0.53)),
     ),
     "diversity of the best-5 captions after consensus re-ranking",
+    digits=2,
 )
 
 # Tables 3-6 and 8 share one layout: oracle B-4 / METEOR / CIDEr (x100, 20 samples, matching
@@ -103,6 +116,7 @@ UNKT_ABLATIONS = (
             ("w/o L_neg (MLE)", (44.9, 36.4, 145.7, 0.22, 0.58, 0.79)),
         ),
         "ablation of the transfer objectives",
+        digits=(1, 1, 1, 2, 2, 2),
     ),
     Published(
         "UNKT",
@@ -115,6 +129,7 @@ UNKT_ABLATIONS = (
         ),
         "MLE teachers on the entropy subsets; the first row is printed as p_n, the text calls "
         "it p^-",
+        digits=(1, 1, 1, 2, 2, 2),
     ),
     Published(
         "UNKT",
@@ -126,6 +141,7 @@ UNKT_ABLATIONS = (
             ("p_s^+ (teacher p_n^+)", (54.2, 41.5, 173.7, 0.31, 0.63, 0.65)),
         ),
         "students of each teacher; the source's header row is garbled, columns as Tables 3-4",
+        digits=(1, 1, 1, 2, 2, 2),
     ),
     Published(
         "UNKT",
@@ -138,6 +154,7 @@ UNKT_ABLATIONS = (
             ("Soft", (54.5, 41.9, 174.2, 0.46, 0.85, 0.50)),
         ),
         "negative targets: random D- captions, the teacher's greedy caption, soft targets",
+        digits=(1, 1, 1, 2, 2, 2),
     ),
     Published(
         "UNKT",
@@ -149,6 +166,7 @@ UNKT_ABLATIONS = (
             ("Progressive", (54.5, 41.9, 174.2, 0.46, 0.85, 0.50)),
         ),
         "progressive vs fixed lambda = 0.5",
+        digits=(1, 1, 1, 2, 2, 2),
     ),
 )
 
@@ -165,6 +183,7 @@ CL_TABLE1 = Published(
         ("AdaptiveAttention + CL", (0.32, 1.18, 11.84, 80.96, 0.695, 1.029)),
     ),
     "self retrieval ranks all 5,000 test images by the captioner's own log p(c | I) (§4.1)",
+    digits=(2, 2, 2, 2, 3, 3),
 )
 
 CL_TABLE4 = Published(
@@ -181,6 +200,7 @@ CL_TABLE4 = Published(
         ("Base + CL(Full)", (0.755, 0.598, 0.460, 0.353, 0.271, 0.559, 1.142)),
     ),
     "one caption per image; fractions, as printed",
+    digits=3,
 )
 
 _SMILE_COLUMNS = (
@@ -242,6 +262,7 @@ SPECIFICITY_TABLE1 = Published(
     ),
     "diversity = share of distinct captions over the test set, novelty = share not found in "
     "the training set; R@k and mean rank by the paper's own retrieval model",
+    digits=(2, 2, 0, 2, 2, 2, 2),
 )
 
 SPECIFICITY_TABLE3 = Published(
@@ -262,4 +283,5 @@ SPECIFICITY_TABLE3 = Published(
         ("Baseline", (0.746, 0.579, 0.432, 0.320, 0.545, 0.262, 1.036, 0.197)),
     ),
     "single best caption per image; fractions, as printed",
+    digits=3,
 )

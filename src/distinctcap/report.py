@@ -1,0 +1,689 @@
+"""Side-by-side report of every run: the summary table, tables in the papers' layouts with
+their published numbers beside ours, plots and a caption gallery (for `snakemake --report`).
+
+Tables follow UNKT Tables 1-3 (oracle quality, best-5 diversity, ablation layout), CL
+Tables 1 and 4 (self-retrieval; quality of one caption), SMILE Table 1 (length, lexical
+diversity, self-retrieval, CLIPScore, PPL) and the specificity paper's Tables 1 and 3
+(diversity, novelty, vocabulary, R@k, mean rank; standard metrics), each in the paper's units.
+Fractions of the metrics package (distinct, novelty, R@k, scene F1) are printed as %.
+A skipped metric is NaN in the data and "skipped [n]" in a table, with its reason below it.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+import textwrap
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from distinctcap import published as P
+from distinctcap.errors import DistinctcapError
+from distinctcap.evaluate import KEYS
+from distinctcap.io import atomic_path, read_table
+from distinctcap.metrics import DIVERSITY_METRICS, QUALITY_METRICS
+
+SUMMARY_BASE = (
+    *KEYS,
+    "bleu1",
+    "bleu2",
+    "bleu3",
+    "bleu4",
+    "meteor",
+    "rouge_l",
+    "cider",
+    "spice",
+    "div1",
+    "div2",
+    "mbleu4",
+    "self_cider",
+    "distinct",
+    "novelty",
+    "vocab",
+    "length",
+    "r_at_1",
+    "r_at_5",
+    "r_at_10",
+    "mean_rank",
+    "clipscore",
+)
+SUMMARY_TAIL = ("ppl", "scene_precision", "scene_recall", "scene_f1")
+CONSENSUS = tuple(f"consensus_{m}" for m in (*QUALITY_METRICS, *DIVERSITY_METRICS))
+
+
+def evaluation_keys(runs: Sequence[str], decoding: dict) -> list[tuple[str, str, str]]:
+    """(run, split, decoding) of every evaluation: each run under each decoding setting, for
+    each of the setting's splits (the decode stage's targets)."""
+    return [
+        (run, split, name)
+        for run in runs
+        for name, setting in decoding.items()
+        for split in setting.get("splits", ["test"])
+    ]
+
+
+def summary_columns(metrics: pd.DataFrame) -> list[str]:
+    """The summary's columns: the issue's named ones, the oracle columns present, consensus,
+    ppl and scene precision/recall/F1."""
+    oracle = [c for c in metrics.columns if c.startswith("oracle_")]
+    return [*SUMMARY_BASE, *oracle, *CONSENSUS, *SUMMARY_TAIL]
+
+
+def summary_table(metrics: pd.DataFrame) -> pd.DataFrame:
+    """One row per (run, split, decoding) with exactly `summary_columns`."""
+    dup = metrics.duplicated(list(KEYS))
+    if dup.any():
+        keys = metrics.loc[dup, list(KEYS)].to_dict("records")[:3]
+        raise DistinctcapError(f"several metrics rows for {keys}")
+    missing = [c for c in summary_columns(metrics) if c not in metrics.columns]
+    if missing:
+        raise DistinctcapError(f"metrics tables lack the columns {missing}")
+    return metrics[summary_columns(metrics)].reset_index(drop=True)
+
+
+def write_summary(metrics: pd.DataFrame, path: str | Path) -> pd.DataFrame:
+    table = summary_table(metrics)
+    with atomic_path(path) as tmp:
+        table.to_csv(tmp, index=False)
+    return table
+
+
+# ---------------------------------------------------------------- tables
+
+
+@dataclass(frozen=True)
+class Col:
+    header: str
+    metric: str
+    scale: float = 1.0  # e.g. 100 for % of a fraction
+    digits: int = 1
+
+
+@dataclass
+class Block:
+    """One rendered table: title, headers, string cells and notes (footnotes, caveats)."""
+
+    title: str
+    headers: list[str]
+    rows: list[list[str]]
+    notes: list[str] = field(default_factory=list)
+    labels: int = 3  # leading text columns (left-aligned)
+
+
+@dataclass
+class Section:
+    title: str
+    intro: str
+    ours: Block
+    published: list[Block]
+
+
+def _cell(value: float, col: Col, reason: str | None, notes: dict[str, int]) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        if reason is None:
+            return "n/a"
+        notes.setdefault(reason, len(notes) + 1)
+        return f"skipped [{notes[reason]}]"
+    return f"{value * col.scale:.{col.digits}f}"
+
+
+def ours_block(title: str, metrics: pd.DataFrame, cols: Sequence[Col]) -> Block:
+    """Our rows (run, decoding, split) in the given columns; skipped cells footnoted."""
+    notes: dict[str, int] = {}
+    rows = []
+    for _, r in metrics.iterrows():
+        cells = [_cell(r.get(c.metric, math.nan), c, r.skipped.get(c.metric), notes) for c in cols]
+        rows.append([str(r.run), str(r.decoding), str(r.split), *cells])
+    block = Block(title, ["Run", "Decoding", "Split", *[c.header for c in cols]], rows)
+    block.notes = [f"[{n}] {reason}" for reason, n in notes.items()]
+    return block
+
+
+def published_block(table: P.Published) -> Block:
+    title = f"Published: {table.paper} {table.table}, {table.dataset}"
+    notes = [table.note] if table.note else []
+    return Block(title, ["Method", *table.columns], table.formatted(), notes, labels=1)
+
+
+def comparability(source: str) -> str:
+    if source == "shapes":
+        return (
+            "Our runs are on the synthetic shapes world, so the published MS COCO / "
+            "Flickr30K numbers are NOT comparable with ours: other data, other models, "
+            "other CLIP and retrieval pools. They show each paper's layout and the "
+            "direction of its effects, not targets."
+        )
+    return (
+        "Published numbers for reference: the same benchmark, but other model sizes, "
+        "features, retrieval models and pools; compare directions, not decimals."
+    )
+
+
+def _oracle_ns(metrics: pd.DataFrame) -> list[int]:
+    return sorted({int(c.rsplit("_", 1)[1]) for c in metrics.columns if c.startswith("oracle_")})
+
+
+def _multi(metrics: pd.DataFrame) -> pd.DataFrame:
+    return metrics[metrics.n_samples > 1]
+
+
+def _first_caption(metrics: pd.DataFrame) -> pd.DataFrame:
+    """Rows of one-caption decodings when there are any (greedy, beam), else all rows."""
+    single = metrics[metrics.n_samples == 1]
+    return single if len(single) else metrics
+
+
+def unkt_sections(metrics: pd.DataFrame) -> list[Section]:
+    """UNKT Table 1 per oracle n, Table 2 (consensus best-k diversity), Table 3 layout."""
+    out = []
+    q = [
+        ("BLEU-4", "bleu4"),
+        ("BLEU-3", "bleu3"),
+        ("BLEU-2", "bleu2"),
+        ("BLEU-1", "bleu1"),
+        ("CIDEr", "cider"),
+        ("ROUGE", "rouge_l"),
+        ("METEOR", "meteor"),
+        ("SPICE", "spice"),
+    ]
+    for n in _oracle_ns(metrics):
+        rows = _multi(metrics)
+        rows = rows[rows.n_samples >= n]
+        cols = [Col(h, f"oracle_{m}_{n}", 100) for h, m in q]
+        ref = [P.UNKT_TABLE1[n]] if n in P.UNKT_TABLE1 else list(P.UNKT_TABLE1.values())
+        out.append(
+            Section(
+                f"UNKT Table 1 layout: oracle quality over {n} samples",
+                "Per image the best score "
+                f"of each metric among its first {n} samples, averaged over images (x100).",
+                ours_block(f"Ours, oracle over {n} samples", rows, cols),
+                [published_block(t) for t in ref],
+            )
+        )
+    div = [
+        Col("Div-1", "consensus_div1", 1, 2),
+        Col("Div-2", "consensus_div2", 1, 2),
+        Col("SelfCIDEr", "consensus_self_cider", 1, 2),
+        Col("mB. (lower is better)", "consensus_mbleu4", 1, 2),
+    ]
+    out.append(
+        Section(
+            "UNKT Table 2 layout: diversity of the best-5 after consensus re-ranking",
+            "Samples re-ranked by their mean CIDEr-D against the captions of the image's nearest "
+            "training images (CLIP image embedding); diversity of the best ones.",
+            ours_block("Ours, consensus best-k", _multi(metrics), div),
+            [published_block(P.UNKT_TABLE2)],
+        )
+    )
+    ns = _oracle_ns(metrics)
+    n = 20 if 20 in ns else (max(ns) if ns else 20)
+    abl = [
+        Col("B-4", f"oracle_bleu4_{n}", 100),
+        Col("M", f"oracle_meteor_{n}", 100),
+        Col("C", f"oracle_cider_{n}", 100),
+        div[0],
+        div[2],
+        div[3],
+    ]
+    out.append(
+        Section(
+            "UNKT Table 3 layout (ablations; also Tables 4-6, 8)",
+            f"Oracle B-4 / METEOR / CIDEr over {n} samples (x100) and the consensus best-k "
+            "diversity; every run is a row, so the teachers on D- / D+ (Table 4) and UNKT "
+            "variants (Tables 3, 5, 6, 8) appear here when configured.",
+            ours_block(f"Ours (oracle n = {n})", _multi(metrics), abl),
+            [published_block(t) for t in P.UNKT_ABLATIONS],
+        )
+    )
+    return out
+
+
+def cl_sections(metrics: pd.DataFrame) -> list[Section]:
+    ks = sorted(int(c.rsplit("_", 1)[1]) for c in metrics.columns if c.startswith("self_r_at_"))
+    retrieval = [Col(f"Self retrieval R@{k} (%)", f"self_r_at_{k}", 100, 2) for k in ks]
+    t1 = [
+        *retrieval,
+        Col("Mean rank", "self_mean_rank", 1, 2),
+        Col("ROUGE_L", "rouge_l", 1, 3),
+        Col("CIDEr", "cider", 1, 3),
+    ]
+    t4 = [
+        Col("B-1", "bleu1", 1, 3),
+        Col("B-2", "bleu2", 1, 3),
+        Col("B-3", "bleu3", 1, 3),
+        Col("B-4", "bleu4", 1, 3),
+        Col("METEOR", "meteor", 1, 3),
+        Col("ROUGE_L", "rouge_l", 1, 3),
+        Col("CIDEr", "cider", 1, 3),
+    ]
+    return [
+        Section(
+            "CL Table 1 layout: self retrieval with the captioner itself",
+            "Each caption (sample 0) ranks the images of a pool (its own image plus "
+            "`evaluate.self_retrieval_pool` - 1 others of the split) by the run's own log "
+            "p(c | I) (CL §4.1). The paper's pool is all 5,000 test images.",
+            ours_block("Ours", metrics, t1),
+            [published_block(P.CL_TABLE1)],
+        ),
+        Section(
+            "CL Table 4 layout: quality of one caption per image",
+            "Sample 0 of each image: the greedy / best-beam caption (for a sampling "
+            "decoding, its first sample).",
+            ours_block("Ours", metrics, t4),
+            [published_block(P.CL_TABLE4)],
+        ),
+    ]
+
+
+def smile_sections(metrics: pd.DataFrame) -> list[Section]:
+    hard = "hard_r_at_1" in metrics and metrics.hard_r_at_1.notna().any()
+    prefix, pool = (
+        ("hard_", "hard pool (split images plus their nearest training images)")
+        if hard
+        else ("", "the split's images (evaluate.hard_pool = 0)")
+    )
+    cols = [
+        Col("Caption Length", "length", 1, 1),
+        Col("Lexical Diversity (words)", "vocab", 1, 0),
+        Col("R@1 (%)", f"{prefix}r_at_1", 100),
+        Col("R@5 (%)", f"{prefix}r_at_5", 100),
+        Col("CLIPScore (x100)", "clipscore", 100),
+        Col("PPL", "ppl", 1, 1),
+    ]
+    return [
+        Section(
+            "SMILE Table 1 layout: descriptiveness, accuracy, fluency",
+            f"CLIP self-retrieval of sample 0 in {pool}; CLIPScore = 100 x 2.5 max(cos, 0) with "
+            "the prefix 'A photo depicts '; GPT-2 perplexity where local weights are configured. "
+            "Lexical diversity is our vocabulary in words (the paper's unit is not stated).",
+            ours_block("Ours", _first_caption(metrics), cols),
+            [published_block(t) for t in P.SMILE_TABLE1],
+        )
+    ]
+
+
+def specificity_sections(metrics: pd.DataFrame) -> list[Section]:
+    t1 = [
+        Col("Diversity (%)", "distinct_corpus", 100, 2),
+        Col("Novelty (%)", "novelty", 100, 2),
+        Col("Vocab Size", "vocab", 1, 0),
+        Col("R@1 (%)", "r_at_1", 100, 2),
+        Col("R@5 (%)", "r_at_5", 100, 2),
+        Col("R@10 (%)", "r_at_10", 100, 2),
+        Col("Mean Rank", "mean_rank", 1, 2),
+    ]
+    t3 = [
+        Col(h, m, 1, 3)
+        for h, m in (
+            ("B-1", "bleu1"),
+            ("B-2", "bleu2"),
+            ("B-3", "bleu3"),
+            ("B-4", "bleu4"),
+            ("R-L", "rouge_l"),
+            ("M", "meteor"),
+            ("C", "cider"),
+            ("S", "spice"),
+        )
+    ]
+    single = _first_caption(metrics)
+    return [
+        Section(
+            "Specificity Table 1 layout: diversity and specificity",
+            "Diversity = share of distinct captions among sample 0 of all images, novelty "
+            "= share not found verbatim among the training captions; R@k / mean rank by "
+            "CLIP self-retrieval among the split's images.",
+            ours_block("Ours", single, t1),
+            [published_block(P.SPECIFICITY_TABLE1)],
+        ),
+        Section(
+            "Specificity Table 3 layout: standard text metrics",
+            "One caption per image.",
+            ours_block("Ours", single, t3),
+            [published_block(P.SPECIFICITY_TABLE3)],
+        ),
+    ]
+
+
+def scene_section(metrics: pd.DataFrame) -> list[Section]:
+    if "scene_f1" not in metrics or metrics.scene_f1.isna().all():
+        return []
+    cols = [
+        Col("Scene precision (%)", "scene_precision", 100),
+        Col("Scene recall (%)", "scene_recall", 100),
+        Col("Scene F1 (%)", "scene_f1", 100),
+        Col("Caption Length", "length", 1, 1),
+    ]
+    return [
+        Section(
+            "Shapes world ground truth: talks much, errs much",
+            "Each caption (sample 0) parsed into objects, attributes, relations and background, "
+            "scored against the true scene graph: precision = correct claims / claims, recall = "
+            "scene facts covered / facts (micro-averaged). No published counterpart exists.",
+            ours_block("Ours", metrics, cols),
+            [],
+        )
+    ]
+
+
+SECTIONS: tuple[Callable[[pd.DataFrame], list[Section]], ...] = (
+    unkt_sections,
+    cl_sections,
+    smile_sections,
+    specificity_sections,
+    scene_section,
+)
+
+
+def report_sections(metrics: pd.DataFrame) -> list[Section]:
+    return [s for make in SECTIONS for s in make(metrics)]
+
+
+def _md_table(block: Block) -> list[str]:
+    lines = [
+        f"**{block.title}**",
+        "",
+        "| " + " | ".join(block.headers) + " |",
+        "|"
+        + "|".join(":---" if i < block.labels else "---:" for i in range(len(block.headers)))
+        + "|",
+    ]
+    lines += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in block.rows]
+    if not block.rows:
+        lines.append("| (no run has this decoding) |" + " |" * (len(block.headers) - 1))
+    lines += [""] + [f"{n}  " for n in block.notes]
+    return lines
+
+
+def tables_markdown(metrics: pd.DataFrame, source: str) -> str:
+    """All sections as one markdown document: ours, then the published reference blocks."""
+    lines = ["# distinctcap: every run side by side", "", comparability(source), ""]
+    for section in report_sections(metrics):
+        lines += [f"## {section.title}", "", section.intro, ""]
+        lines += _md_table(section.ours) + [""]
+        if section.published:
+            caveat = " Not comparable with shapes-world runs." if source == "shapes" else ""
+            lines += [f"> Reference block: the papers' published numbers.{caveat}", ""]
+        for block in section.published:
+            lines += _md_table(block) + [""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _html_table(block: Block, cls: str) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in block.headers)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in block.rows
+    )
+    notes = "".join(f"<div class='note'>{html.escape(n)}</div>" for n in block.notes)
+    return (
+        f"<div class='{cls}'><h4>{html.escape(block.title)}</h4><table><tr>{head}</tr>"
+        f"{body}</table>{notes}</div>"
+    )
+
+
+STYLE = """<style>body{font-family:sans-serif;font-size:13px}table{border-collapse:collapse}
+td,th{border:1px solid #bbb;padding:2px 6px;text-align:right}td:first-child{text-align:left}
+.ours{background:#f4fbf4;padding:4px;margin:6px 0}.published{background:#f3f3f3;color:#444;
+padding:4px;margin:6px 0;border-left:4px solid #999}.note{font-size:11px;color:#555}
+.warn{border:1px solid #c90;padding:6px;background:#fff8e6}</style>"""
+
+
+def tables_html(metrics: pd.DataFrame, source: str) -> str:
+    """The same sections as `tables_markdown`, as a standalone HTML page."""
+    parts = [
+        f"<html><head><meta charset='utf-8'>{STYLE}</head><body>",
+        "<h2>distinctcap: every run side by side</h2>",
+        f"<p class='warn'>{html.escape(comparability(source))}</p>",
+    ]
+    for section in report_sections(metrics):
+        parts += [
+            f"<h3>{html.escape(section.title)}</h3><p>{html.escape(section.intro)}</p>",
+            _html_table(section.ours, "ours"),
+        ]
+        if section.published:
+            parts.append(
+                "<p><b>Reference block: published numbers</b>"
+                f"{' (not comparable with shapes runs)' if source == 'shapes' else ''}"
+                "</p>"
+            )
+        parts += [_html_table(b, "published") for b in section.published]
+    return "\n".join(parts + ["</body></html>"])
+
+
+def write_tables(
+    metrics: pd.DataFrame, source: str, md_path: str | Path, html_path: str | Path
+) -> None:
+    with atomic_path(md_path) as tmp:
+        tmp.write_text(tables_markdown(metrics, source))
+    with atomic_path(html_path) as tmp:
+        tmp.write_text(tables_html(metrics, source))
+
+
+# ---------------------------------------------------------------- plots
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: str | Path, dpi: int = 110) -> None:
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=dpi, bbox_inches="tight")
+    _pyplot().close(fig)
+
+
+def plot_training_curves(curves: dict[str, str | Path], path: str | Path) -> None:
+    """Training loss and every validation column of each run's curve.csv against the step."""
+    plt = _pyplot()
+    tables = {run: pd.read_csv(p) for run, p in curves.items()}
+    panels = [
+        "loss",
+        *sorted({c for t in tables.values() for c in t.columns if c.startswith("val_")}),
+    ]
+    cols = min(3, len(panels))
+    rows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 3.2 * rows), squeeze=False)
+    for ax, panel in zip(axes.flat, panels, strict=False):
+        for run, t in tables.items():
+            if panel in t and t[panel].notna().any():
+                sub = t[["step", panel]].dropna()
+                ax.plot(sub.step, sub[panel], label=run, marker="." if panel != "loss" else None)
+        ax.set(title=panel, xlabel="optimiser step")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.suptitle("Training curves (curve.csv of each run)")
+    _save(fig, path)
+
+
+BAR_METRICS = (
+    ("cider", "CIDEr-D", 1),
+    ("bleu4", "BLEU-4", 1),
+    ("meteor", "METEOR", 1),
+    ("spice", "SPICE", 1),
+    ("div1", "Div-1 (samples)", 1),
+    ("self_cider", "SelfCIDEr", 1),
+    ("distinct_corpus", "distinct captions %", 100),
+    ("novelty", "novelty %", 100),
+    ("vocab", "vocabulary", 1),
+    ("length", "length (words)", 1),
+    ("r_at_1", "CLIP R@1 %", 100),
+    ("mean_rank", "CLIP mean rank", 1),
+    ("clipscore", "CLIPScore x100", 100),
+    ("self_r_at_1", "model self-R@1 %", 100),
+    ("scene_f1", "scene F1 %", 100),
+    ("oracle_cider_20", "oracle CIDEr (20)", 1),
+)
+
+
+def plot_metric_bars(metrics: pd.DataFrame, path: str | Path) -> None:
+    """One panel per metric: a bar per run, grouped by decoding; skipped metrics left out."""
+    plt = _pyplot()
+    panels = [(m, t, s) for m, t, s in BAR_METRICS if m in metrics and metrics[m].notna().any()]
+    runs = list(dict.fromkeys(metrics.run))
+    decodings = list(dict.fromkeys(metrics.split + "/" + metrics.decoding))
+    cols = 4
+    rows = max(1, math.ceil(len(panels) / cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 2.8 * rows), squeeze=False)
+    width = 0.8 / max(1, len(decodings))
+    x = np.arange(len(runs))
+    for ax, (metric, title, scale) in zip(axes.flat, panels, strict=False):
+        for j, dec in enumerate(decodings):
+            sub = metrics[metrics.split + "/" + metrics.decoding == dec].set_index("run")
+            values = [sub[metric].get(r, np.nan) * scale for r in runs]
+            ax.bar(x + j * width - 0.4 + width / 2, values, width, label=dec)
+        ax.set_xticks(x, runs, rotation=30, ha="right", fontsize=7)
+        ax.set_title(title, fontsize=9)
+        ax.grid(axis="y", alpha=0.3)
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.suptitle("Metrics per run (bars: split/decoding)")
+    fig.tight_layout()
+    _save(fig, path)
+
+
+def plot_cider_vs_n(curve_paths: Sequence[str | Path], path: str | Path) -> None:
+    """Oracle CIDEr-D against the number of samples n, one line per run and decoding (UNKT
+    Fig. 2)."""
+    plt = _pyplot()
+    tables = [pd.read_csv(p) for p in curve_paths]
+    tables = [t for t in tables if len(t)]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for t in tables:
+        r = t.iloc[0]
+        ax.plot(t.n, t.cider, marker="o", label=f"{r.run} ({r.split}/{r.decoding})")
+    if not tables:
+        ax.text(0.5, 0.5, "no sampling decoding configured", ha="center", transform=ax.transAxes)
+    ax.set(
+        xscale="log",
+        xlabel="samples per image n",
+        ylabel="oracle CIDEr-D",
+        title="CIDEr vs number of samples (UNKT Fig. 2)",
+    )
+    ax.grid(alpha=0.3)
+    if tables:
+        ax.legend(fontsize=7)
+    _save(fig, path)
+
+
+# ---------------------------------------------------------------- gallery
+
+
+def gallery_images(images: pd.DataFrame, split: str, count: int = 24) -> list[int]:
+    """`count` image ids of the split spread evenly over its sorted ids (deterministic)."""
+    ids = np.sort(images[images.split == split].image_id.to_numpy())
+    if len(ids) == 0:
+        raise DistinctcapError(f"no {split} images for the gallery")
+    pick = np.unique(np.linspace(0, len(ids) - 1, min(count, len(ids))).round().astype(int))
+    return [int(i) for i in ids[pick]]
+
+
+def gallery_captions(generated: Sequence[str | Path], image_ids: Sequence[int]) -> pd.DataFrame:
+    """run, decoding, image_id, text of sample 0 of each generated table for the images.
+
+    The decoding is the file name's part after the split ("test-greedy.parquet" -> greedy)."""
+    rows = []
+    for path in generated:
+        table = read_table(path, "generated")
+        table = table[table.image_id.isin(image_ids) & (table["sample"] == 0)]
+        decoding = Path(path).stem.split("-", 1)[-1]
+        rows += [(r.run, decoding, int(r.image_id), r.text) for r in table.itertuples()]
+    return pd.DataFrame(rows, columns=["run", "decoding", "image_id", "text"])
+
+
+def _gallery_lines(caps: pd.DataFrame, image_id: int, reference: str) -> list[tuple[str, str]]:
+    sub = caps[caps.image_id == image_id]
+    return [("reference", reference)] + [
+        (f"{r.run}/{r.decoding}", r.text) for r in sub.itertuples()
+    ]
+
+
+def write_gallery(
+    images: pd.DataFrame,
+    captions: pd.DataFrame,
+    generated: Sequence[str | Path],
+    split: str,
+    png_path: str | Path,
+    html_path: str | Path,
+    count: int = 24,
+) -> None:
+    """For `count` images of the split: the image, one reference caption and sample 0 of
+    every run and decoding, as a PNG grid and an HTML table (images embedded)."""
+    ids = gallery_images(images, split, count)
+    caps = gallery_captions(generated, ids).sort_values(["run", "decoding"], kind="stable")
+    files = images.set_index("image_id").file
+    refs = captions[captions.image_id.isin(ids)].groupby("image_id").text.first()
+    _gallery_png(ids, files, refs, caps, png_path)
+    rows = []
+    for i in ids:
+        data = base64.b64encode(Path(files[i]).read_bytes()).decode()
+        lines = "".join(
+            f"<div><b>{html.escape(who)}</b>: {html.escape(text)}</div>"
+            for who, text in _gallery_lines(caps, i, refs.get(i, ""))
+        )
+        rows.append(
+            f"<tr><td><img src='data:image/png;base64,{data}' width='128'><br>"
+            f"image {i}</td><td>{lines}</td></tr>"
+        )
+    with atomic_path(html_path) as tmp:
+        tmp.write_text(
+            f"<html><head><meta charset='utf-8'>{STYLE}</head><body>"
+            f"<h2>Caption gallery: {len(ids)} {split} images, every run</h2>"
+            f"<table>{''.join(rows)}</table></body></html>"
+        )
+
+
+def _gallery_png(
+    ids: list[int],
+    files: pd.Series,
+    refs: pd.Series,
+    caps: pd.DataFrame,
+    path: str | Path,
+    cols: int = 4,
+) -> None:
+    from PIL import Image
+
+    plt = _pyplot()
+    n_lines = 1 + caps.groupby("image_id").size().max() if len(caps) else 1
+    rows = math.ceil(len(ids) / cols)
+    fig, axes = plt.subplots(
+        rows,
+        2 * cols,
+        figsize=(5.2 * cols, (1.0 + 0.2 * n_lines) * rows),
+        squeeze=False,
+        gridspec_kw={"width_ratios": [1, 3] * cols},
+    )
+    for ax in axes.flat:
+        ax.axis("off")
+    for k, i in enumerate(ids):
+        img_ax, txt_ax = axes[k // cols, 2 * (k % cols)], axes[k // cols, 2 * (k % cols) + 1]
+        with Image.open(files[i]) as image:
+            img_ax.imshow(image.convert("RGB"))
+        img_ax.set_title(f"image {i}", fontsize=7)
+        text = "\n".join(
+            textwrap.shorten(f"{who}: {t}", 80)
+            for who, t in _gallery_lines(caps, i, refs.get(i, ""))
+        )
+        txt_ax.text(
+            0,
+            1,
+            text,
+            va="top",
+            ha="left",
+            fontsize=6,
+            family="monospace",
+            transform=txt_ax.transAxes,
+        )
+    fig.suptitle("Caption gallery: reference and sample 0 of every run/decoding")
+    _save(fig, path, dpi=100)

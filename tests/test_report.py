@@ -1,0 +1,215 @@
+"""Report: summary columns, paper-layout tables with their published blocks, plots, gallery."""
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from evaluate_world import build
+
+from distinctcap import published
+from distinctcap.errors import DistinctcapError
+from distinctcap.evaluate import KEYS, EvalSettings, metric_columns, read_metrics
+from distinctcap.io import read_table, write_table
+from distinctcap.report import (
+    SUMMARY_BASE,
+    evaluation_keys,
+    plot_cider_vs_n,
+    plot_metric_bars,
+    plot_training_curves,
+    summary_columns,
+    summary_table,
+    tables_html,
+    tables_markdown,
+    write_gallery,
+    write_summary,
+)
+
+SETTINGS = EvalSettings(oracle_ns=[20])
+SPICE_WHY = "SPICE needs Stanford CoreNLP 3.6.0 (jars absent)"
+PNG = b"\x89PNG"
+
+
+def metrics_row(run: str, decoding: str, n_samples: int, cider: float) -> dict:
+    """A metrics row as the evaluate stage writes it, with hand-picked values."""
+    row = {"run": run, "split": "test", "decoding": decoding, "n_images": 200}
+    row["n_samples"] = n_samples
+    row |= {c: 0.25 for c in metric_columns(SETTINGS)}
+    row |= {"cider": cider, "oracle_cider_20": 2 * cider, "spice": math.nan, "r_at_1": 0.125}
+    skipped = {"spice": SPICE_WHY, "oracle_spice_20": SPICE_WHY, "consensus_spice": SPICE_WHY}
+    row["oracle_spice_20"] = row["consensus_spice"] = math.nan
+    if n_samples == 1:
+        for c in metric_columns(SETTINGS):
+            if c.startswith(("oracle_", "consensus_")) or c in ("div1", "div2", "distinct"):
+                row[c] = math.nan
+                skipped[c] = "one caption per image"
+    row["skipped"] = skipped
+    return row
+
+
+@pytest.fixture
+def metrics() -> pd.DataFrame:
+    rows = [
+        metrics_row(run, dec, n, c)
+        for run, c in (("reference", 0.9), ("unkt", 1.1))
+        for dec, n in (("greedy", 1), ("sample20", 20))
+    ]
+    return pd.DataFrame(rows)
+
+
+def test_evaluation_keys_follow_each_decodings_splits():
+    decoding = {"greedy": {"splits": ["test"]}, "sample20": {"splits": ["val", "test"]}}
+    assert evaluation_keys(["a"], decoding) == [
+        ("a", "test", "greedy"),
+        ("a", "val", "sample20"),
+        ("a", "test", "sample20"),
+    ]
+
+
+def test_summary_has_one_row_per_key_and_exactly_the_named_columns(metrics, tmp_path):
+    oracle = [
+        f"oracle_{m}_20"
+        for m in ("bleu1", "bleu2", "bleu3", "bleu4", "meteor", "rouge_l", "cider", "spice")
+    ]
+    consensus = [
+        f"consensus_{m}"
+        for m in (
+            "bleu1",
+            "bleu2",
+            "bleu3",
+            "bleu4",
+            "meteor",
+            "rouge_l",
+            "cider",
+            "spice",
+            "div1",
+            "div2",
+            "mbleu4",
+            "self_cider",
+            "distinct",
+        )
+    ]
+    expected = [
+        *SUMMARY_BASE,
+        *oracle,
+        *consensus,
+        "ppl",
+        "scene_precision",
+        "scene_recall",
+        "scene_f1",
+    ]
+    assert summary_columns(metrics) == expected
+    assert SUMMARY_BASE[:6] == ("run", "split", "decoding", "bleu1", "bleu2", "bleu3")
+    write_summary(metrics, tmp_path / "summary.csv")
+    table = pd.read_csv(tmp_path / "summary.csv")
+    assert list(table.columns) == expected
+    assert len(table) == 4 and len(table[list(KEYS)].drop_duplicates()) == 4
+    assert table.spice.isna().all()  # skipped stays empty (NaN), never 0
+    with pytest.raises(DistinctcapError, match="several metrics rows"):
+        summary_table(pd.concat([metrics, metrics.iloc[:1]]))
+
+
+def test_markdown_tables_hold_our_rows_and_the_published_blocks(metrics):
+    text = tables_markdown(metrics, "shapes")
+    for table in (
+        "UNKT Table 1",
+        "UNKT Table 2",
+        "UNKT Table 3",
+        "CL Table 1",
+        "CL Table 4",
+        "SMILE Table 1",
+        "Specificity Table 1",
+        "Specificity Table 3",
+    ):
+        assert f"## {table}" in text, table
+    assert "NOT comparable" in text and "Not comparable with shapes-world runs" in text
+    # oracle CIDEr of unkt/sample20 = 2.2 -> 220.0 in UNKT Table 1 (x100); CL Table 4 in 0.xxx
+    assert "| unkt | sample20 | test | 25.0 | 25.0 | 25.0 | 25.0 | 220.0 |" in text
+    assert (
+        "| reference | greedy | test | 0.250 | 0.250 | 0.250 | 0.250 | 0.250 | 0.250 | 0.900 |"
+        in text
+    )
+    assert "12.50" in text  # R@1 0.125 as % in the specificity layout
+    assert "skipped [1]" in text and f"[1] {SPICE_WHY}" in text
+    # the published block of each layout, transcribed from the papers
+    assert "Published: UNKT Table 1 (20 samples)" in text
+    assert "| UNKT | 54.5 | 68.5 | 80.0 | 92.0 | 174.2 | 73.8 | 41.9 | 33.0 |" in text
+    assert "| Base + CL(Full) | 0.755 | 0.598 | 0.460 | 0.353 | 0.271 | 0.559 | 1.142 |" in text
+    assert "| BLIP-L_SMILE | 22.3 | 4.5 | 10.0 | 24.5 | 75.0 | 95.6 |" in text
+    assert "| CCos | 84.37 | 77.29 | 1052 | 12.53 | 36.19 | 50.00 | 32.30 |" in text
+    assert "| Adv-samp | - | - | - | - | - | 0.236 | - | 0.166 |" in text
+    assert "NOT comparable" not in tables_markdown(metrics, "coco")
+
+
+def test_published_tables_are_rectangular_and_as_printed():
+    tables = [
+        *published.UNKT_TABLE1.values(),
+        published.UNKT_TABLE2,
+        *published.UNKT_ABLATIONS,
+        published.CL_TABLE1,
+        published.CL_TABLE4,
+        *published.SMILE_TABLE1,
+        published.SPECIFICITY_TABLE1,
+        published.SPECIFICITY_TABLE3,
+    ]
+    for t in tables:
+        assert all(len(v) == len(t.columns) for _, v in t.rows)
+    assert dict(published.UNKT_TABLE1[100].rows)["UNKT w/ memory"][6] == 48.7
+    assert dict(published.SPECIFICITY_TABLE3.rows)["Baseline"][6] == 1.036
+
+
+def test_html_tables_mark_ours_and_the_reference_blocks(metrics):
+    page = tables_html(metrics, "shapes")
+    assert page.count("class='ours'") == page.count("<h3>") == 9
+    assert "class='published'" in page and "not comparable with shapes runs" in page
+    assert "skipped [1]" in page and "unkt" in page
+
+
+def test_plots_are_written(metrics, tmp_path):
+    curves = {}
+    for run in ("reference", "unkt"):
+        curves[run] = tmp_path / f"{run}.csv"
+        pd.DataFrame(
+            {"step": [25, 50, 75], "loss": [3.0, 2.5, 2.2], "val_loss": [np.nan, 2.6, np.nan]}
+        ).to_csv(curves[run], index=False)
+    cider = tmp_path / "cider.csv"
+    pd.DataFrame(
+        {
+            "run": "unkt",
+            "split": "test",
+            "decoding": "sample20",
+            "n": [1, 5, 20],
+            "cider": [0.9, 1.4, 1.8],
+        }
+    ).to_csv(cider, index=False)
+    empty = tmp_path / "empty.csv"
+    pd.DataFrame(columns=["run", "split", "decoding", "n", "cider"]).to_csv(empty, index=False)
+    plot_training_curves(curves, tmp_path / "training.png")
+    plot_metric_bars(metrics, tmp_path / "bars.png")
+    plot_cider_vs_n([cider, empty], tmp_path / "cider.png")
+    for name in ("training.png", "bars.png", "cider.png"):
+        assert (tmp_path / name).read_bytes()[:4] == PNG
+
+
+def test_gallery_shows_every_run_for_the_chosen_images(tmp_path_factory, tmp_path):
+    world = build(tmp_path_factory.getbasetemp() / "evaluate-world")
+    generated = [world.generated(r, d) for r in ("perfect", "generic") for d in ("greedy",)]
+    images, captions = read_table(world.images), read_table(world.captions)
+    write_gallery(
+        images, captions, generated, "test", tmp_path / "g.png", tmp_path / "g.html", count=5
+    )
+    page = (tmp_path / "g.html").read_text()
+    assert page.count("<img") == 5 and page.count("perfect/greedy") == 5
+    assert page.count("a picture of some shapes") >= 5  # the generic run's caption each time
+    assert (tmp_path / "g.png").read_bytes()[:4] == PNG
+
+
+def test_read_metrics_decodes_skips(metrics, tmp_path):
+    paths = []
+    for i, row in metrics.iterrows():
+        paths.append(tmp_path / f"{i}.parquet")
+        flat = {**row.to_dict(), "skipped": json.dumps(row.skipped)}
+        write_table(pd.DataFrame([flat]), paths[-1])
+    table = read_metrics(paths)
+    assert table.skipped[0]["spice"] == SPICE_WHY and len(table) == 4

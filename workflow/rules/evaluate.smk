@@ -1,0 +1,122 @@
+"""Evaluation and report: one metrics rule per run, split and decoding setting, the summary
+table, the papers' table layouts with their published numbers, plots and a caption gallery,
+all wired into `snakemake --report` (captions in workflow/report/)."""
+
+from distinctcap.report import evaluation_keys
+
+EVALUATE = config["evaluate"]
+EVALUATIONS = evaluation_keys(RUNS, DECODING)
+METRICS = [f"results/metrics/{r}/{s}-{d}.parquet" for r, s, d in EVALUATIONS]
+CIDER_CURVES = [f"results/metrics/{r}/{s}-{d}-cider_vs_n.csv" for r, s, d in EVALUATIONS]
+GALLERY_SPLIT = EVALUATE["gallery_split"]
+GALLERY = [
+    f"results/generated/{r}/{s}-{d}.parquet" for r, s, d in EVALUATIONS if s == GALLERY_SPLIT
+]
+REPORT = "results/report"
+SUMMARY = "results/metrics/summary.csv"
+TABLES = {"category": "Evaluation", "subcategory": "Tables"}
+PLOTS = {"category": "Evaluation", "subcategory": "Plots"}
+SHOWCASE = {"category": "Evaluation", "subcategory": "Caption gallery"}
+TRAINING = {"category": "Training"}
+
+
+rule evaluate:
+    input:
+        generated="results/generated/{run}/{split}-{decoding}.parquet",
+        images=f"{DATA}/images.parquet",
+        captions=f"{DATA}/captions.parquet",
+        vocab=f"{DATA}/vocab.json",
+        features=FEATURES_INDEX,
+        clip=CLIP_FILES,
+        model=f"{RUN_DIR}/{{run}}/model.pt",
+    output:
+        metrics="results/metrics/{run}/{split}-{decoding}.parquet",
+        curve="results/metrics/{run}/{split}-{decoding}-cider_vs_n.csv",
+    params:
+        settings=EVALUATE,
+        seed=config["seed"],
+        device=config["device"],
+    log:
+        "logs/evaluate/{run}/{split}-{decoding}.log",
+    benchmark:
+        "benchmarks/evaluate/{run}/{split}-{decoding}.tsv"
+    conda:
+        "../../envs/eval.yaml"
+    script:
+        "../scripts/evaluate.py"
+
+
+rule summarize:
+    input:
+        metrics=METRICS,
+    output:
+        summary=report(SUMMARY, caption="../report/summary.rst", **TABLES),
+    log:
+        "logs/evaluate/summarize.log",
+    conda:
+        "../../envs/eval.yaml"
+    script:
+        "../scripts/summarize.py"
+
+
+rule report_tables:
+    input:
+        metrics=METRICS,
+    output:
+        markdown=f"{REPORT}/tables.md",
+        html=report(f"{REPORT}/tables.html", caption="../report/tables.rst", **TABLES),
+    params:
+        source=config["data"]["source"],
+    log:
+        "logs/evaluate/report_tables.log",
+    conda:
+        "../../envs/eval.yaml"
+    script:
+        "../scripts/report_tables.py"
+
+
+rule report_plots:
+    input:
+        metrics=METRICS,
+        training=[f"{RUN_DIR}/{run}/curve.csv" for run in RUNS],
+        cider=CIDER_CURVES,
+    output:
+        training=report(f"{REPORT}/training.png", caption="../report/training.rst", **TRAINING),
+        bars=report(f"{REPORT}/metric_bars.png", caption="../report/metric_bars.rst", **PLOTS),
+        cider=report(f"{REPORT}/cider_vs_n.png", caption="../report/cider_vs_n.rst", **PLOTS),
+    log:
+        "logs/evaluate/report_plots.log",
+    conda:
+        "../../envs/eval.yaml"
+    script:
+        "../scripts/report_plots.py"
+
+
+rule report_gallery:
+    input:
+        generated=GALLERY,
+        images=f"{DATA}/images.parquet",
+        captions=f"{DATA}/captions.parquet",
+    output:
+        png=report(f"{REPORT}/gallery.png", caption="../report/gallery.rst", **SHOWCASE),
+        html=report(f"{REPORT}/gallery.html", caption="../report/gallery.rst", **SHOWCASE),
+    params:
+        split=GALLERY_SPLIT,
+        count=EVALUATE["gallery_images"],
+    log:
+        "logs/evaluate/report_gallery.log",
+    conda:
+        "../../envs/eval.yaml"
+    script:
+        "../scripts/report_gallery.py"
+
+
+if EVALUATIONS:
+    ALL_TARGETS.extend(
+        [
+            *rules.summarize.output,
+            *rules.report_tables.output,
+            *rules.report_plots.output,
+            *(rules.report_gallery.output if GALLERY else []),
+        ]
+    )

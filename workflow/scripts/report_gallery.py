@@ -1,0 +1,16 @@
+"""Rule report_gallery: test images with every run's captions side by side (PNG and HTML)."""
+
+from distinctcap import logs
+from distinctcap.io import read_table
+from distinctcap.report import write_gallery
+
+logs.setup(snakemake.log[0])
+write_gallery(
+    read_table(snakemake.input.images),
+    read_table(snakemake.input.captions),
+    list(snakemake.input.generated),
+    snakemake.params.split,
+    snakemake.output.png,
+    snakemake.output.html,
+    count=snakemake.params.count,
+)

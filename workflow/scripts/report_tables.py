@@ -1,0 +1,13 @@
+"""Rule report_tables: our rows in the papers' table layouts beside their published numbers."""
+
+from distinctcap import logs
+from distinctcap.evaluate import read_metrics
+from distinctcap.report import write_tables
+
+logs.setup(snakemake.log[0])
+write_tables(
+    read_metrics(list(snakemake.input.metrics)),
+    snakemake.params.source,
+    snakemake.output.markdown,
+    snakemake.output.html,
+)

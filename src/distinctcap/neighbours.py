@@ -135,7 +135,8 @@ class NeighbourTable:
                 f"neighbour table names image ids without features: {missing[:10].tolist()}"
             )
         self.k = neighbour_ids.shape[1]
-        self.neighbours = torch.as_tensor(neigh.reshape(-1, self.k))  # (N, k) feature rows
+        # (N, k) feature rows; int32 halves the table (COCO: 118k x 1183 neighbours = 0.56 GB)
+        self.neighbours = torch.as_tensor(neigh.reshape(-1, self.k).astype(np.int32))
         self.slot = torch.full((len(index),), -1, dtype=torch.long)  # feature row -> table row
         self.slot[torch.as_tensor(rows)] = torch.arange(len(rows))
 
@@ -152,7 +153,7 @@ class NeighbourTable:
                 "neighbour table (contrastive images come from the training split)"
             )
         pick = torch.randint(self.k, (len(slots),), generator=generator)
-        return self.neighbours[slots, pick]
+        return self.neighbours[slots, pick].long()
 
 
 def build_table(

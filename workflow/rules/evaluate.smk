@@ -102,7 +102,7 @@ rule report_gallery:
         html=report(f"{REPORT}/gallery.html", caption="../report/gallery.rst", **SHOWCASE),
     params:
         split=GALLERY_SPLIT,
-        count=EVALUATE["gallery_images"],
+        images=EVALUATE["gallery_images"],
     log:
         "logs/evaluate/report_gallery.log",
     conda:

@@ -12,5 +12,5 @@ write_gallery(
     snakemake.params.split,
     snakemake.output.png,
     snakemake.output.html,
-    count=snakemake.params.count,
+    count=snakemake.params.images,
 )

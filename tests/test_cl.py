@@ -19,7 +19,7 @@ from distinctcap.losses import contrastive_loss
 from distinctcap.methods import METHODS, TrainContext
 from distinctcap.methods.cl import ContrastiveLearning, sample_negatives, step_generator
 from distinctcap.model import Captioner, CaptionerConfig
-from distinctcap.train import RunData, effective_run_config, train
+from distinctcap.train import RunData, Trainer, effective_run_config, train
 
 V, DV, DP, G = 20, 6, 5, 7
 IMAGES, PER_IMAGE = 6, 3
@@ -304,3 +304,36 @@ def test_every_preset_entry_trains_a_few_steps(trained_reference, name):
     assert np.isfinite(result.curve["loss"]).all()
     if cfg["method"] == "cl" and cfg["constraints"] != "negative":
         assert "g_pos" in result.curve
+
+
+@pytest.mark.parametrize(
+    "replace_every",
+    [
+        0,
+        pytest.param(
+            2,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="the trainer does not checkpoint objective state (CL.state_dict) yet",
+            ),
+        ),
+    ],
+)
+def test_cl_resumed_mid_run_ends_with_the_uninterrupted_weights(
+    trained_reference, tmp_path, replace_every
+):
+    config, data, path = trained_reference
+    cfg = effective_run_config(config, "cl")
+    cfg["replace_reference_every"] = replace_every
+    cfg["train"] = {**cfg["train"], "steps": 5, "checkpoint_every": 0}
+    cfg["paths"] = {"init": str(path), "reference": str(path)}
+    whole = train(cfg, data)
+    cfg["paths"]["out_dir"] = str(tmp_path)
+    killed = Trainer(cfg, data)
+    for _ in range(3):  # the reference was replaced at step 2 (when replace_every = 2)
+        killed.train_step()
+    killed.save_checkpoint()
+    resumed = Trainer(cfg, data).run()
+    assert resumed.resumed_from == 3
+    after = resumed.model.state_dict()
+    assert all(torch.equal(v, after[k]) for k, v in whole.model.state_dict().items())

@@ -350,3 +350,49 @@ def test_every_preset_entry_trains_and_decodes(tmp_path, data, negatives):
         assert result.steps == 3 and np.isfinite(result.curve["loss"]).all()
         caps = greedy(result.model, data.features.grid[:2].float(), data.features.pooled[:2])
         assert len(caps) == 2 and all(isinstance(c.tokens, list) for c in caps)
+
+
+@pytest.mark.parametrize("targets", ["soft", "hard", "random"])
+def test_resumed_mid_run_ends_with_the_uninterrupted_weights(tmp_path, data, negatives, targets):
+    """Hard targets are re-decoded after a resume (greedy of the frozen teacher: the same
+    captions); random targets come from the torch RNG that the checkpoint restores."""
+    from distinctcap.train import RunData, Trainer, train
+
+    run_data = RunData(data)
+    base = {
+        "seed": 0,
+        "device": "cpu",
+        "captioner": {"vocab_size": V, **captioner_cfg(), "dropout": 0.1},
+        "train": {
+            "steps": 5,
+            "batch_size": 8,
+            "warmup_steps": 1,
+            "val_every": 0,
+            "checkpoint_every": 0,
+            "log_every": 1,
+        },
+    }
+    teacher = tmp_path / "teacher"
+    train(
+        {**base, "name": "teacher_neg", "method": "mle", "paths": {"out_dir": str(teacher)}},
+        run_data,
+    )
+    cfg = {
+        **base,
+        "name": "unkt",
+        "method": "unkt",
+        "teacher": "teacher_neg",
+        "targets": targets,
+        "warmup_steps": 2,
+        "paths": {"teacher": str(teacher / "model.pt"), "d_minus": str(negatives)},
+    }
+    whole = train(cfg, run_data)
+    cfg["paths"]["out_dir"] = str(tmp_path / "unkt")
+    killed = Trainer(cfg, run_data)
+    for _ in range(3):
+        killed.train_step()
+    killed.save_checkpoint()
+    resumed = Trainer(cfg, run_data).run()
+    assert resumed.resumed_from == 3
+    after = resumed.model.state_dict()
+    assert all(torch.equal(v, after[k]) for k, v in whole.model.state_dict().items())

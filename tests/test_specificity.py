@@ -2,6 +2,7 @@
 tokens, the straight-through gradient, the objective, validation mean rank, and the
 contrastive-image (top-1%) neighbour table."""
 
+import copy
 import math
 
 import numpy as np
@@ -136,6 +137,17 @@ def test_text_encoder_equals_encode_text(clip, tok):
         probs = torch.rand(*seqs.shape, tok.vocab_size).softmax(-1)
         assert torch.allclose(enc(seqs), expected, atol=1e-5)
         assert torch.allclose(enc(seqs, probs), expected, atol=1e-5)  # forward uses hard ids
+
+
+def test_bidirectional_tower_uses_the_full_context(clip, tok):
+    """Only under a causal mask may the positions after eot be cut; without a mask they count."""
+    bidirectional = copy.deepcopy(clip)
+    bidirectional.attn_mask = None
+    enc = ClipTextEncoder(bidirectional, tok.clip_ids)
+    assert ClipTextEncoder(clip, tok.clip_ids).causal and not enc.causal
+    with torch.no_grad():
+        expected = bidirectional.encode_text(open_clip.get_tokenizer(ARCH)(TEXTS), normalize=True)
+        assert torch.allclose(enc(seqs_of(tok, TEXTS)), expected, atol=1e-5)
 
 
 def test_straight_through_gradient_is_the_one_hot_gradient(clip, tok):

@@ -13,6 +13,8 @@ configfile: "config.yaml"
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/decode.smk"
 
 
 rule all:

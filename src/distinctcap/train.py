@@ -47,7 +47,14 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from distinctcap.data.batches import Batch, BatchOrder, CaptionData, ImageFeatures, select_captions
+from distinctcap.data.batches import (
+    Batch,
+    BatchOrder,
+    CaptionData,
+    ImageFeatures,
+    encode_batch,
+    select_captions,
+)
 from distinctcap.errors import DistinctcapError
 from distinctcap.io import atomic_path, read_table, write_json
 from distinctcap.methods import METHODS, TrainContext
@@ -67,6 +74,7 @@ class TrainConfig:
     steps: int = 1500  # optimiser steps
     batch_size: int = 64  # captions per micro-batch
     grad_accum: int = 1  # micro-batches per optimiser step
+    group_by_image: bool = True  # an image's captions together in a batch (BatchOrder)
     lr: float = 1e-3  # peak learning rate (papers: 3e-4 for the 512-wide model)
     warmup_steps: int = 100  # linear warm-up from 0 (papers: 3,000)
     schedule: str = "linear"  # decay after warm-up: linear | cosine | constant
@@ -127,9 +135,9 @@ def effective_run_config(config: dict, name: str, schema: dict | None = None) ->
     block = config["runs"][name]
     overrides = block.get("train", {}) or {}
     train = {**config.get("train", {}), **overrides}
-    TrainConfig.from_dict(train, where=f"runs.{name}.train")
     if schema is not None:
-        _check_section(train, schema["properties"]["train"], f"runs.{name}.train")
+        _check_section(train, schema, ["runs", name, "train"])
+    TrainConfig.from_dict(train, where=f"runs.{name}.train")
     run = {k: copy.deepcopy(v) for k, v in block.items() if k != "train"}
     return {
         "name": name,
@@ -140,14 +148,18 @@ def effective_run_config(config: dict, name: str, schema: dict | None = None) ->
     }
 
 
-def _check_section(values: dict, section_schema: dict, where: str) -> None:
+def _check_section(values: dict, schema: dict, path: list[str]) -> None:
+    """Validate `values` against the section of `schema` at `path` (run blocks use the
+    top-level section of their last key), with the error naming the full dotted key."""
     import jsonschema
 
     from distinctcap.config import describe
 
-    errors = list(jsonschema.Draft7Validator(section_schema).iter_errors(values))
+    section = {**schema["properties"][path[-1]], "definitions": schema.get("definitions", {})}
+    errors = sorted(jsonschema.Draft7Validator(section).iter_errors(values), key=str)
     if errors:
-        raise DistinctcapError(f"{where}: {describe(errors[0])}")
+        errors[0].path.extendleft(reversed(path))
+        raise DistinctcapError(describe(errors[0]))
 
 
 def fingerprint(cfg: dict) -> str:
@@ -287,7 +299,7 @@ def val_loss(model: Captioner, val: CaptionData, batches: list[Batch], autocast:
         for batch in batches:
             b = batch.to(device)
             with autocast():
-                logits, _ = model(b.grid, b.pooled, b.inputs)
+                logits = model.decode(encode_batch(model, b), b.inputs)
             nll = torch.nn.functional.cross_entropy(
                 logits.float().flatten(0, 1), b.labels.flatten(), ignore_index=PAD, reduction="sum"
             )
@@ -339,6 +351,11 @@ class LoopState:
     bad_evals: int = 0
     stopped_early: bool = False
     curve: list[dict] = field(default_factory=list)
+    window: dict = field(default_factory=lambda: new_window())  # sums since the last row
+
+
+def new_window() -> dict:
+    return {"loss": 0.0, "norm": 0.0, "n": 0, "tokens": 0, "seconds": 0.0, "extras": {}}
 
 
 def _rng_state() -> dict:
@@ -431,9 +448,11 @@ class Trainer:
             ),
         )
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
-        self.order = BatchOrder(len(data.train), self.tc.batch_size, self.seed)
+        groups = data.train.image_rows if self.tc.group_by_image else None
+        self.order = BatchOrder(len(data.train), self.tc.batch_size, self.seed, groups)
         self.val_batches = self._val_subset()
         self.state = LoopState()
+        self.last_lr = self.optimizer.param_groups[0]["lr"]
         self.fingerprint = fingerprint(cfg)
 
     # -- setup ---------------------------------------------------------------------------------
@@ -520,6 +539,7 @@ class Trainer:
                 "bad_evals": s.bad_evals,
             },
             "curve": s.curve,
+            "window": s.window,
         }
         with atomic_path(self.checkpoint_path) as tmp:
             torch.save(ckpt, tmp)
@@ -546,6 +566,7 @@ class Trainer:
             best["bad_evals"],
             False,
             ckpt["curve"],
+            ckpt["window"],
         )
         log.info("resumed from %s at step %d", path, ckpt["step"])
         return ckpt["step"]
@@ -579,6 +600,7 @@ class Trainer:
             raise NonFiniteLossError(
                 "gradient norm", norm, s.step + 1, tc.steps, batch.caption_ids.tolist()
             )
+        self.last_lr = self.optimizer.param_groups[0]["lr"]  # the lr this step used
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
@@ -611,8 +633,8 @@ class Trainer:
         return metrics
 
     def run(self) -> TrainResult:
+        resumed = self.try_resume()  # replaces self.state
         tc, s = self.tc, self.state
-        resumed = self.try_resume()
         name = self.cfg.get("name", "run")
         log.info(
             "run %s: %s, %d parameters, %d training captions, %d steps of %d x %d on %s (%s)",
@@ -626,7 +648,6 @@ class Trainer:
             self.device,
             self.dtype or "fp32",
         )
-        window = {"loss": 0.0, "norm": 0.0, "n": 0, "tokens": 0, "seconds": 0.0, "extras": {}}
         train_seconds, total_tokens = 0.0, 0
         bar = tqdm(
             total=tc.steps,
@@ -644,31 +665,24 @@ class Trainer:
             dt = time.perf_counter() - t0
             train_seconds += dt
             total_tokens += tokens
-            window["loss"] += loss
-            window["norm"] += norm
-            window["n"] += 1
-            window["tokens"] += tokens
-            window["seconds"] += dt
+            s.window["loss"] += loss
+            s.window["norm"] += norm
+            s.window["n"] += 1
+            s.window["tokens"] += tokens
+            s.window["seconds"] += dt
             for k, v in extras.items():
-                window["extras"][k] = window["extras"].get(k, 0.0) + v
+                s.window["extras"][k] = s.window["extras"].get(k, 0.0) + v
             bar.update(1)
             last = s.step == tc.steps
             do_val = bool(self.val_batches) and (
                 last or (tc.val_every and s.step % tc.val_every == 0)
             )
             if s.step % tc.log_every == 0 or do_val or last:
-                row = self._curve_row(window)
+                row = self._curve_row(s.window)
                 bar.set_postfix(
                     loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_s']:.0f}", refresh=False
                 )
-                window = {
-                    "loss": 0.0,
-                    "norm": 0.0,
-                    "n": 0,
-                    "tokens": 0,
-                    "seconds": 0.0,
-                    "extras": {},
-                }
+                s.window = new_window()
                 if do_val:
                     row.update(self.validate())
                     log.info(
@@ -721,7 +735,7 @@ class Trainer:
         row = {
             "step": self.state.step,
             "epoch": self.order.epoch_of(self.state.step * self.tc.grad_accum - 1),
-            "lr": self.optimizer.param_groups[0]["lr"],
+            "lr": self.last_lr,
             "loss": window["loss"] / n,
             "grad_norm": window["norm"] / n,
             "tokens_per_s": window["tokens"] / max(window["seconds"], 1e-9),

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from torch import Tensor
 
+from distinctcap.data.batches import encode_batch
 from distinctcap.losses import mle_loss
 
 if TYPE_CHECKING:
@@ -25,5 +26,5 @@ class MLE:
     def loss(
         self, model: Captioner, batch: Batch, step: int, total_steps: int
     ) -> tuple[Tensor, dict[str, float]]:
-        logits, _ = model(batch.grid, batch.pooled, batch.inputs)
+        logits = model.decode(encode_batch(model, batch), batch.inputs)  # (B, N, V)
         return mle_loss(logits, batch.labels, self.pad_id), {}

@@ -1,0 +1,352 @@
+"""The trainer: determinism, exact resume after SIGKILL, NaN stop, lr schedule, accumulation,
+checkpoint selection, early stopping, run configs; tiny models on in-memory data."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from distinctcap.config import load_schema, validate
+from distinctcap.data.batches import (
+    BatchOrder,
+    CaptionData,
+    ImageFeatures,
+    encode_batch,
+    select_captions,
+)
+from distinctcap.errors import DistinctcapError
+from distinctcap.losses import mle_loss
+from distinctcap.methods import METHODS
+from distinctcap.model import Captioner, CaptionerConfig
+from distinctcap.train import (
+    VAL_METRICS,
+    NonFiniteLossError,
+    RunData,
+    TrainConfig,
+    ValMetric,
+    effective_run_config,
+    lr_factor,
+    train,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+V = 16
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread, and far faster on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_data(n_images: int = 8, per_image: int = 4, equal_len: bool = False) -> RunData:
+    """Random features; captions whose tokens depend on the image, so there is something to
+    learn. Val = the first two images' captions."""
+    g = torch.Generator().manual_seed(0)
+    feats = ImageFeatures(
+        np.arange(100, 100 + n_images),
+        torch.randn(n_images, 6, generator=g),
+        torch.randn(n_images, 5, 4, generator=g).half(),
+    )
+    image_ids, tokens = [], []
+    for i in range(n_images):
+        for j in range(per_image):
+            length = 4 if equal_len else 2 + (i + j) % 4
+            tokens.append([4 + (i * 3 + j + k) % (V - 4) for k in range(length)])
+            image_ids.append(100 + i)
+    caption_ids = np.arange(1000, 1000 + len(tokens))
+    train_data = CaptionData(feats, caption_ids, image_ids, tokens, max_len=10)
+    val = CaptionData(feats, caption_ids[:8], image_ids[:8], tokens[:8], max_len=10)
+    return RunData(train_data, val)
+
+
+def tiny_cfg(out_dir: Path | None = None, dropout: float = 0.1, **train_kw) -> dict:
+    trainer = {
+        "steps": 12,
+        "batch_size": 8,
+        "lr": 3e-3,
+        "warmup_steps": 3,
+        "val_every": 4,
+        "log_every": 2,
+        "checkpoint_every": 4,
+        **train_kw,
+    }
+    return {
+        "name": "tiny",
+        "method": "mle",
+        "seed": 0,
+        "device": "cpu",
+        "captioner": {
+            "vocab_size": V,
+            "width": 16,
+            "enc_layers": 1,
+            "dec_layers": 1,
+            "heads": 2,
+            "ffn": 32,
+            "dropout": dropout,
+            "max_len": 10,
+        },
+        "train": trainer,
+        "paths": {"out_dir": str(out_dir)} if out_dir else {},
+    }
+
+
+def same_weights(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_lr_schedule_warms_up_linearly_then_decays():
+    f = [lr_factor(s, warmup=4, total=10, schedule="linear", final_ratio=0.0) for s in range(10)]
+    assert f[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])
+    assert f[4:] == pytest.approx([1 - k / 5 for k in range(6)])  # 1.0 at step 4 ... 0 at 9
+    cos = [lr_factor(s, 4, 10, "cosine", 0.1) for s in range(4, 10)]
+    assert cos[0] == pytest.approx(1.0) and cos[-1] == pytest.approx(0.1)
+    assert cos[2] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 2 / 5)))
+    assert lr_factor(7, 4, 10, "constant", 0.0) == 1.0
+    assert lr_factor(0, 0, 10, "linear", 0.0) == 1.0  # no warm-up: start at the peak
+
+
+def test_trainer_applies_the_schedule_to_the_optimiser():
+    result = train(tiny_cfg(steps=10, warmup_steps=4, log_every=1, val_every=0), tiny_data())
+    expected = [3e-3 * lr_factor(s, 4, 10, "linear", 0.0) for s in range(10)]
+    assert result.curve.lr.tolist() == pytest.approx(expected)  # the lr each step used
+
+
+def test_same_seed_gives_identical_weights_and_another_seed_does_not():
+    a = train(tiny_cfg(), tiny_data()).model.state_dict()
+    b = train(tiny_cfg(), tiny_data()).model.state_dict()
+    assert same_weights(a, b)
+    other = tiny_cfg()
+    other["seed"] = 1
+    assert not same_weights(a, train(other, tiny_data()).model.state_dict())
+
+
+def test_training_lowers_the_loss_and_writes_outputs(tmp_path):
+    result = train(tiny_cfg(tmp_path, steps=40, val_every=10, checkpoint_every=10), tiny_data())
+    curve = pd.read_csv(tmp_path / "curve.csv")
+    assert {"step", "epoch", "lr", "loss", "grad_norm", "tokens_per_s", "val_loss"} <= set(curve)
+    assert curve.loss.iloc[-1] < curve.loss.iloc[0] - 0.3
+    assert curve.val_loss.notna().sum() == 4
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["steps"] == 40 and summary["metric"] == "val_loss"
+    assert not (tmp_path / "checkpoints").exists()  # resume state is dropped after success
+    loaded = Captioner.load(tmp_path / "model.pt")
+    assert same_weights(loaded.state_dict(), result.model.state_dict())
+
+
+def test_grad_accumulation_equals_a_larger_batch():
+    """Equal-length captions: the mean of the two micro-batch means is the mean of the batch,
+    and BatchOrder gives accumulation 2 x 4 the same captions as one batch of 8."""
+    data = tiny_data(equal_len=True)
+    big = train(tiny_cfg(dropout=0.0, batch_size=8, val_every=0), data).model.state_dict()
+    acc = train(tiny_cfg(dropout=0.0, batch_size=4, grad_accum=2, val_every=0), data)
+    for k, v in acc.model.state_dict().items():
+        torch.testing.assert_close(v, big[k], atol=1e-5, rtol=1e-4)  # float sum order
+
+
+class NaNAtStep:
+    """MLE that turns into NaN at optimiser step 3 (0-based), i.e. the 4th step."""
+
+    needs: tuple[str, ...] = ()
+
+    def __init__(self, run_cfg, ctx):
+        self.pad_id = ctx.pad_id
+
+    def loss(self, model, batch, step, total_steps):
+        logits, _ = model(batch.grid, batch.pooled, batch.inputs)
+        loss = mle_loss(logits, batch.labels, self.pad_id)
+        return (loss * float("nan") if step == 3 else loss), {}
+
+
+def test_nan_loss_stops_naming_step_and_captions_without_a_checkpoint(tmp_path, monkeypatch):
+    monkeypatch.setitem(METHODS, "nan_at_3", NaNAtStep)
+    cfg = tiny_cfg(tmp_path, checkpoint_every=1)
+    cfg["method"] = "nan_at_3"
+    data = tiny_data()
+    with pytest.raises(NonFiniteLossError) as info:
+        train(cfg, data)
+    order = BatchOrder(len(data.train), 8, 0, groups=data.train.image_rows)
+    expected_ids = data.train.caption_ids[order.indices(3)].tolist()
+    assert info.value.step == 4 and info.value.caption_ids == expected_ids
+    assert "loss is nan at step 4 of 12" in str(info.value)
+    assert str(expected_ids) in str(info.value)
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)
+    assert ckpt["step"] == 3  # the last good state; nothing written from step 4
+    assert not (tmp_path / "model.pt").exists()
+
+
+def test_an_exploding_lr_never_reaches_a_checkpoint(tmp_path):
+    with pytest.raises(DistinctcapError, match="not finite|is nan|is inf"):
+        train(tiny_cfg(tmp_path, lr=float("inf"), warmup_steps=0, checkpoint_every=1), tiny_data())
+    assert not (tmp_path / "checkpoints" / "last.pt").exists()
+
+
+def scripted_metric(values: list[float], seen: list[dict]) -> ValMetric:
+    """A selection metric that returns `values` in turn and records the weights it saw."""
+
+    def fn(model, val, batches, autocast):
+        seen.append({k: v.clone() for k, v in model.state_dict().items()})
+        return values[len(seen) - 1]
+
+    return ValMetric(fn, "max")
+
+
+def test_validation_keeps_the_best_weights(tmp_path, monkeypatch):
+    seen: list[dict] = []
+    monkeypatch.setitem(VAL_METRICS, "scripted", scripted_metric([0.1, 0.5, 0.3], seen))
+    result = train(tiny_cfg(tmp_path, select_metric="scripted"), tiny_data())
+    assert len(seen) == 3 and result.best_step == 8 and result.best_metric == 0.5
+    assert same_weights(result.model.state_dict(), seen[1])
+    assert same_weights(Captioner.load(tmp_path / "model.pt").state_dict(), seen[1])
+    assert result.curve.dropna(subset=["scripted"]).scripted.tolist() == [0.1, 0.5, 0.3]
+
+
+def test_early_stopping_after_patience_validations_without_improvement(monkeypatch):
+    seen: list[dict] = []
+    monkeypatch.setitem(VAL_METRICS, "scripted", scripted_metric([0.5, 0.4, 0.45, 0.3], seen))
+    result = train(tiny_cfg(steps=40, select_metric="scripted", patience=2), tiny_data())
+    assert result.stopped_early and result.steps == 12 and len(seen) == 3
+    assert result.best_step == 4 and same_weights(result.model.state_dict(), seen[0])
+
+
+RESUME_SCRIPT = """
+import json, sys, torch
+sys.path.insert(0, {tests!r})
+torch.set_num_threads({threads})
+from test_train import tiny_cfg, tiny_data
+from distinctcap.train import train
+train(tiny_cfg(__import__("pathlib").Path({out!r}), **{kw!r}), tiny_data())
+"""
+
+
+def run_tiny(out: Path, kw: dict, log: Path) -> subprocess.Popen:
+    code = RESUME_SCRIPT.format(tests=str(ROOT / "tests"), threads=1, out=str(out), kw=kw)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    with open(log, "w") as err:  # a file, not a pipe: a full pipe would block the child
+        return subprocess.Popen(
+            [sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL, stderr=err
+        )
+
+
+def test_resume_after_sigkill_ends_with_the_uninterrupted_weights(tmp_path):
+    kw = {"steps": 60, "checkpoint_every": 5, "val_every": 20}
+    proc = run_tiny(tmp_path / "killed", kw, tmp_path / "first.log")
+    ckpt = tmp_path / "killed" / "checkpoints" / "last.pt"
+    deadline = time.monotonic() + 120
+    while not ckpt.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, (tmp_path / "first.log").read_text()
+    assert not (tmp_path / "killed" / "model.pt").exists()
+
+    rerun = run_tiny(tmp_path / "killed", kw, tmp_path / "rerun.log")
+    assert rerun.wait(timeout=300) == 0, (tmp_path / "rerun.log").read_text()
+    summary = json.loads((tmp_path / "killed" / "summary.json").read_text())
+    assert summary["resumed_from"] is not None and 0 < summary["resumed_from"] < 60
+
+    whole = train(tiny_cfg(tmp_path / "whole", **kw), tiny_data())
+    resumed = Captioner.load(tmp_path / "killed" / "model.pt").state_dict()
+    assert same_weights(resumed, whole.model.state_dict())
+    curve = pd.read_csv(tmp_path / "killed" / "curve.csv")
+    pd.testing.assert_series_equal(curve.loss, whole.curve.loss, check_exact=True)
+
+
+def test_a_checkpoint_of_another_config_is_not_resumed(tmp_path, monkeypatch):
+    monkeypatch.setitem(METHODS, "nan_at_3", NaNAtStep)
+    with pytest.raises(NonFiniteLossError):  # leaves a checkpoint of step 3 behind
+        train({**tiny_cfg(tmp_path, checkpoint_every=1), "method": "nan_at_3"}, tiny_data())
+    result = train(tiny_cfg(tmp_path), tiny_data())
+    assert result.resumed_from is None
+    assert same_weights(
+        result.model.state_dict(), train(tiny_cfg(), tiny_data()).model.state_dict()
+    )
+
+
+SCHEMA = load_schema(ROOT / "workflow" / "schemas" / "config.schema.yaml")
+
+
+def test_effective_run_config_merges_the_run_train_block_over_the_defaults():
+    config = validate(
+        {
+            "runs": {
+                "reference": {"method": "mle"},
+                "teacher_neg": {"method": "mle", "data": "D-", "train": {"steps": 7, "lr": 0.01}},
+            }
+        },
+        SCHEMA,
+    )
+    ref = effective_run_config(config, "reference", SCHEMA)
+    neg = effective_run_config(config, "teacher_neg", SCHEMA)
+    assert ref["train"] == config["train"] and ref["captioner"] == config["captioner"]
+    assert neg["train"] == {**config["train"], "steps": 7, "lr": 0.01}
+    assert neg["data"] == "D-" and neg["name"] == "teacher_neg" and "paths" not in neg
+    TrainConfig.from_dict(neg["train"])
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"stepz": 3}, "unknown key runs.r.train.stepz; allowed keys here: "),
+        ({"steps": "many"}, "runs.r.train.steps = 'many' has the wrong type"),
+        ({"schedule": "step"}, "runs.r.train.schedule = 'step' is not allowed"),
+    ],
+)
+def test_bad_run_train_overrides_are_named(override, message):
+    config = validate({"runs": {"r": {"method": "mle", "train": override}}}, SCHEMA)
+    with pytest.raises(DistinctcapError, match=message.replace("(", r"\(")):
+        effective_run_config(config, "r", SCHEMA)
+
+
+def test_batch_order_is_a_pure_function_of_seed_and_epoch_and_groups_images():
+    groups = torch.tensor([0, 0, 1, 1, 1, 2, 3, 3, 4, 4, 4, 4])
+    order = BatchOrder(12, 4, seed=3, groups=groups)
+    assert order.per_epoch == 3
+    epoch0 = torch.cat([order.indices(j) for j in range(3)])
+    assert sorted(epoch0.tolist()) == list(range(12))
+    runs = groups[epoch0].unique_consecutive()
+    assert len(runs) == 5  # each image's captions are consecutive
+    again = BatchOrder(12, 4, seed=3, groups=groups)
+    assert torch.equal(again.indices(4), order.indices(4))  # resumed mid-epoch 1: same batch
+    assert not torch.equal(torch.cat([order.indices(j) for j in range(3, 6)]), epoch0)
+
+
+def test_encode_batch_equals_encoding_every_caption():
+    data = tiny_data()
+    batch = data.train.batch(torch.tensor([0, 1, 5, 2, 9]))  # images 100, 100, 101, 100, 102
+    cfg = CaptionerConfig(V, 4, 6, width=16, enc_layers=1, dec_layers=1, heads=2, ffn=32)
+    model = Captioner(cfg).eval()
+    torch.testing.assert_close(encode_batch(model, batch), model.encode(batch.grid, batch.pooled))
+
+
+def test_subset_selection_reads_the_subset_shards(tmp_path):
+    captions = pd.DataFrame(
+        {
+            "caption_id": [1, 2, 3, 4, 5],
+            "image_id": [1, 1, 2, 2, 3],
+            "split": ["train"] * 4 + ["val"],
+            "text": list("abcde"),
+            "tokens": [[4]] * 5,
+        }
+    )
+    (tmp_path / "D-").mkdir()
+    pd.DataFrame({"caption_id": [2]}).to_parquet(tmp_path / "D-" / "part-00000.parquet")
+    pd.DataFrame({"caption_id": [4, 5]}).to_parquet(tmp_path / "D-" / "part-00001.parquet")
+    assert select_captions(captions, "train", "D-", tmp_path / "D-").caption_id.tolist() == [2, 4]
+    assert select_captions(captions, "train").caption_id.tolist() == [1, 2, 3, 4]
+    with pytest.raises(DistinctcapError, match="choose one of"):
+        select_captions(captions, "train", "D0")

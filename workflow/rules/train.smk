@@ -1,0 +1,29 @@
+"""Training stage: one generic rule trains any entry of `runs:` (DESIGN.md, "Runs are data").
+The run's effective config is a param, so editing its block reruns that run and its dependents.
+Resume checkpoints live in results/runs/{run}/checkpoints/, not a declared output, so a killed
+or failed job keeps them and the rerun continues from the last one."""
+
+
+rule train_run:
+    input:
+        unpack(train_inputs),
+    output:
+        model=f"{RUN_DIR}/{{run}}/model.pt",
+        curve=f"{RUN_DIR}/{{run}}/curve.csv",
+        summary=f"{RUN_DIR}/{{run}}/summary.json",
+    params:
+        run=lambda w: RUN_CONFIGS[w.run],
+        paths=train_paths,
+        device=config["device"],
+    threads: 1  # the shapes-size captioner is fastest on one thread; profiles may set more
+    log:
+        "logs/train/{run}.log",
+    benchmark:
+        "benchmarks/train/{run}.tsv"
+    conda:
+        "../../envs/torch.yaml"
+    script:
+        "../scripts/train.py"
+
+
+ALL_TARGETS.extend(run_model(run) for run in RUNS)

@@ -1,0 +1,17 @@
+"""Train one run: the rule's inputs become the trainer's paths (distinctcap.train.train)."""
+
+from pathlib import Path
+
+import torch
+
+from distinctcap import logs
+from distinctcap.train import train
+
+logs.setup(snakemake.log[0])
+torch.set_num_threads(snakemake.threads)
+cfg = dict(snakemake.params.run)
+cfg["device"] = snakemake.params.device
+paths = {k: (v if isinstance(v, str) else list(v)) for k, v in snakemake.input.items()}
+cfg["paths"] = {**paths, **snakemake.params.paths,
+                "out_dir": str(Path(snakemake.output.model).parent)}
+train(cfg)

@@ -9,8 +9,8 @@ Per micro-batch (B caption rows, each with its image):
   image, by image id: C/I_t of §4.2), drawn uniformly from every training caption, afresh at
   each step. The draw is a pure function of (seed, step, the batch's caption ids), so a resumed
   run and an uninterrupted one see the same negatives;
-- G = ln p_m(c|I) - ln p_n(c|I) (eq. 7) from one encoder pass over the B images and one decoder
-  pass over the B + B*K rows, for the target and (under no_grad) the reference;
+- G = ln p_m(c|I) - ln p_n(c|I) (eq. 7) from one encoder pass over the batch's distinct images
+  and one decoder pass over the B + B*K rows, for the target and (under no_grad) the reference;
 - loss = -J (eq. 8-10), `distinctcap.losses.contrastive_loss`.
 
 The target runs in training mode (dropout on, as the trainer sets it) and the reference in eval
@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from distinctcap.data.batches import encode_batch
 from distinctcap.errors import DistinctcapError
 from distinctcap.losses import contrastive_loss
 
@@ -96,18 +97,17 @@ def sample_negatives(
 
 def pair_logprobs(
     model: Captioner,
-    grid: Tensor,
-    pooled: Tensor,
+    batch: Batch,
     image_index: Tensor,
     inputs: Tensor,
     labels: Tensor,
     pad_id: int,
 ) -> Tensor:
-    """ln p(c_r | I_image_index[r]) for R (image, caption) rows -> (R,), a sum over the non-pad
-    labels (CL eq. 7 compares whole-caption probabilities). The B images of grid (B, G, Dv) /
-    pooled (B, Dp) are encoded once; inputs/labels (R, N) go through the decoder in one pass.
-    Differentiable; the caller decides no_grad."""
-    memory = model.encode(grid, pooled).index_select(0, image_index)  # (R, M, W)
+    """ln p(c_r | I of batch row image_index[r]) for R (image, caption) rows -> (R,), a sum over
+    the non-pad labels (CL eq. 7 compares whole-caption probabilities). Each distinct image of
+    the batch is encoded once (`encode_batch`); inputs/labels (R, N) go through the decoder in
+    one pass. Differentiable; the caller decides no_grad."""
+    memory = encode_batch(model, batch).index_select(0, image_index)  # (R, M, W)
     logits = model.decode(memory, inputs)  # (R, N, V)
     nll = F.cross_entropy(
         logits.flatten(0, 1), labels.flatten(), ignore_index=pad_id, reduction="none"
@@ -221,7 +221,7 @@ class ContrastiveLearning:
     ) -> tuple[Tensor, dict[str, float]]:
         self.maybe_replace_reference(model, step)
         images, inputs, labels = self.rows(batch, step)
-        args = (batch.grid, batch.pooled, images, inputs, labels, self.pad_id)
+        args = (batch, images, inputs, labels, self.pad_id)
         logp_target = pair_logprobs(model, *args)
         with torch.no_grad():
             logp_ref = pair_logprobs(self.reference, *args)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from torch import Tensor
 
+from distinctcap.data.batches import encode_batch
 from distinctcap.errors import DistinctcapError
 from distinctcap.losses import SMILE_SUBSETS, mle_loss, smile_loss, smile_objective
 from distinctcap.methods.cl import step_generator
@@ -60,7 +61,7 @@ class SMILE:
     def loss(
         self, model: Captioner, batch: Batch, step: int, total_steps: int
     ) -> tuple[Tensor, dict[str, float]]:
-        logits, _ = model(batch.grid, batch.pooled, batch.inputs)
+        logits = model.decode(encode_batch(model, batch), batch.inputs)  # (B, N, V)
         gen = None
         if self.subset == "random":
             gen = step_generator(self.seed, step, batch.caption_ids, logits.device)

@@ -13,6 +13,9 @@ configfile: "config.yaml"
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
+include: "workflow/rules/features.smk"
+include: "workflow/rules/entropy.smk"
+include: "workflow/rules/neighbours.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/decode.smk"
 

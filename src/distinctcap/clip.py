@@ -1,0 +1,382 @@
+"""CLIP (Radford et al., 2021) through open_clip: loading, a tiny model for the shapes world,
+contrastive training and retrieval recall.
+
+- `load_clip(arch, pretrained, device)` takes what open_clip takes: a known tag (`openai`,
+  `laion2b_s34b_b79k`, ...), a local weights file, or `local-dir:DIR` (open_clip's folder
+  schema: open_clip_config.json + weights). A tag whose weights are not in the local cache fails
+  at once when downloads are off (HF_HUB_OFFLINE=1 or the hub unreachable within 3 s) with a
+  message telling the user to set a local file, instead of open_clip's slow retries.
+- `shapes-vit-tiny` (model_configs/ beside this file) is registered with open_clip on import:
+  a ViT of 64 px images in 8 px patches (an 8 x 8 grid of tokens for the captioner) whose text
+  tower uses CLIP's BPE vocabulary (49408), so captioner tokens map straight to its ids.
+- `train_clip` trains it contrastively (open_clip's ClipLoss, the symmetric InfoNCE of CLIP)
+  and `save_weights` writes a state dict that `create_model_and_transforms(arch,
+  pretrained=path)` loads, so the trained model goes through the same loading code as a
+  pretrained one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import os
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+import numpy as np
+import open_clip
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from open_clip.loss import ClipLoss
+from PIL import Image
+from torchvision.transforms import Compose, Normalize, PILToTensor, ToTensor
+from tqdm import tqdm
+
+from distinctcap.errors import DistinctcapError
+from distinctcap.io import atomic_path
+
+log = logging.getLogger(__name__)
+
+MODEL_CONFIGS = Path(__file__).parent / "model_configs"
+open_clip.add_model_config(MODEL_CONFIGS)
+LOCAL_DIR = "local-dir:"
+CHECKPOINT_SUFFIXES = (".safetensors", ".bin", ".pth", ".pt")
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    """`auto` -> the GPU when one is visible, else the CPU; `cuda` without a GPU is an error."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise DistinctcapError("device = 'cuda' but no GPU is visible; use 'auto' or 'cpu'")
+    return torch.device(device)
+
+
+# ---------------------------------------------------------------- where the weights come from
+
+
+@dataclass(frozen=True)
+class WeightsSource:
+    """What to hand open_clip: a model name, a local checkpoint (or None to let open_clip fetch a
+    tag) and the tag's preprocessing overrides; `files` are hashed into the features manifest."""
+
+    model_name: str
+    checkpoint: str | None
+    files: tuple[str, ...]
+    kwargs: dict = field(default_factory=dict)
+
+
+def resolve_weights(arch: str, pretrained: str) -> WeightsSource:
+    """Turn `clip.pretrained` into a WeightsSource, failing fast with a clear message."""
+    if pretrained.startswith(LOCAL_DIR):
+        folder = Path(pretrained[len(LOCAL_DIR):])
+        if not (folder / "open_clip_config.json").is_file():
+            raise DistinctcapError(
+                f"clip.pretrained = {pretrained!r}: {folder} has no open_clip_config.json; a "
+                "local-dir must hold open_clip_config.json and the weights file"
+            )
+        files = sorted(str(p) for p in folder.iterdir() if p.suffix in CHECKPOINT_SUFFIXES)
+        return WeightsSource(pretrained, None, (str(folder / "open_clip_config.json"), *files))
+    if arch not in open_clip.list_models():
+        raise DistinctcapError(
+            f"clip.arch = {arch!r} is not an open_clip architecture; choose one of "
+            f"{', '.join(open_clip.list_models())}"
+        )
+    if os.path.isfile(pretrained):
+        return WeightsSource(arch, pretrained, (pretrained,))
+    cfg = open_clip.get_pretrained_cfg(arch, pretrained)
+    if not cfg:
+        tags = open_clip.list_pretrained_tags_by_model(arch)
+        raise DistinctcapError(
+            f"clip.pretrained = {pretrained!r} is neither a file, nor local-dir:DIR, nor a known "
+            f"tag of {arch} (tags: {', '.join(tags) or 'none'})"
+        )
+    kwargs = {
+        "image_mean": cfg.get("mean"), "image_std": cfg.get("std"),
+        "image_interpolation": cfg.get("interpolation"),
+        "image_resize_mode": cfg.get("resize_mode"),
+        "force_quick_gelu": bool(cfg.get("quick_gelu", False)),
+    }
+    cached = cached_tag_file(cfg)
+    if cached:
+        return WeightsSource(arch, cached, (cached,), kwargs)
+    check_can_download(arch, pretrained, cfg)
+    return WeightsSource(arch, None, (), {**kwargs, "tag": pretrained})
+
+
+def cached_tag_file(cfg: dict) -> str | None:
+    """The tag's weights file if it is already in the hub or URL cache (no network)."""
+    if cfg.get("hf_hub"):
+        from huggingface_hub import try_to_load_from_cache
+
+        repo, name = os.path.split(cfg["hf_hub"])
+        name = name or "open_clip_pytorch_model.bin"
+        candidates = [name[:-4] + ".safetensors", name] if name.endswith((".bin", ".pth")) else [name]
+        for candidate in candidates:
+            path = try_to_load_from_cache(repo, candidate)
+            if isinstance(path, str) and os.path.isfile(path):
+                return path
+    if cfg.get("url"):
+        path = Path("~/.cache/clip").expanduser() / os.path.basename(cfg["url"])
+        if path.is_file():
+            return str(path)
+    return None
+
+
+def check_can_download(arch: str, tag: str, cfg: dict) -> None:
+    """Raise at once if the tag's weights cannot be fetched (offline, or host unreachable)."""
+    source = f"https://huggingface.co/{cfg['hf_hub']}" if cfg.get("hf_hub") else cfg.get("url", "")
+    host = "huggingface.co" if cfg.get("hf_hub") else urlparse(source).hostname or ""
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    why = "downloads are off (HF_HUB_OFFLINE is set)" if offline else None
+    if why is None and not reachable(host):
+        why = f"{host} cannot be reached"
+    if why:
+        raise DistinctcapError(
+            f"clip.pretrained = {tag!r}: the weights of {arch}/{tag} are not in the local cache "
+            f"and {why}. Download them ({source}) on a machine with network access and set "
+            "clip.pretrained to the local file (or to local-dir:DIR holding "
+            "open_clip_config.json and the weights)"
+        )
+
+
+def reachable(host: str, port: int = 443, timeout: float = 3.0) -> bool:
+    """Can a TCP connection to host:port open within `timeout` s (DNS included)?"""
+    ok: list[bool] = []
+
+    def probe() -> None:
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            ok.append(True)
+        except OSError:
+            pass
+
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return bool(ok)
+
+
+def file_sha256(paths: Sequence[str]) -> str:
+    """One content hash over the weight files (order as given)."""
+    digest = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            while block := f.read(1 << 22):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+# ---------------------------------------------------------------- loading
+
+
+@dataclass
+class LoadedClip:
+    model: torch.nn.Module
+    preprocess: Compose  # open_clip's eval transform, PIL -> normalised float tensor
+    tokenizer: object  # open_clip tokenizer: list[str] -> LongTensor (B, context_length)
+    arch: str
+    pretrained: str
+    weight_files: tuple[str, ...]
+
+    @property
+    def logit_scale(self) -> float:
+        """CLIP's own softmax temperature exp(t) (UNKT eq. 3's default)."""
+        return float(self.model.logit_scale.detach().exp())
+
+    def preprocess_cfg(self) -> dict:
+        cfg = open_clip.get_model_preprocess_cfg(self.model)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()}
+
+
+def load_clip(arch: str, pretrained: str, device: str | torch.device = "cpu") -> LoadedClip:
+    """A CLIP in eval mode on `device`, from a tag, a weights file or local-dir:DIR."""
+    source = resolve_weights(arch, pretrained)
+    kwargs = {k: v for k, v in source.kwargs.items() if v is not None and k != "tag"}
+    weights = source.checkpoint or source.kwargs.get("tag")
+    model, _, preprocess = open_clip.create_model_and_transforms(
+        source.model_name, pretrained=None if pretrained.startswith(LOCAL_DIR) else weights,
+        device=device, **kwargs,
+    )
+    files = source.files
+    if not files and weights:  # a tag open_clip has just downloaded: now it is in the cache
+        cached = cached_tag_file(open_clip.get_pretrained_cfg(arch, weights))
+        files = (cached,) if cached else ()
+    tokenizer = open_clip.get_tokenizer(source.model_name)
+    return LoadedClip(model.eval(), preprocess, tokenizer, arch, pretrained, files)
+
+
+def byte_transform(preprocess: Compose) -> tuple[Compose, torch.Tensor, torch.Tensor]:
+    """Split open_clip's eval transform into PIL -> uint8 tensor (resize, crop, RGB) and the
+    mean/std of its final normalisation, applied on the device by `normalize`: workers then ship
+    bytes, and the result equals ToTensor + Normalize."""
+    steps = list(preprocess.transforms)
+    if len(steps) < 2 or not isinstance(steps[-2], ToTensor) or not isinstance(steps[-1], Normalize):
+        raise DistinctcapError(f"unexpected open_clip transform (no ToTensor+Normalize): {steps}")
+    mean = torch.tensor(steps[-1].mean, dtype=torch.float32).view(1, -1, 1, 1)
+    std = torch.tensor(steps[-1].std, dtype=torch.float32).view(1, -1, 1, 1)
+    return Compose([*steps[:-2], PILToTensor()]), mean, std
+
+
+def normalize(batch: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    """uint8 (B, 3, H, W) -> float32, scaled to [0, 1] and normalised as CLIP expects."""
+    mean, std = mean.to(batch.device), std.to(batch.device)
+    return (batch.float().div_(255) - mean).div_(std)
+
+
+def load_images(files: Sequence[str], transform: Compose) -> torch.Tensor:
+    """Every image through `transform` (PIL -> uint8), stacked: (N, 3, H, W)."""
+    out = []
+    for file in tqdm(files, desc="load images", unit="images"):
+        with Image.open(file) as image:
+            out.append(transform(image))
+    return torch.stack(out)
+
+
+# ---------------------------------------------------------------- training
+
+
+@dataclass
+class TrainSettings:
+    epochs: int = 30
+    batch_size: int = 128
+    lr: float = 2e-3
+    weight_decay: float = 0.1
+    warmup_fraction: float = 0.1
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """open_clip's convention: no weight decay on gains, biases, embeddings and logit_scale."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        skip = p.ndim < 2 or "embedding" in name or "logit_scale" in name
+        (no_decay if skip else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay},
+            {"params": no_decay, "weight_decay": 0.0}]
+
+
+def lr_at(step: int, total: int, warmup: int, lr: float) -> float:
+    """Linear warm-up then cosine decay to zero."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    return 0.5 * lr * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
+
+
+def caption_index(captions: pd.DataFrame, image_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """CSR layout of captions per image: rows of `captions` sorted by image, and the offsets."""
+    position = {int(i): k for k, i in enumerate(image_ids)}
+    owner = captions.image_id.map(position).to_numpy()
+    order = np.argsort(owner, kind="stable")
+    counts = np.bincount(owner, minlength=len(image_ids))
+    if (counts == 0).any():
+        raise DistinctcapError(f"image {image_ids[counts == 0][0]} has no caption to train on")
+    return order, np.concatenate([[0], np.cumsum(counts)])
+
+
+def train_clip(
+    images: pd.DataFrame, captions: pd.DataFrame, arch: str, settings: TrainSettings,
+    seed: int = 0, device: str = "auto",
+) -> tuple[torch.nn.Module, dict]:
+    """Train `arch` from scratch with CLIP's contrastive loss on the train split.
+
+    Each epoch pairs every train image with one of its captions drawn at random; ClipLoss is
+    the symmetric cross-entropy over the batch's image-text similarity matrix scaled by the
+    learned temperature exp(t), clamped at 100 as in CLIP. Returns the model (eval mode) and
+    its validation retrieval recall (`retrieval_recall`).
+    """
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    dev = resolve_device(device)
+    model, _, preprocess = open_clip.create_model_and_transforms(arch, device=dev, output_dict=True)
+    to_bytes, mean, std = byte_transform(preprocess)
+    tokenizer = open_clip.get_tokenizer(arch)
+    train_images = images[images.split == "train"].sort_values("image_id")
+    train_caps = captions[captions.split == "train"]
+    pixels = load_images(train_images.file.tolist(), to_bytes)
+    tokens = tokenizer(train_caps.text.tolist())
+    order, offsets = caption_index(train_caps, train_images.image_id.to_numpy())
+
+    n, bs = len(pixels), min(settings.batch_size, len(pixels))
+    steps_per_epoch = n // bs
+    total = steps_per_epoch * settings.epochs
+    opt = torch.optim.AdamW(param_groups(model, settings.weight_decay), lr=settings.lr,
+                            betas=(0.9, 0.98), eps=1e-6)
+    loss_fn = ClipLoss()
+    amp = torch.autocast("cuda", dtype=torch.bfloat16, enabled=dev.type == "cuda")
+    model.train()
+    start, step = time.perf_counter(), 0
+    for epoch in range(settings.epochs):
+        perm = rng.permutation(n)
+        pick = order[offsets[perm] + rng.integers(0, np.diff(offsets)[perm])]
+        epoch_loss = 0.0
+        for b in range(steps_per_epoch):
+            rows = slice(b * bs, (b + 1) * bs)
+            x = normalize(pixels[perm[rows]].to(dev, non_blocking=True), mean, std)
+            t = tokens[pick[rows]].to(dev, non_blocking=True)
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step, total, int(settings.warmup_fraction * total), settings.lr)
+            with amp:
+                out = model(x, t)
+                loss = loss_fn(out["image_features"], out["text_features"], out["logit_scale"])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            with torch.no_grad():
+                model.logit_scale.clamp_(0, math.log(100))
+            epoch_loss += loss.item()
+            step += 1
+        log.info("epoch %d/%d: contrastive loss %.4f, logit scale %.2f, %.0f s",
+                 epoch + 1, settings.epochs, epoch_loss / max(1, steps_per_epoch),
+                 model.logit_scale.exp().item(), time.perf_counter() - start)
+    model.eval()
+    metrics = evaluate_retrieval(model, images, captions, "val", to_bytes, mean, std, tokenizer)
+    metrics.update(train_seconds=round(time.perf_counter() - start, 1), epochs=settings.epochs,
+                   logit_scale=model.logit_scale.exp().item(), arch=arch)
+    return model, metrics
+
+
+@torch.inference_mode()
+def evaluate_retrieval(model, images, captions, split, to_bytes, mean, std, tokenizer) -> dict:
+    """Image<->text recall of `model` on one split (all of its images and captions)."""
+    dev = next(model.parameters()).device
+    imgs = images[images.split == split].sort_values("image_id")
+    caps = captions[captions.split == split]
+    pixels = load_images(imgs.file.tolist(), to_bytes)
+    tokens = tokenizer(caps.text.tolist())
+    img_emb = torch.cat([model.encode_image(normalize(p.to(dev), mean, std), normalize=True)
+                         for p in pixels.split(256)]).float().cpu()
+    txt_emb = torch.cat([model.encode_text(t.to(dev), normalize=True)
+                         for t in tokens.split(1024)]).float().cpu()
+    return retrieval_recall(img_emb, imgs.image_id.to_numpy(), txt_emb, caps.image_id.to_numpy())
+
+
+def retrieval_recall(
+    image_emb: torch.Tensor, image_ids: np.ndarray, text_emb: torch.Tensor,
+    text_image_ids: np.ndarray, ks: Sequence[int] = (1, 5),
+) -> dict:
+    """Recall@k both ways. image->text: an image is a hit when one of its own captions is among
+    its k nearest captions; text->image: a caption is a hit when its image is among its k
+    nearest images. `chance_R@1` is 1 / number of images."""
+    sim = text_emb @ image_emb.T  # (Nt, Ni)
+    own = torch.as_tensor(text_image_ids[:, None] == image_ids[None, :])  # (Nt, Ni)
+    out = {"n_images": len(image_ids), "n_captions": len(text_image_ids),
+           "chance_R@1": 1.0 / len(image_ids)}
+    for k in ks:
+        top_images = sim.topk(min(k, sim.shape[1]), dim=1).indices
+        out[f"text_to_image_R@{k}"] = own.gather(1, top_images).any(1).float().mean().item()
+        top_texts = sim.topk(min(k, sim.shape[0]), dim=0).indices  # (k, Ni)
+        out[f"image_to_text_R@{k}"] = own.gather(0, top_texts).any(0).float().mean().item()
+    return out
+
+
+def save_weights(model: torch.nn.Module, path: str | os.PathLike) -> None:
+    """A plain state dict (written atomically) that open_clip loads with pretrained=path."""
+    with atomic_path(path) as tmp:
+        torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, tmp)

@@ -1,0 +1,359 @@
+"""CLIP features of every image and caption, in resumable shards (DESIGN.md, data contracts).
+
+Per image: the pooled embedding (L2-normalised, float32) and the grid tokens of the last
+visual layer after its final LayerNorm (`model.visual.output_tokens = True`; float16, G x Dv),
+the captioner's input. Per caption: the text embedding (L2-normalised, float32).
+
+Layout (under `cache_dir`, which is NOT a declared Snakemake output, so a killed run keeps it):
+    images/part-00000.parquet  image_id int64, pooled fixed_size_list<float>[D],
+                               grid fixed_size_list<halffloat>[G * Dv]
+    texts/part-00000.parquet   caption_id int64, embedding fixed_size_list<float>[D]
+    manifest.json              what the features were computed with (for people)
+The rule's output is a small index JSON listing the shards. Each shard is written under a
+temporary name and renamed; its parquet metadata holds a key = hash(manifest, its rows (image
+file, size, mtime / caption text)). A rerun reuses a shard only if its key matches, so a
+killed run recomputes only the missing shards and a change of CLIP (arch, weights content,
+preprocessing, precision) recomputes everything: features are never mixed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset
+from tqdm import tqdm
+
+from distinctcap.clip import LoadedClip, byte_transform, file_sha256, normalize, resolve_device
+from distinctcap.errors import DistinctcapError
+from distinctcap.io import atomic_path, read_json, write_json
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+KEY = b"distinctcap.key"
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass
+class FeatureSettings:
+    batch_size: int = 256
+    workers: int = 1
+    image_shard_size: int = 1024
+    text_shard_size: int = 16384
+    precision: str = "auto"  # auto: fp16 autocast on a GPU, fp32 on the CPU
+
+
+def compute_dtype(precision: str, device: torch.device) -> torch.dtype:
+    if precision == "auto":
+        return torch.float16 if device.type == "cuda" else torch.float32
+    return DTYPES[precision]
+
+
+def manifest(clip: LoadedClip, dtype: torch.dtype) -> dict:
+    """Everything the features depend on besides the inputs themselves."""
+    return {
+        "format": FORMAT, "arch": clip.arch, "pretrained": clip.pretrained,
+        "weight_files": [str(f) for f in clip.weight_files],
+        "weights_sha256": file_sha256(clip.weight_files), "preprocess": clip.preprocess_cfg(),
+        "context_length": int(getattr(clip.model, "context_length", 0) or 0),
+        "precision": str(dtype).removeprefix("torch."),
+    }
+
+
+def digest(*parts: object) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(json.dumps(part, sort_keys=True, default=str).encode())
+    return h.hexdigest()
+
+
+@dataclass
+class Shard:
+    kind: str  # images | texts
+    index: int
+    rows: np.ndarray  # positions in the (sorted) table
+    key: str
+    path: Path
+
+    def is_done(self) -> bool:
+        if not self.path.is_file():
+            return False
+        try:
+            meta = pq.read_schema(self.path).metadata or {}
+        except (OSError, pa.ArrowInvalid):
+            return False  # a torn file from some other writer: recompute
+        return meta.get(KEY, b"").decode() == self.key
+
+
+def plan_shards(kind: str, keys: Sequence[object], size: int, fingerprint: str,
+                folder: Path) -> list[Shard]:
+    """Cut the table into shards of `size` rows; each shard's key covers the model and rows."""
+    shards = []
+    for i, start in enumerate(range(0, len(keys), size)):
+        rows = np.arange(start, min(start + size, len(keys)))
+        key = digest(fingerprint, kind, [keys[r] for r in rows])
+        shards.append(Shard(kind, i, rows, key, folder / kind / f"part-{i:05d}.parquet"))
+    return shards
+
+
+def image_keys(images: pd.DataFrame) -> list[tuple]:
+    """(image_id, file, size, mtime_ns): a regenerated or edited image changes its key."""
+    out = []
+    for image_id, file in zip(images.image_id, images.file, strict=True):
+        st = os.stat(file)
+        out.append((int(image_id), str(file), st.st_size, st.st_mtime_ns))
+    return out
+
+
+def check_finite(ids: np.ndarray, kind: str, *arrays: torch.Tensor) -> None:
+    """Stop on NaN/inf embeddings, naming the ids (UNKT eq. 3 would silently spread NaN)."""
+    ok = torch.ones(len(ids), dtype=torch.bool)
+    for a in arrays:
+        ok &= torch.isfinite(a.reshape(len(ids), -1).float()).all(1).cpu()
+    if not ok.all():
+        bad = np.asarray(ids)[~ok.numpy()]
+        more = f" and {len(bad) - 10} more" if len(bad) > 10 else ""
+        raise DistinctcapError(
+            f"CLIP gave NaN/inf embeddings for {kind} ids {bad[:10].tolist()}{more}; check "
+            "these inputs and the CLIP weights"
+        )
+
+
+def fixed_list(values: np.ndarray, dtype: pa.DataType) -> pa.FixedSizeListArray:
+    flat = values.reshape(len(values), -1)
+    return pa.FixedSizeListArray.from_arrays(pa.array(flat.ravel(), type=dtype), flat.shape[1])
+
+
+def write_shard(shard: Shard, columns: dict[str, pa.Array]) -> None:
+    table = pa.table(columns).replace_schema_metadata({KEY: shard.key})
+    with atomic_path(shard.path) as tmp:
+        pq.write_table(table, tmp)
+
+
+# ---------------------------------------------------------------- images
+
+
+class ImageFiles(Dataset):
+    """Image files -> uint8 tensors (3, H, W) through the CLIP's resize/crop."""
+
+    def __init__(self, files: Sequence[str], transform):
+        self.files, self.transform = list(files), transform
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        with Image.open(self.files[i]) as image:
+            return self.transform(image)
+
+
+def image_batches(shards: list[Shard], batch_size: int) -> list[list[int]]:
+    """Batches that never straddle two shards, in shard order."""
+    return [s.rows[b:b + batch_size].tolist() for s in shards
+            for b in range(0, len(s.rows), batch_size)]
+
+
+def encode_images(clip: LoadedClip, loader: DataLoader, device: torch.device,
+                  dtype: torch.dtype, mean: torch.Tensor, std: torch.Tensor
+                  ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(pooled L2-normalised float32 (B, D), grid float16 (B, G, Dv)) per batch, on the CPU."""
+    visual = clip.model.visual
+    visual.output_tokens = True
+    amp = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
+    with torch.inference_mode(), amp:
+        for batch in loader:
+            x = normalize(batch.to(device, non_blocking=True), mean, std)
+            pooled, tokens = visual(x)
+            yield (F.normalize(pooled.float(), dim=-1).cpu(), tokens.to(torch.float16).cpu())
+
+
+def extract_images(images: pd.DataFrame, clip: LoadedClip, shards: list[Shard],
+                   settings: FeatureSettings, device: torch.device, dtype: torch.dtype,
+                   on_shard: Callable[[Shard], None] | None = None) -> None:
+    """Compute and write the given image shards; `on_shard` runs after each one is renamed."""
+    if not hasattr(clip.model.visual, "output_tokens"):
+        raise DistinctcapError(f"clip.arch = {clip.arch!r} gives no grid tokens; use a ViT")
+    to_bytes, mean, std = byte_transform(clip.preprocess)
+    workers = settings.workers
+    loader = DataLoader(
+        ImageFiles(images.file.tolist(), to_bytes),
+        batch_sampler=image_batches(shards, settings.batch_size), num_workers=workers,
+        pin_memory=device.type == "cuda", prefetch_factor=4 if workers else None,
+    )
+    batches = encode_images(clip, loader, device, dtype, mean, std)
+    ids = images.image_id.to_numpy()
+    total = sum(len(s.rows) for s in shards)
+    with tqdm(total=total, desc="image features", unit="images", smoothing=0.1) as bar:
+        for shard in shards:
+            pooled, grid = [], []
+            while sum(len(p) for p in pooled) < len(shard.rows):
+                p, g = next(batches)
+                pooled.append(p)
+                grid.append(g)
+                bar.update(len(p))
+            pooled, grid = torch.cat(pooled), torch.cat(grid)
+            check_finite(ids[shard.rows], "image", pooled, grid)
+            write_shard(shard, {
+                "image_id": pa.array(ids[shard.rows], pa.int64()),
+                "pooled": fixed_list(pooled.numpy(), pa.float32()),
+                "grid": fixed_list(grid.numpy(), pa.float16()),
+            })
+            if on_shard:
+                on_shard(shard)
+
+
+# ---------------------------------------------------------------- texts
+
+
+def extract_texts(captions: pd.DataFrame, clip: LoadedClip, shards: list[Shard],
+                  settings: FeatureSettings, device: torch.device, dtype: torch.dtype,
+                  on_shard: Callable[[Shard], None] | None = None) -> None:
+    ids, texts = captions.caption_id.to_numpy(), captions.text.tolist()
+    amp = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
+    bar = tqdm(total=sum(len(s.rows) for s in shards), desc="text features", unit="captions")
+    with bar, torch.inference_mode(), amp:
+        for shard in shards:
+            out = []
+            for b in range(0, len(shard.rows), settings.batch_size):
+                rows = shard.rows[b:b + settings.batch_size]
+                tokens = clip.tokenizer([texts[r] for r in rows]).to(device)
+                out.append(F.normalize(clip.model.encode_text(tokens).float(), dim=-1).cpu())
+                bar.update(len(rows))
+            emb = torch.cat(out)
+            check_finite(ids[shard.rows], "caption", emb)
+            write_shard(shard, {"caption_id": pa.array(ids[shard.rows], pa.int64()),
+                                "embedding": fixed_list(emb.numpy(), pa.float32())})
+            if on_shard:
+                on_shard(shard)
+
+
+# ---------------------------------------------------------------- the stage
+
+
+def extract_features(
+    images: pd.DataFrame, captions: pd.DataFrame, clip: LoadedClip, index_path: str | Path,
+    cache_dir: str | Path, settings: FeatureSettings | None = None, device: str = "auto",
+    on_shard: Callable[[Shard], None] | None = None,
+) -> dict:
+    """Features of every image and caption; reuses finished shards; writes the index JSON.
+
+    `on_shard(shard)` is called after each newly written shard (progress hooks, tests).
+    """
+    settings = settings or FeatureSettings()
+    dev = resolve_device(device)
+    dtype = compute_dtype(settings.precision, dev)
+    clip.model.to(dev).eval()
+    cache = Path(cache_dir)
+    info = manifest(clip, dtype)
+    fingerprint = digest(info)
+    images = images.sort_values("image_id").reset_index(drop=True)
+    captions = captions.sort_values("caption_id").reset_index(drop=True)
+    img_shards = plan_shards("images", image_keys(images), settings.image_shard_size,
+                             fingerprint, cache)
+    txt_keys = list(zip(captions.caption_id.astype(int), captions.text, strict=True))
+    txt_shards = plan_shards("texts", txt_keys, settings.text_shard_size, fingerprint, cache)
+    clean_cache(cache, img_shards + txt_shards)
+    write_json(info, cache / "manifest.json")
+    todo = [s for s in img_shards if not s.is_done()]
+    log.info("image shards: %d reused, %d to compute", len(img_shards) - len(todo), len(todo))
+    extract_images(images, clip, todo, settings, dev, dtype, on_shard)
+    todo = [s for s in txt_shards if not s.is_done()]
+    log.info("text shards: %d reused, %d to compute", len(txt_shards) - len(todo), len(todo))
+    extract_texts(captions, clip, todo, settings, dev, dtype, on_shard)
+    index = build_index(info, fingerprint, clip, img_shards, txt_shards, Path(index_path).parent)
+    write_json(index, index_path)
+    return index
+
+
+def clean_cache(cache: Path, keep: list[Shard]) -> None:
+    """Remove temporary files of killed runs and parts beyond the current plan."""
+    wanted = {s.path for s in keep}
+    for kind in ("images", "texts"):
+        for path in (cache / kind).glob("*"):
+            if path not in wanted and (path.name.endswith(".tmp") or path.suffix == ".parquet"):
+                path.unlink()
+
+
+def build_index(info: dict, fingerprint: str, clip: LoadedClip, img_shards: list[Shard],
+                txt_shards: list[Shard], root: Path) -> dict:
+    first = pq.read_schema(img_shards[0].path) if img_shards else None
+    visual = clip.model.visual
+    grid = visual.grid_size if hasattr(visual, "grid_size") else None
+    return {
+        "manifest": info, "fingerprint": fingerprint, "logit_scale": clip.logit_scale,
+        "images": {
+            "count": int(sum(len(s.rows) for s in img_shards)),
+            "pooled_dim": first.field("pooled").type.list_size if first else None,
+            "grid_tokens": int(np.prod(grid)) if grid else None,
+            "shards": [shard_entry(s, root) for s in img_shards],
+        },
+        "texts": {"count": int(sum(len(s.rows) for s in txt_shards)),
+                  "shards": [shard_entry(s, root) for s in txt_shards]},
+    }
+
+
+def shard_entry(shard: Shard, root: Path) -> dict:
+    return {"path": os.path.relpath(shard.path, root), "key": shard.key, "rows": len(shard.rows)}
+
+
+# ---------------------------------------------------------------- loaders
+
+
+def _read_shards(index_path: str | Path, kind: str, columns: list[str]) -> list[pa.Table]:
+    index = read_json(index_path)
+    root = Path(index_path).parent
+    tables = []
+    for entry in index[kind]["shards"]:
+        path = root / entry["path"]
+        table = pq.read_table(path, columns=columns) if path.is_file() else None
+        meta = (table.schema.metadata or {}) if table is not None else {}
+        if table is None or meta.get(KEY, b"").decode() != entry["key"]:
+            raise DistinctcapError(
+                f"{path} is missing or was computed for other inputs or another CLIP than "
+                f"{index_path} records; rerun the extract_features rule"
+            )
+        tables.append(table)
+    return tables
+
+
+def _matrix(tables: list[pa.Table], column: str, dtype) -> np.ndarray:
+    if not tables:
+        return np.zeros((0, 0), dtype)
+    chunks = [t.column(column).combine_chunks() for t in tables]
+    width = chunks[0].type.list_size
+    return np.concatenate([c.flatten().to_numpy().reshape(-1, width) for c in chunks]).astype(
+        dtype, copy=False)
+
+
+def load_image_features(index_path: str | Path, grid: bool = True
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(image_ids int64 (N,), pooled float32 (N, D) L2-normalised, grid float16 (N, G, Dv)),
+    sorted by image_id. `grid=False` skips reading the grid tokens and returns None for them."""
+    columns = ["image_id", "pooled"] + (["grid"] if grid else [])
+    tables = _read_shards(index_path, "images", columns)
+    ids = np.concatenate([t.column("image_id").to_numpy() for t in tables]).astype(np.int64)
+    pooled = _matrix(tables, "pooled", np.float32)
+    if not grid:
+        return ids, pooled, None
+    tokens = read_json(index_path)["images"]["grid_tokens"]
+    return ids, pooled, _matrix(tables, "grid", np.float16).reshape(len(ids), tokens, -1)
+
+
+def load_text_features(index_path: str | Path) -> tuple[np.ndarray, np.ndarray]:
+    """(caption_ids int64 (M,), embeddings float32 (M, D) L2-normalised), sorted by caption_id."""
+    tables = _read_shards(index_path, "texts", ["caption_id", "embedding"])
+    ids = np.concatenate([t.column("caption_id").to_numpy() for t in tables]).astype(np.int64)
+    return ids, _matrix(tables, "embedding", np.float32)

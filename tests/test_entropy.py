@@ -1,0 +1,173 @@
+"""Retrieval entropy (UNKT eq. 3), the D- / D+ split and its report; the whole stage end to end."""
+
+import math
+import re
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+from conftest import ROOT, snakemake, tiny_config
+
+from distinctcap.config import load_schema, validate
+from distinctcap.entropy import (
+    extremes_markdown,
+    plot_histogram,
+    read_subset,
+    retrieval_entropy,
+    split_subsets,
+    threshold,
+    write_subsets,
+)
+from distinctcap.errors import DistinctcapError
+from distinctcap.io import read_table
+
+
+def direct_entropy(text, images, scale):
+    """The full N_text x N_images matrix, the way eq. 3 reads."""
+    logp = torch.log_softmax(scale * text @ images.T, dim=1)
+    return -(logp.exp() * logp).sum(1)
+
+
+def unit(n, d, seed):
+    return F.normalize(torch.randn(n, d, generator=torch.Generator().manual_seed(seed)), dim=1)
+
+
+@pytest.mark.parametrize("scale", [1.0, 14.3, 100.0])
+def test_streamed_entropy_equals_full_matrix(scale):
+    text, images = unit(301, 24, 0), unit(1003, 24, 1)  # neither divisible by the chunks
+    got = retrieval_entropy(text, images, scale, chunk=97, text_chunk=64)
+    assert got.shape == (301,) and got.dtype == torch.float32
+    torch.testing.assert_close(got, direct_entropy(text, images, scale), atol=1e-5, rtol=0)
+    got64 = retrieval_entropy(text.double(), images.double(), scale, chunk=97, text_chunk=64)
+    want64 = direct_entropy(text.double(), images.double(), scale)
+    torch.testing.assert_close(got64, want64, atol=1e-10, rtol=0)
+
+
+def test_chunk_sizes_do_not_change_the_result():
+    text, images = unit(50, 16, 2), unit(333, 16, 3)
+    ref = retrieval_entropy(text, images, 20.0, chunk=333, text_chunk=50)
+    for chunk, text_chunk in [(1, 7), (10, 1), (332, 49), (10_000, 10_000)]:
+        got = retrieval_entropy(text, images, 20.0, chunk=chunk, text_chunk=text_chunk)
+        torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
+
+
+def test_hand_computed_entropies():
+    # one caption, two images at cos 1 and 0, scale ln 3: p = (3/4, 1/4)
+    text = torch.tensor([[1.0, 0.0]])
+    images = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    want = -(0.75 * math.log(0.75) + 0.25 * math.log(0.25))
+    assert retrieval_entropy(text, images, math.log(3), chunk=1).item() == pytest.approx(want)
+    # a caption equally close to all N images: uniform, H = log N
+    same = torch.tensor([[0.6, 0.8]]).repeat(7, 1)
+    assert retrieval_entropy(text, same, 50.0, chunk=3).item() == pytest.approx(math.log(7))
+    # a very sharp softmax on one matching image: H -> 0
+    assert retrieval_entropy(text, images, 1000.0).item() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_mismatched_dims_are_an_error():
+    with pytest.raises(DistinctcapError, match="dim"):
+        retrieval_entropy(unit(3, 4, 0), unit(3, 5, 1), 10.0)
+
+
+def scores_table(entropies):
+    n = len(entropies)
+    return pd.DataFrame({"caption_id": np.arange(n, dtype=np.int64),
+                         "image_id": np.arange(n, dtype=np.int64) // 2,
+                         "entropy": np.asarray(entropies, dtype=np.float32)})
+
+
+def test_split_top_fraction_is_d_minus():
+    table = split_subsets(scores_table([0.1, 3.0, 2.0, 0.5, 2.0, 1.0]), 0.5)
+    assert table.caption_id.tolist() == list(range(6))
+    # ranked 1 (3.0), 2 and 4 (2.0, tie broken by caption_id), 5, 3, 0
+    assert table.subset.tolist() == ["D+", "D-", "D-", "D+", "D-", "D+"]
+    assert threshold(table) == pytest.approx(2.0)
+    table = split_subsets(scores_table([0.1, 3.0, 2.0, 0.5, 2.0, 1.0, 0.0, 0.2, 0.3, 0.4]), 0.3)
+    assert (table.subset == "D-").sum() == 3
+
+
+@pytest.mark.parametrize("fraction", [0, 1, 1.5])
+def test_empty_subset_is_a_config_error(fraction):
+    schema = load_schema(ROOT / "workflow" / "schemas" / "config.schema.yaml")
+    with pytest.raises(DistinctcapError, match="fraction"):
+        validate({"entropy": {"fraction": fraction}}, schema)
+    with pytest.raises(DistinctcapError, match="fraction"):
+        split_subsets(scores_table([1.0, 2.0]), fraction)
+
+
+def test_subset_shards_roundtrip_and_report(tmp_path):
+    scores = scores_table(np.linspace(0, 5, 30)[::-1])
+    captions = pd.DataFrame({
+        "caption_id": scores.caption_id, "image_id": scores.image_id, "split": "train",
+        "text": [f"caption {i}" for i in range(30)],
+        "tokens": [np.array([4, 5 + i], dtype=np.int32) for i in range(30)],
+    })
+    table = split_subsets(scores, 0.4)
+    dirs = {"D-": tmp_path / "D-", "D+": tmp_path / "D+"}
+    counts = write_subsets(table, captions, dirs, shard_size=5)
+    assert counts == {"D-": 12, "D+": 18}
+    assert len(list(dirs["D-"].glob("part-*.parquet"))) == 3
+    neg, pos = read_subset(dirs["D-"]), read_subset(dirs["D+"])
+    assert sorted(neg.caption_id) == list(range(12))  # the highest entropies come first
+    assert set(pos.caption_id) == set(range(12, 30))
+    assert neg.tokens[0].tolist() == [4, 5] and "entropy" in neg.columns
+
+    plot_histogram(table, tmp_path / "hist.png")
+    assert (tmp_path / "hist.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = extremes_markdown(table, captions, top=4)
+    assert "## Highest 4" in text and "## Lowest 4" in text
+    highest = text.split("## Lowest")[0]
+    assert "| 0 | 0 | 5.0000 | D- | caption 0 |" in highest
+    assert "| 29 | 14 | 0.0000 | D+ | caption 29 |" in text.split("## Lowest")[1]
+
+
+# ---------------------------------------------------------------- the stage, for real
+
+STAGE = ["split_entropy", "entropy_report"]
+
+
+def jobs_planned(result) -> dict[str, int]:
+    """Rule -> count from the `Job stats` table of a snakemake (dry) run."""
+    table = result.stdout.split("Job stats:")[1].split("\n\n")[0]
+    return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)
+            if m[1] != "total"}
+
+
+@pytest.mark.slow
+def test_stage_end_to_end_reruns_only_what_changed(workdir):
+    """snakemake --cores 2 up to the D-/D+ shards and the report; a rerun does nothing; editing
+    entropy.fraction reruns only the split and the report; generic captions land in D-."""
+    config = tiny_config()
+    start = time.perf_counter()
+    result = snakemake(workdir, *STAGE, config=config)
+    assert result.returncode == 0, result.stderr[-3000:]
+    took = time.perf_counter() - start
+    recall = yaml.safe_load((workdir / "results/clip/retrieval.json").read_text())
+    assert recall["text_to_image_R@1"] > 3 * recall["chance_R@1"], recall
+    assert recall["image_to_text_R@1"] > 3 * recall["chance_R@1"], recall
+
+    table = read_table(workdir / "results/entropy/entropy.parquet", "entropy")
+    captions = read_table(workdir / "results/data/captions.parquet", "captions")
+    assert len(table) == (captions.split == "train").sum()
+    assert (table.subset == "D-").mean() == pytest.approx(0.5, abs=1e-3)
+    neg, pos = read_subset(workdir / "results/entropy/D-"), read_subset(workdir / "results/entropy/D+")
+    generic_neg, generic_pos = (neg.level == 0).mean(), (pos.level == 0).mean()
+    assert generic_neg > 2 * generic_pos, (generic_neg, generic_pos)
+    assert (workdir / "results/report/entropy_histogram.png").stat().st_size > 1000
+    assert "## Highest 20" in (workdir / "results/report/entropy_extremes.md").read_text()
+
+    again = snakemake(workdir, "-n", *STAGE)
+    assert again.returncode == 0 and "Nothing to be done" in again.stdout, again.stdout
+
+    config["entropy"] = {"fraction": 0.3}
+    edited = snakemake(workdir, "-n", *STAGE, config=config)
+    assert jobs_planned(edited) == {"split_entropy": 1, "entropy_report": 1}, edited.stdout
+    rerun = snakemake(workdir, *STAGE)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    table = read_table(workdir / "results/entropy/entropy.parquet", "entropy")
+    assert (table.subset == "D-").mean() == pytest.approx(0.3, abs=1e-3)
+    print(f"stage took {took:.0f} s")

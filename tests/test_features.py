@@ -1,0 +1,145 @@
+"""CLIP feature extraction: contents, resumable shards, manifest invalidation, bad embeddings."""
+
+import numpy as np
+import open_clip
+import pytest
+import torch
+from PIL import Image
+
+from distinctcap.clip import load_clip, save_weights
+from distinctcap.data.prepare import prepare
+from distinctcap.errors import DistinctcapError
+from distinctcap.features import (
+    FeatureSettings,
+    check_finite,
+    extract_features,
+    load_image_features,
+    load_text_features,
+)
+from distinctcap.io import read_json, read_table
+
+ARCH = "shapes-vit-tiny"
+SETTINGS = FeatureSettings(batch_size=8, workers=0, image_shard_size=10, text_shard_size=64)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A 30-image shapes world and two random tiny CLIPs, paths relative to the world's root."""
+    root = tmp_path_factory.mktemp("world")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(root)
+        data = {"source": "shapes",
+                "shapes": {"n_train": 20, "n_val": 5, "n_test": 5, "image_size": 64, "seed": 0}}
+        outputs = {k: f"results/data/{k}.parquet" for k in ("images", "captions", "quarantine")}
+        prepare(data, "skip", {**outputs, "vocab": "results/data/vocab.json"})
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        save_weights(open_clip.create_model(ARCH), root / f"clip{seed}.pt")
+    return root
+
+
+@pytest.fixture
+def run(world, monkeypatch):
+    monkeypatch.chdir(world)
+    images = read_table("results/data/images.parquet", "images")
+    captions = read_table("results/data/captions.parquet", "captions")
+
+    def extract(weights="clip0.pt", out="out", **kwargs):
+        clip = load_clip(ARCH, str(world / weights))
+        return extract_features(images, captions, clip, world / out / "index.json",
+                                world / out / "cache", SETTINGS, device="cpu", **kwargs)
+
+    return extract, images, captions
+
+
+def shard_stats(folder):
+    return {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in folder.glob("*.parquet")}
+
+
+def test_features_match_the_model_and_the_contract(run, world):
+    extract, images, captions = run
+    index = extract(out="contents")
+    assert index["images"]["count"] == 30 and len(index["images"]["shards"]) == 3
+    assert index["texts"]["count"] == 150 and len(index["texts"]["shards"]) == 3
+    ids, pooled, grid = load_image_features(world / "contents/index.json")
+    clip = load_clip(ARCH, str(world / "clip0.pt"))
+    assert ids.dtype == np.int64 and ids.tolist() == sorted(images.image_id.tolist())
+    assert pooled.dtype == np.float32 and grid.dtype == np.float16
+    assert grid.shape == (30, 64, clip.model.visual.transformer.width)
+    np.testing.assert_allclose(np.linalg.norm(pooled, axis=1), 1, atol=1e-5)
+
+    # the same numbers as open_clip's own transform and encode_image, image by image
+    first = images.sort_values("image_id").iloc[:3]
+    with torch.no_grad():
+        x = torch.stack([clip.preprocess(Image.open(f)) for f in first.file])
+        want = clip.model.encode_image(x, normalize=True).numpy()
+    np.testing.assert_allclose(pooled[:3], want, atol=1e-5)
+    assert load_image_features(world / "contents/index.json", grid=False)[2] is None
+
+    cap_ids, text = load_text_features(world / "contents/index.json")
+    assert cap_ids.tolist() == sorted(captions.caption_id.tolist())
+    row = captions.set_index("caption_id").loc[cap_ids[:4], "text"].tolist()
+    with torch.no_grad():
+        want = clip.model.encode_text(clip.tokenizer(row), normalize=True).numpy()
+    np.testing.assert_allclose(text[:4], want, atol=1e-5)
+    manifest = read_json(world / "contents/cache/manifest.json")
+    assert manifest["arch"] == ARCH and len(manifest["weights_sha256"]) == 64
+    assert manifest["preprocess"]["size"] == [64, 64]
+
+
+def test_killed_run_keeps_finished_shards(run, world):
+    extract, _, _ = run
+
+    def die_after_first(shard):
+        raise KeyboardInterrupt("killed")  # as a kill would: the next shard never starts
+
+    with pytest.raises(KeyboardInterrupt):
+        extract(out="resume", on_shard=die_after_first)
+    folder = world / "resume/cache/images"
+    first = shard_stats(folder)
+    assert list(first) == ["part-00000.parquet"]
+    assert not (world / "resume/index.json").exists()
+    assert not list(folder.glob(".*.tmp"))
+
+    written = []
+    extract(out="resume", on_shard=lambda shard: written.append((shard.kind, shard.index)))
+    assert written == [("images", 1), ("images", 2), ("texts", 0), ("texts", 1), ("texts", 2)]
+    after = shard_stats(folder)
+    assert after["part-00000.parquet"] == first["part-00000.parquet"]  # same inode and mtime
+    assert len(after) == 3
+
+    written.clear()
+    extract(out="resume", on_shard=lambda shard: written.append(shard.index))
+    assert written == []  # everything reused
+
+
+def test_another_clip_recomputes_every_shard_and_never_mixes(run, world):
+    extract, _, _ = run
+    extract(out="swap")
+    old_index = read_json(world / "swap/index.json")
+    before = shard_stats(world / "swap/cache/images")
+    (world / "swap/index_old.json").write_text((world / "swap/index.json").read_text())
+    written = []
+    extract("clip1.pt", out="swap", on_shard=lambda shard: written.append(shard.index))
+    assert len(written) == 6
+    after = shard_stats(world / "swap/cache/images")
+    assert all(after[name][1] != before[name][1] for name in before)
+    assert read_json(world / "swap/index.json")["fingerprint"] != old_index["fingerprint"]
+    with pytest.raises(DistinctcapError, match="rerun the extract_features rule"):
+        load_image_features(world / "swap/index_old.json")
+
+
+def test_nan_embeddings_stop_the_stage_naming_the_ids(run, world, monkeypatch):
+    extract, images, _ = run
+    clip = load_clip(ARCH, str(world / "clip0.pt"))
+    with torch.no_grad():
+        clip.model.visual.proj[0, 0] = float("nan")
+    with pytest.raises(DistinctcapError, match=r"NaN/inf embeddings for image ids \[0, 1, 2, "):
+        extract_features(images, read_table("results/data/captions.parquet"), clip,
+                         world / "nan/index.json", world / "nan/cache", SETTINGS, device="cpu")
+
+    emb = torch.zeros(4, 3)
+    emb[2, 1] = float("inf")
+    with pytest.raises(DistinctcapError, match=r"caption ids \[12\]"):
+        check_finite(np.array([10, 11, 12, 13]), "caption", emb)
+    check_finite(np.array([1]), "image", torch.ones(1, 3))

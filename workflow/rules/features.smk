@@ -1,0 +1,64 @@
+"""CLIP stage: train the tiny CLIP (shapes world, clip.pretrained = train), then extract pooled
++ grid image features and text features into resumable shards under results/features/cache/
+(not a declared output, so a killed run keeps its finished shards)."""
+
+CLIP = config["clip"]
+TRAINED_CLIP = f"results/clip/{CLIP['arch']}.pt"
+TRAIN_CLIP = CLIP["pretrained"] == "train"
+# the weights file or local-dir folder extraction depends on (none for a tag)
+CLIP_FILES = [TRAINED_CLIP] if TRAIN_CLIP else [
+    p for p in [CLIP["pretrained"].removeprefix("local-dir:")] if Path(p).exists()
+]
+
+
+rule train_clip:
+    input:
+        images=f"{DATA}/images.parquet",
+        captions=f"{DATA}/captions.parquet",
+    output:
+        weights=TRAINED_CLIP,
+        retrieval="results/clip/retrieval.json",
+    params:
+        arch=CLIP["arch"],
+        train=CLIP["train"],
+        seed=config["seed"],
+        device=config["device"],
+    log:
+        "logs/features/train_clip.log",
+    benchmark:
+        "benchmarks/features/train_clip.tsv"
+    conda:
+        "../../envs/torch.yaml"
+    script:
+        "../scripts/train_clip.py"
+
+
+rule extract_features:
+    input:
+        images=f"{DATA}/images.parquet",
+        captions=f"{DATA}/captions.parquet",
+        weights=CLIP_FILES,
+    output:
+        index="results/features/index.json",
+    params:
+        arch=CLIP["arch"],
+        pretrained=lambda w, input: input.weights[0] if TRAIN_CLIP else CLIP["pretrained"],
+        settings=CLIP["features"],
+        device=config["device"],
+        cache=lambda w, output: str(Path(output.index).parent / "cache"),
+    log:
+        "logs/features/extract_features.log",
+    benchmark:
+        "benchmarks/features/extract_features.tsv"
+    conda:
+        "../../envs/torch.yaml"
+    script:
+        "../scripts/extract_features.py"
+
+
+ALL_TARGETS.extend(
+    [
+        *rules.extract_features.output,
+        *(rules.train_clip.output if TRAIN_CLIP else []),
+    ]
+)

@@ -1,0 +1,14 @@
+"""Rule entropy_report: histogram with the split threshold + highest/lowest-entropy captions."""
+
+from pathlib import Path
+
+from distinctcap import logs
+from distinctcap.entropy import extremes_markdown, plot_histogram
+from distinctcap.io import atomic_path, read_table
+
+logs.setup(snakemake.log[0])
+table = read_table(snakemake.input.table, "entropy")
+plot_histogram(table, snakemake.output.histogram)
+text = extremes_markdown(table, read_table(snakemake.input.captions), snakemake.params.top)
+with atomic_path(snakemake.output.extremes) as tmp:
+    Path(tmp).write_text(text)

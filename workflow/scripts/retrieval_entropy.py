@@ -1,0 +1,16 @@
+"""Rule retrieval_entropy: UNKT eq. 3 for every train caption over every train image."""
+
+from distinctcap import logs
+from distinctcap.entropy import score_captions
+from distinctcap.io import read_table, write_table
+
+logs.setup(snakemake.log[0])
+scores = score_captions(
+    snakemake.input.index,
+    read_table(snakemake.input.captions, "captions"),
+    logit_scale=snakemake.params.logit_scale,
+    chunk=snakemake.params.chunk,
+    text_chunk=snakemake.params.text_chunk,
+    device=snakemake.params.device,
+)
+write_table(scores, snakemake.output.scores)

@@ -1,0 +1,17 @@
+"""Rule train_clip: contrastive training of the tiny CLIP on the train split (shapes world)."""
+
+from distinctcap import logs
+from distinctcap.clip import TrainSettings, save_weights, train_clip
+from distinctcap.io import read_table, write_json
+
+logs.setup(snakemake.log[0])
+model, metrics = train_clip(
+    read_table(snakemake.input.images, "images"),
+    read_table(snakemake.input.captions, "captions"),
+    snakemake.params.arch,
+    TrainSettings(**snakemake.params.train),
+    seed=snakemake.params.seed,
+    device=snakemake.params.device,
+)
+save_weights(model, snakemake.output.weights)
+write_json(metrics, snakemake.output.retrieval)

@@ -18,6 +18,7 @@ from distinctcap.report import (
     plot_cider_vs_n,
     plot_metric_bars,
     plot_training_curves,
+    reference_run,
     summary_columns,
     summary_table,
     tables_html,
@@ -213,3 +214,12 @@ def test_read_metrics_decodes_skips(metrics, tmp_path):
         write_table(pd.DataFrame([flat]), paths[-1])
     table = read_metrics(paths)
     assert table.skipped[0]["spice"] == SPICE_WHY and len(table) == 4
+
+
+def test_versus_reference_names_the_metrics_each_run_wins_and_loses(metrics):
+    lower = metrics.assign(mean_rank=np.where(metrics.run == "unkt", 3.0, 2.0))
+    text = tables_markdown(lower, "shapes", reference=reference_run({"reference": {}}))
+    assert "## Versus the MLE reference (reference)" in text
+    assert "| unkt | greedy | test | cider 1.1 vs 0.9 | mean_rank 3 vs 2 |" in text
+    assert reference_run({"a": {"method": "unkt"}, "b": {"method": "mle"}}) == "b"
+    assert reference_run({"b": {"method": "mle", "data": "D-"}}) is None

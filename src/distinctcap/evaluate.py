@@ -172,7 +172,7 @@ def timed(timings: dict[str, list[float]] | None, part: str) -> Iterator[None]:
     start, cpu, child = time.perf_counter(), time.process_time(), _child_cpu()
     yield
     spent = [time.perf_counter() - start, time.process_time() - cpu, _child_cpu() - child]
-    log.info("%s: %.1f s wall, %.1f s CPU, %.1f s child CPU", part, *spent)
+    log.debug("%s: %.1f s wall, %.1f s CPU, %.1f s child CPU", part, *spent)
     if timings is not None:
         timings[part] = spent
 

@@ -379,8 +379,66 @@ SECTIONS: tuple[Callable[[pd.DataFrame], list[Section]], ...] = (
 )
 
 
-def report_sections(metrics: pd.DataFrame) -> list[Section]:
-    return [s for make in SECTIONS for s in make(metrics)]
+LOWER_IS_BETTER = frozenset(
+    {"mbleu4", "consensus_mbleu4", "mean_rank", "hard_mean_rank", "self_mean_rank", "ppl"}
+)
+VERSUS = (
+    "bleu4", "meteor", "rouge_l", "cider", "spice", "div1", "div2", "mbleu4", "self_cider",
+    "distinct_corpus", "novelty", "vocab", "r_at_1", "r_at_5", "mean_rank", "hard_r_at_1",
+    "clipscore", "self_r_at_1", "self_mean_rank", "consensus_div1", "consensus_self_cider",
+    "consensus_mbleu4", "ppl", "scene_precision", "scene_recall", "scene_f1",
+)  # fmt: skip
+
+
+def reference_run(runs: dict) -> str | None:
+    """The MLE reference: the run named `reference`, else the first mle run on all data."""
+    if "reference" in runs:
+        return "reference"
+    mle = [n for n, r in runs.items() if r.get("method") == "mle" and r.get("data", "all") == "all"]
+    return mle[0] if mle else None
+
+
+def _versus(row: pd.Series, ref: pd.Series, metrics: Sequence[str]) -> tuple[str, str]:
+    better, worse = [], []
+    for m in metrics:
+        a, b = row.get(m, math.nan), ref.get(m, math.nan)
+        if math.isnan(a) or math.isnan(b) or math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12):
+            continue
+        up = (a < b) if m in LOWER_IS_BETTER else (a > b)
+        (better if up else worse).append(f"{m} {a:.3g} vs {b:.3g}")
+    return "; ".join(better) or "-", "; ".join(worse) or "-"
+
+
+def versus_section(metrics: pd.DataFrame, reference: str | None) -> list[Section]:
+    """Per run and decoding: the metrics on which it beats / trails the MLE reference run
+    under the same split and decoding (lower is better for mBLEU, mean ranks and PPL)."""
+    if reference is None or reference not in set(metrics.run):
+        return []
+    cols = [*VERSUS, *(c for c in metrics.columns if c.startswith("oracle_cider_"))]
+    refs = metrics[metrics.run == reference].set_index(["split", "decoding"])
+    rows = []
+    for _, r in metrics[metrics.run != reference].iterrows():
+        if (r.split, r.decoding) in refs.index:
+            better, worse = _versus(r, refs.loc[(r.split, r.decoding)], cols)
+            rows.append([str(r.run), str(r.decoding), str(r.split), better, worse])
+    headers = ["Run", "Decoding", "Split", f"better than {reference}", f"worse than {reference}"]
+    intro = (
+        f"Each run against the MLE reference run `{reference}` under the same split and "
+        "decoding (values: run vs reference). Differences are not significance-tested."
+    )
+    return [
+        Section(
+            f"Versus the MLE reference ({reference})",
+            intro,
+            Block("Ours", headers, rows, labels=5),
+            [],
+        )
+    ]
+
+
+def report_sections(metrics: pd.DataFrame, reference: str | None = None) -> list[Section]:
+    sections = [s for make in SECTIONS for s in make(metrics)]
+    return sections + versus_section(metrics, reference)
 
 
 def _md_table(block: Block) -> list[str]:
@@ -399,10 +457,10 @@ def _md_table(block: Block) -> list[str]:
     return lines
 
 
-def tables_markdown(metrics: pd.DataFrame, source: str) -> str:
+def tables_markdown(metrics: pd.DataFrame, source: str, reference: str | None = None) -> str:
     """All sections as one markdown document: ours, then the published reference blocks."""
     lines = ["# distinctcap: every run side by side", "", comparability(source), ""]
-    for section in report_sections(metrics):
+    for section in report_sections(metrics, reference):
         lines += [f"## {section.title}", "", section.intro, ""]
         lines += _md_table(section.ours) + [""]
         if section.published:
@@ -432,14 +490,14 @@ padding:4px;margin:6px 0;border-left:4px solid #999}.note{font-size:11px;color:#
 .warn{border:1px solid #c90;padding:6px;background:#fff8e6}</style>"""
 
 
-def tables_html(metrics: pd.DataFrame, source: str) -> str:
+def tables_html(metrics: pd.DataFrame, source: str, reference: str | None = None) -> str:
     """The same sections as `tables_markdown`, as a standalone HTML page."""
     parts = [
         f"<html><head><meta charset='utf-8'>{STYLE}</head><body>",
         "<h2>distinctcap: every run side by side</h2>",
         f"<p class='warn'>{html.escape(comparability(source))}</p>",
     ]
-    for section in report_sections(metrics):
+    for section in report_sections(metrics, reference):
         parts += [
             f"<h3>{html.escape(section.title)}</h3><p>{html.escape(section.intro)}</p>",
             _html_table(section.ours, "ours"),
@@ -455,12 +513,17 @@ def tables_html(metrics: pd.DataFrame, source: str) -> str:
 
 
 def write_tables(
-    metrics: pd.DataFrame, source: str, md_path: str | Path, html_path: str | Path
+    metrics: pd.DataFrame,
+    source: str,
+    md_path: str | Path,
+    html_path: str | Path,
+    reference: str | None = None,
 ) -> None:
+    """tables.md and tables.html; `reference` names the MLE run the others are compared to."""
     with atomic_path(md_path) as tmp:
-        tmp.write_text(tables_markdown(metrics, source))
+        tmp.write_text(tables_markdown(metrics, source, reference))
     with atomic_path(html_path) as tmp:
-        tmp.write_text(tables_html(metrics, source))
+        tmp.write_text(tables_html(metrics, source, reference))
 
 
 # ---------------------------------------------------------------- plots

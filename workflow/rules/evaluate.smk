@@ -2,7 +2,7 @@
 table, the papers' table layouts with their published numbers, plots and a caption gallery,
 all wired into `snakemake --report` (captions in workflow/report/)."""
 
-from distinctcap.report import evaluation_keys
+from distinctcap.report import evaluation_keys, reference_run
 
 EVALUATE = config["evaluate"]
 EVALUATIONS = evaluation_keys(RUNS, DECODING)
@@ -67,6 +67,7 @@ rule report_tables:
         html=report(f"{REPORT}/tables.html", caption="../report/tables.rst", **TABLES),
     params:
         source=config["data"]["source"],
+        reference=reference_run(RUNS),
     log:
         "logs/evaluate/report_tables.log",
     conda:

@@ -10,4 +10,5 @@ write_tables(
     snakemake.params.source,
     snakemake.output.markdown,
     snakemake.output.html,
+    reference=snakemake.params.reference,
 )

@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from distinctcap.data.batches import encode_batch
 from distinctcap.decode import greedy
 from distinctcap.errors import DistinctcapError
 from distinctcap.losses import SPECIFICITY_KINDS, mle_loss, specificity_loss
@@ -371,7 +372,7 @@ class Specificity:
             extras["cos_contrast"] = float(F.cosine_similarity(text, contrast).mean())
         loss = spec
         if self.mle_weight > 0:
-            logits, _ = model(batch.grid, batch.pooled, batch.inputs)
+            logits = model.decode(encode_batch(model, batch), batch.inputs)  # (B, N, V)
             mle = mle_loss(logits, batch.labels, self.pad_id)
             loss = self.mle_weight * mle + (1 - self.mle_weight) * spec
             extras["mle"] = float(mle.detach())

@@ -681,12 +681,14 @@ def write_gallery(
     html_path: str | Path,
     count: int = 24,
 ) -> None:
-    """For `count` images of the split: the image, one reference caption and sample 0 of
-    every run and decoding, as a PNG grid and an HTML table (images embedded)."""
+    """For `count` images of the split: the image, its longest reference caption and sample 0
+    of every run and decoding, as a PNG grid and an HTML table (images embedded)."""
     ids = gallery_images(images, split, count)
     caps = gallery_captions(generated, ids).sort_values(["run", "decoding"], kind="stable")
     files = images.set_index("image_id").file
-    refs = captions[captions.image_id.isin(ids)].groupby("image_id").text.first()
+    refs = captions[captions.image_id.isin(ids)]
+    refs = refs.assign(n=refs.text.str.len()).sort_values(["image_id", "n"], kind="stable")
+    refs = refs.groupby("image_id").text.last()  # the longest, usually the most specific
     _gallery_png(ids, files, refs, caps, png_path)
     rows = []
     for i in ids:
@@ -713,19 +715,28 @@ def _gallery_png(
     refs: pd.Series,
     caps: pd.DataFrame,
     path: str | Path,
-    cols: int = 4,
+    cols: int = 3,
+    width: int = 64,
 ) -> None:
+    """Grid of (image, text) cells; each caption wrapped to `width` monospace characters."""
     from PIL import Image
 
     plt = _pyplot()
-    n_lines = 1 + caps.groupby("image_id").size().max() if len(caps) else 1
+    texts = {
+        i: "\n".join(
+            textwrap.fill(f"{who}: {t}", width, subsequent_indent="  ")
+            for who, t in _gallery_lines(caps, i, refs.get(i, ""))
+        )
+        for i in ids
+    }
+    lines = max(t.count("\n") + 1 for t in texts.values())
     rows = math.ceil(len(ids) / cols)
     fig, axes = plt.subplots(
         rows,
         2 * cols,
-        figsize=(5.2 * cols, (1.0 + 0.2 * n_lines) * rows),
+        figsize=(7.0 * cols, max(1.3, 0.11 * lines + 0.3) * rows),
         squeeze=False,
-        gridspec_kw={"width_ratios": [1, 3] * cols},
+        gridspec_kw={"width_ratios": [1, 4] * cols},
     )
     for ax in axes.flat:
         ax.axis("off")
@@ -734,19 +745,8 @@ def _gallery_png(
         with Image.open(files[i]) as image:
             img_ax.imshow(image.convert("RGB"))
         img_ax.set_title(f"image {i}", fontsize=7)
-        text = "\n".join(
-            textwrap.shorten(f"{who}: {t}", 80)
-            for who, t in _gallery_lines(caps, i, refs.get(i, ""))
-        )
-        txt_ax.text(
-            0,
-            1,
-            text,
-            va="top",
-            ha="left",
-            fontsize=6,
-            family="monospace",
-            transform=txt_ax.transAxes,
-        )
-    fig.suptitle("Caption gallery: reference and sample 0 of every run/decoding")
+        txt_ax.text(0, 1, texts[i], va="top", ha="left", fontsize=6, family="monospace",
+                    transform=txt_ax.transAxes)  # fmt: skip
+    fig.suptitle("Caption gallery: the longest reference and sample 0 of every run/decoding")
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.4 / fig.get_figheight()))
     _save(fig, path, dpi=100)

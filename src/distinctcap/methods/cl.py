@@ -10,7 +10,8 @@ Per micro-batch (B caption rows, each with its image):
   each step. The draw is a pure function of (seed, step, the batch's caption ids), so a resumed
   run and an uninterrupted one see the same negatives;
 - G = ln p_m(c|I) - ln p_n(c|I) (eq. 7) from one encoder pass over the batch's distinct images
-  and one decoder pass over the B + B*K rows, for the target and (under no_grad) the reference;
+  and one decoder pass over the B * (1 + K) captions (cross-attention keys/values once per
+  batch row), for the target and (under no_grad) the reference;
 - loss = -J (eq. 8-10), `distinctcap.losses.contrastive_loss`.
 
 The target runs in training mode (dropout on, as the trainer sets it) and the reference in eval
@@ -96,19 +97,15 @@ def sample_negatives(
 
 
 def pair_logprobs(
-    model: Captioner,
-    batch: Batch,
-    image_index: Tensor,
-    inputs: Tensor,
-    labels: Tensor,
-    pad_id: int,
+    model: Captioner, batch: Batch, inputs: Tensor, labels: Tensor, pad_id: int
 ) -> Tensor:
-    """ln p(c_r | I of batch row image_index[r]) for R (image, caption) rows -> (R,), a sum over
-    the non-pad labels (CL eq. 7 compares whole-caption probabilities). Each distinct image of
-    the batch is encoded once (`encode_batch`); inputs/labels (R, N) go through the decoder in
-    one pass. Differentiable; the caller decides no_grad."""
-    memory = encode_batch(model, batch).index_select(0, image_index)  # (R, M, W)
-    logits = model.decode(memory, inputs)  # (R, N, V)
+    """ln p(c_r | I) for the B*g captions inputs/labels (B*g, N), rows b*g .. b*g+g-1 paired with
+    the image of batch row b -> (B*g,), a sum over the non-pad labels (CL eq. 7 compares
+    whole-caption probabilities). Each distinct image is encoded once (`encode_batch`) and the
+    decoder's cross-attention keys/values are computed once per batch row, shared by its g
+    captions (distinctcap.model.Attention); one decoder pass over all rows. Differentiable;
+    the caller decides no_grad."""
+    logits = model.decode(encode_batch(model, batch), inputs)  # (B*g, N, V)
     nll = F.cross_entropy(
         logits.flatten(0, 1), labels.flatten(), ignore_index=pad_id, reduction="none"
     )
@@ -116,7 +113,7 @@ def pair_logprobs(
 
 
 def _pad_to(x: Tensor, width: int, pad_id: int) -> Tensor:
-    return F.pad(x, (0, width - x.shape[1]), value=pad_id)
+    return F.pad(x, (0, width - x.shape[-1]), value=pad_id)
 
 
 class ContrastiveLearning:
@@ -162,27 +159,30 @@ class ContrastiveLearning:
         gen = step_generator(self.seed, step, batch.caption_ids)
         return sample_negatives(self.data.image_ids, batch.image_ids, self.k, gen)
 
-    def rows(self, batch: Batch, step: int) -> tuple[Tensor, Tensor, Tensor]:
-        """Every scored pair of the micro-batch: image index (R,), inputs and labels (R, N),
-        the B positives first (if used), then the B*K negatives row-major (row b's K first)."""
-        device, b = batch.inputs.device, len(batch)
-        images, inputs, labels = [], [], []
+    @property
+    def group(self) -> int:
+        """Scored captions per batch row: its positive (if used) and its K negatives (if used)."""
+        return int(self.use_pos) + self.k * int(self.use_neg)
+
+    def rows(self, batch: Batch, step: int) -> tuple[Tensor, Tensor]:
+        """Every scored caption of the micro-batch, inputs and labels (B*g, N): for each batch
+        row b its own caption (if positives are used), then its K negatives (if used)."""
+        device = batch.inputs.device
+        inputs, labels = [], []
         if self.use_pos:
-            images.append(torch.arange(b))
-            inputs.append(batch.inputs)
-            labels.append(batch.labels)
+            inputs.append(batch.inputs[:, None])  # (B, 1, N)
+            labels.append(batch.labels[:, None])
         if self.use_neg:
-            flat = self.negatives(batch, step).flatten()
-            n = max(int(self.data.lengths[flat].max()), 1)
-            images.append(torch.arange(b).repeat_interleave(self.k))
-            inputs.append(self.data.inputs[flat, :n].to(device, non_blocking=True))
-            labels.append(self.data.labels[flat, :n].to(device, non_blocking=True))
-        width = max(x.shape[1] for x in inputs)
-        return (
-            torch.cat(images).to(device),
-            torch.cat([_pad_to(x, width, self.pad_id) for x in inputs]),
-            torch.cat([_pad_to(x, width, self.pad_id) for x in labels]),
-        )
+            neg = self.negatives(batch, step)  # (B, K)
+            n = max(int(self.data.lengths[neg].max()), 1)
+            inputs.append(self.data.inputs[neg, :n].to(device, non_blocking=True))  # (B, K, n)
+            labels.append(self.data.labels[neg, :n].to(device, non_blocking=True))
+        width = max(x.shape[-1] for x in inputs)
+
+        def flat(parts: list[Tensor]) -> Tensor:  # (B, g, width) -> (B*g, width)
+            return torch.cat([_pad_to(x, width, self.pad_id) for x in parts], dim=1).flatten(0, 1)
+
+        return flat(inputs), flat(labels)
 
     # -- reference replacement (§4.3, Table 6) -------------------------------------------------
 
@@ -220,18 +220,18 @@ class ContrastiveLearning:
         self, model: Captioner, batch: Batch, step: int, total_steps: int
     ) -> tuple[Tensor, dict[str, float]]:
         self.maybe_replace_reference(model, step)
-        images, inputs, labels = self.rows(batch, step)
-        args = (batch, images, inputs, labels, self.pad_id)
-        logp_target = pair_logprobs(model, *args)
+        inputs, labels = self.rows(batch, step)
+        logp_target = pair_logprobs(model, batch, inputs, labels, self.pad_id)
         with torch.no_grad():
-            logp_ref = pair_logprobs(self.reference, *args)
-        b = len(batch)
+            logp_ref = pair_logprobs(self.reference, batch, inputs, labels, self.pad_id)
+        b, g = len(batch), self.group
+        logp_target, logp_ref = logp_target.view(b, g), logp_ref.view(b, g)
         pos_t = pos_r = neg_t = neg_r = None
         if self.use_pos:
-            pos_t, pos_r = logp_target[:b], logp_ref[:b]
+            pos_t, pos_r = logp_target[:, 0], logp_ref[:, 0]
         if self.use_neg:
-            start = b if self.use_pos else 0
-            neg_t, neg_r = logp_target[start:].view(b, self.k), logp_ref[start:].view(b, self.k)
+            first = int(self.use_pos)
+            neg_t, neg_r = logp_target[:, first:], logp_ref[:, first:]
         loss = contrastive_loss(pos_t, pos_r, neg_t, neg_r, nu=self.nu)
         extras = {}
         if self.use_pos:

@@ -544,28 +544,35 @@ def _save(fig, path: str | Path, dpi: int = 110) -> None:
     _pyplot().close(fig)
 
 
+CURVE_SKIP = frozenset({"step", "epoch", "lr", "grad_norm", "tokens_per_s"})
+
+
 def plot_training_curves(curves: dict[str, str | Path], path: str | Path) -> None:
-    """Training loss and every validation column of each run's curve.csv against the step."""
+    """Each run's curve.csv against the step: the training objective (`loss`), every
+    validation column and the objectives' own terms (e.g. UNKT's mle, pred, hid, att, lambda)."""
     plt = _pyplot()
     tables = {run: pd.read_csv(p) for run, p in curves.items()}
-    panels = [
-        "loss",
-        *sorted({c for t in tables.values() for c in t.columns if c.startswith("val_")}),
-    ]
-    cols = min(3, len(panels))
+    names = {c for t in tables.values() for c in t.columns if c not in CURVE_SKIP}
+    vals = sorted(c for c in names if c.startswith("val_"))
+    panels = ["loss", *vals, *sorted(names - {"loss", *vals})]
+    cols = min(4, len(panels))
     rows = math.ceil(len(panels) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 3.2 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
+    colour = {run: f"C{k % 10}" for k, run in enumerate(tables)}  # one colour per run
     for ax, panel in zip(axes.flat, panels, strict=False):
         for run, t in tables.items():
             if panel in t and t[panel].notna().any():
                 sub = t[["step", panel]].dropna()
-                ax.plot(sub.step, sub[panel], label=run, marker="." if panel != "loss" else None)
-        ax.set(title=panel, xlabel="optimiser step")
+                marker = "." if len(sub) < 30 else None
+                ax.plot(sub.step, sub[panel], label=run, color=colour[run], marker=marker)
+        ax.set_title(panel if panel != "loss" else "loss (each run's objective)", fontsize=9)
+        ax.set_xlabel("optimiser step", fontsize=8)
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     axes.flat[0].legend(fontsize=7)
     fig.suptitle("Training curves (curve.csv of each run)")
+    fig.tight_layout()
     _save(fig, path)
 
 
@@ -623,13 +630,17 @@ def plot_cider_vs_n(curve_paths: Sequence[str | Path], path: str | Path) -> None
     tables = [pd.read_csv(p) for p in curve_paths]
     tables = [t for t in tables if len(t)]
     fig, ax = plt.subplots(figsize=(6, 4))
+    ns = sorted({int(n) for t in tables for n in t.n})
     for t in tables:
         r = t.iloc[0]
         ax.plot(t.n, t.cider, marker="o", label=f"{r.run} ({r.split}/{r.decoding})")
+    if ns:
+        ax.set_xscale("log")
+        ax.set_xticks(ns, [str(n) for n in ns])
+        ax.minorticks_off()
     if not tables:
         ax.text(0.5, 0.5, "no sampling decoding configured", ha="center", transform=ax.transAxes)
     ax.set(
-        xscale="log",
         xlabel="samples per image n",
         ylabel="oracle CIDEr-D",
         title="CIDEr vs number of samples (UNKT Fig. 2)",

@@ -456,3 +456,26 @@ def test_main_run_and_preset_entries_train(trained_reference, name):
     assert np.isfinite(result.curve["loss"]).all()
     assert {"specificity", "cos_true", "gen_len"} <= set(result.curve)
     assert ("cos_contrast" in result.curve) == (cfg["loss"] in ("cdp", "ccos"))
+
+
+def test_resumed_mid_run_ends_with_the_uninterrupted_weights(trained_reference):
+    """Gumbel noise and contrastive draws are functions of (seed, step, micro-batch), dropout
+    uses the torch RNG the checkpoint restores: a resumed run equals an uninterrupted one."""
+    from distinctcap.train import Trainer
+
+    config, data, paths, tmp = trained_reference
+    cfg = effective_run_config(config, "specificity_gumbel")
+    cfg["captioner"] = {**cfg["captioner"], "dropout": 0.1}
+    cfg["train"] = {**cfg["train"], "steps": 5}
+    table = tmp / table_path(cfg["contrastive_top_pct"])
+    cfg["paths"] = {**{k: str(v) for k, v in paths.items()}, "neighbours": str(table)}
+    whole = train(cfg, data)
+    cfg["paths"]["out_dir"] = str(tmp / "resumed")
+    killed = Trainer(cfg, data)
+    for _ in range(3):
+        killed.train_step()
+    killed.save_checkpoint()
+    resumed = Trainer(cfg, data).run()
+    assert resumed.resumed_from == 3
+    after = resumed.model.state_dict()
+    assert all(torch.equal(v, after[k]) for k, v in whole.model.state_dict().items())

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -46,10 +47,11 @@ def test_one_process_keeps_the_whole_batch_with_weight_one() -> None:
     assert env.device(torch.device("cpu")) == torch.device("cpu")
 
 
-def test_shards_are_strided_and_cover_the_micro_batch_once() -> None:
+def test_shards_are_contiguous_slices_covering_the_micro_batch_once() -> None:
     idx = torch.tensor([9, 4, 6, 1, 8])
-    parts = [shard(idx, DistEnv(r, 2, r)).tolist() for r in range(2)]
-    assert parts == [[9, 6, 8], [4, 1]]
+    assert [shard(idx, DistEnv(r, 2, r)).tolist() for r in range(2)] == [[9, 4, 6], [1, 8]]
+    parts = [shard(idx, DistEnv(r, 3, r)).tolist() for r in range(3)]
+    assert parts == [[9, 4], [6, 1], [8]]
     with pytest.raises(DistinctcapError, match="cannot be split over 3 processes"):
         shard(torch.tensor([1, 2]), DistEnv(0, 3, 0))
 
@@ -58,7 +60,7 @@ def test_shard_weights_are_token_or_caption_shares() -> None:
     lengths = torch.tensor([3, 1, 4, 1, 5, 9, 2, 6])  # non-pad tokens of captions 0..7
     idx = torch.tensor([0, 2, 5, 7])  # tokens 3, 4, 9, 6 -> total 22
     w = [shard_weight(lengths, idx, DistEnv(r, 2, r)) for r in range(2)]
-    assert w == pytest.approx([(3 + 9) / 22, (4 + 6) / 22])
+    assert w == pytest.approx([(3 + 4) / 22, (9 + 6) / 22])
     c = [shard_weight(lengths, idx, DistEnv(r, 3, r), "captions") for r in range(3)]
     assert c == pytest.approx([2 / 4, 1 / 4, 1 / 4])
     with pytest.raises(DistinctcapError, match="mean_over = 'sentences'"):
@@ -119,3 +121,95 @@ def test_summed_weighted_shard_gradients_equal_the_full_batch_gradient(tmp_path:
     all_reduce_gradients(model, DistEnv())  # a no-op for one process
     for got, want in zip(torch.load(out), [p.grad for p in model.parameters()], strict=True):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
+
+
+# ---------------------------------------------------------------------------------------------
+# The trainer over 2 torchrun processes (gloo, CPU) against one process
+
+V, DV, DP, G, MAXLEN, IMAGES = 24, 6, 5, 3, 8, 16
+# The curves agree to ~1e-6 relative (float sums in another order, 1 vs 2 threads); the stated
+# tolerance leaves room for other BLAS builds. Weights get an absolute tolerance too: Adam divides
+# by sqrt(v), which turns rounding in near-zero gradients into visible per-element differences.
+RTOL, WEIGHT_ATOL = 1e-4, 1e-4
+
+
+def run_data():
+    import numpy as np
+
+    from distinctcap.data.batches import CaptionData, ImageFeatures
+    from distinctcap.train import RunData
+
+    g = torch.Generator().manual_seed(0)
+    feats = ImageFeatures(
+        np.arange(IMAGES, dtype=np.int64),
+        torch.nn.functional.normalize(torch.randn(IMAGES, DP, generator=g), dim=-1),
+        torch.randn(IMAGES, G, DV, generator=g).half(),
+    )
+
+    def captions(images: np.ndarray, first_id: int) -> CaptionData:
+        n = len(images) * 5
+        lengths = torch.randint(1, MAXLEN - 1, (n,), generator=g).tolist()
+        tokens = [torch.randint(4, V, (k,), generator=g).tolist() for k in lengths]
+        ids = np.arange(first_id, first_id + n)
+        return CaptionData(feats, ids, np.repeat(images, 5), tokens, MAXLEN)
+
+    return RunData(captions(np.arange(12), 100), captions(np.arange(12, IMAGES), 1000))
+
+
+def run_config(out_dir: Path) -> dict:
+    return {
+        "name": "ddp",
+        "method": "mle",
+        "seed": 3,
+        "device": "cpu",
+        "captioner": {
+            "vocab_size": V,
+            "width": 16,
+            "enc_layers": 1,
+            "dec_layers": 1,
+            "heads": 2,
+            "ffn": 32,
+            "dropout": 0.0,
+            "max_len": MAXLEN,
+        },
+        "train": {
+            "steps": 8,
+            "batch_size": 10,  # the global micro-batch: 5 captions per process
+            "grad_accum": 2,
+            "lr": 0.01,
+            "warmup_steps": 2,
+            "val_every": 4,
+            "checkpoint_every": 0,
+            "log_every": 1,
+        },
+        "paths": {"out_dir": str(out_dir)},
+    }
+
+
+def test_two_gloo_processes_give_the_one_process_loss_curve(tmp_path: Path) -> None:
+    import pandas as pd
+
+    from distinctcap.distributed import launch
+    from distinctcap.model import Captioner
+    from distinctcap.train import train
+
+    data = run_data()
+    one = train(run_config(tmp_path / "one"), data)
+    data_file = tmp_path / "data.pt"
+    torch.save(data, data_file)
+    launch(run_config(tmp_path / "two"), 2, data_file=str(data_file))
+
+    curve = pd.read_csv(tmp_path / "two" / "curve.csv")
+    print("max relative loss difference", (curve.loss / one.curve.loss - 1).abs().max())
+    assert list(curve.step) == list(one.curve.step) == list(range(1, 9))
+    for column in ("loss", "grad_norm", "lr"):
+        assert curve[column].to_numpy() == pytest.approx(one.curve[column].to_numpy(), rel=RTOL)
+    val = curve.val_loss.dropna().to_numpy()
+    assert len(val) == 2 and val == pytest.approx(one.curve.val_loss.dropna().to_numpy(), rel=RTOL)
+    # The loss moved, so the comparison is not between two untrained models.
+    assert one.curve.loss.iloc[-1] < one.curve.loss.iloc[0] - 0.1
+    summary = json.loads((tmp_path / "two" / "summary.json").read_text())
+    assert summary["processes"] == 2 and summary["steps"] == 8
+    two = Captioner.load(tmp_path / "two" / "model.pt").state_dict()
+    for name, weight in one.model.state_dict().items():
+        torch.testing.assert_close(two[name], weight, rtol=RTOL, atol=WEIGHT_ATOL)

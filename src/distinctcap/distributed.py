@@ -8,7 +8,7 @@ from the environment torchrun sets (`DistEnv.from_env`) and uses GPU `LOCAL_RANK
 CPU, NCCL on GPUs).
 
 The global batch does not depend on W: micro-batch j of `train.batch_size` captions (the same
-captions as in a one-process run, data/batches.py) is split into W shards (`shard`), each rank
+captions as in a one-process run, data/batches.py) is cut into W slices (`shard`), each rank
 weights its loss by its shard's share of the micro-batch (`shard_weight`: its non-pad tokens /
 the micro-batch's, for objectives that average over tokens; captions / captions for objectives
 with `mean_over = "captions"`), and after the accumulation loop the gradients are summed over
@@ -104,10 +104,10 @@ class DistEnv:
 
 
 def shard(indices: Tensor, env: DistEnv) -> Tensor:
-    """This rank's captions of a micro-batch: positions rank, rank + W, ... of `indices` (B,).
-
-    Strided rather than contiguous shards, so the W shards have equal sizes (±1) and similar
-    caption lengths whatever order the micro-batch is in."""
+    """This rank's captions of a micro-batch `indices` (B,): the rank-th of W contiguous
+    slices of sizes differing by at most one. Contiguous, so the captions of one image, which
+    BatchOrder keeps next to each other, mostly stay on one process and its image is encoded
+    once (data/batches.py encode_batch)."""
     if not env.active:
         return indices
     if len(indices) < env.world_size:
@@ -115,7 +115,7 @@ def shard(indices: Tensor, env: DistEnv) -> Tensor:
             f"a micro-batch of {len(indices)} captions cannot be split over {env.world_size} "
             "processes; raise train.batch_size or use fewer GPUs"
         )
-    return indices[env.rank :: env.world_size]
+    return torch.tensor_split(indices, env.world_size)[env.rank]
 
 
 def shard_weight(lengths: Tensor, indices: Tensor, env: DistEnv, mean_over: str = "tokens"):

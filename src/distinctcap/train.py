@@ -55,6 +55,15 @@ from distinctcap.data.batches import (
     encode_batch,
     select_captions,
 )
+from distinctcap.distributed import (
+    DistEnv,
+    all_reduce_gradients,
+    all_reduce_sum,
+    broadcast_flag,
+    broadcast_parameters,
+    shard,
+    shard_weight,
+)
 from distinctcap.errors import DistinctcapError
 from distinctcap.io import atomic_path, read_table, write_json
 from distinctcap.methods import METHODS, TrainContext
@@ -421,7 +430,9 @@ class Trainer:
     def __init__(self, cfg: dict, data: RunData):
         self.cfg, self.data = cfg, data
         self.tc = TrainConfig.from_dict(cfg.get("train", {}))
-        self.device = resolve_device(cfg.get("device", "auto"))
+        self.dist = DistEnv.from_env()  # rank/world of torchrun processes (distinctcap.distributed)
+        self.device = self.dist.device(resolve_device(cfg.get("device", "auto")))
+        self.dist.init(self.device)
         self.dtype = autocast_dtype(self.tc.precision, self.device)
         self.seed = int(cfg.get("seed", 0))
         paths = cfg.get("paths", {})
@@ -432,10 +443,12 @@ class Trainer:
 
         seed_everything(self.seed)
         self.model = self._build_model().to(self.device)
+        broadcast_parameters(self.model, self.dist)
         objective_cls = METHODS[method]
         frozen = {edge: self._load_frozen(edge) for edge in getattr(objective_cls, "needs", ())}
         self.ctx = TrainContext(self.device, data.train, frozen, data.tokenizer, PAD)
         self.objective = objective_cls(cfg, self.ctx)
+        self.mean_over = getattr(self.objective, "mean_over", "tokens")  # for shard weights
         self.optimizer = make_optimizer(self.model, self.tc)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
@@ -579,10 +592,13 @@ class Trainer:
         self.model.train()
         loss_sum, tokens, extras = 0.0, 0, {}
         for m in range(tc.grad_accum):
-            batch = self.data.train.batch(self.order.indices(s.step * tc.grad_accum + m))
+            idx = self.order.indices(s.step * tc.grad_accum + m)
+            batch = self.data.train.batch(shard(idx, self.dist))  # this process's share
             b = batch.to(self.device)
             with self.autocast():
                 loss, extra = self.objective.loss(self.model, b, s.step, tc.steps)
+            # 1.0 for one process; else the shard's share, so the shard losses sum to the loss
+            loss = loss * shard_weight(self.data.train.lengths, idx, self.dist, self.mean_over)
             value = float(loss.detach())
             if not math.isfinite(value):
                 raise NonFiniteLossError(
@@ -593,6 +609,9 @@ class Trainer:
             tokens += batch.n_tokens
             for k, v in extra.items():
                 extras[k] = extras.get(k, 0.0) + float(v) / tc.grad_accum
+        all_reduce_gradients(self.model, self.dist)
+        loss_sum, tokens = all_reduce_sum([loss_sum, tokens], self.dist, self.device)
+        tokens = int(tokens)
         self.scaler.unscale_(self.optimizer)
         max_norm = tc.grad_clip if tc.grad_clip > 0 else float("inf")
         norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
@@ -656,6 +675,7 @@ class Trainer:
             desc=f"train {name}",
             mininterval=1.0,
             dynamic_ncols=True,
+            disable=not self.dist.is_main,
         )
         while s.step < tc.steps and not s.stopped_early:
             t0 = time.perf_counter()
@@ -685,6 +705,7 @@ class Trainer:
                 s.window = new_window()
                 if do_val:
                     row.update(self.validate())
+                    s.stopped_early = broadcast_flag(s.stopped_early, self.dist, self.device)
                     log.info(
                         "step %d: %s",
                         s.step,
@@ -701,6 +722,7 @@ class Trainer:
                 and not last
                 and self.checkpoint_path
                 and not s.stopped_early
+                and self.dist.is_main
             ):
                 self.save_checkpoint()
         bar.close()
@@ -726,7 +748,7 @@ class Trainer:
             train_seconds,
             total_tokens / train_seconds if train_seconds else 0.0,
         )
-        if self.out_dir:
+        if self.out_dir and self.dist.is_main:
             self.write_outputs(result)
         return result
 
@@ -761,6 +783,7 @@ class Trainer:
                 "tokens_per_s": result.tokens_per_s,
                 "train_seconds": result.train_seconds,
                 "parameters": self.model.num_params(),
+                "processes": self.dist.world_size,
                 "fingerprint": self.fingerprint,
                 "config": {k: v for k, v in self.cfg.items() if k != "paths"},
             },
@@ -774,4 +797,8 @@ def train(cfg: dict, data: RunData | None = None) -> TrainResult:
     cfg = copy.deepcopy(cfg)
     if data is None:
         data = load_run_data(cfg)
-    return Trainer(cfg, data).run()
+    trainer = Trainer(cfg, data)
+    try:
+        return trainer.run()
+    finally:
+        trainer.dist.close()

@@ -18,6 +18,7 @@ include: "workflow/rules/entropy.smk"
 include: "workflow/rules/neighbours.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/decode.smk"
+include: "workflow/rules/evaluate.smk"
 
 
 rule all:

@@ -6,6 +6,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import snakemake
 from evaluate_world import build
 
 from distinctcap import published
@@ -223,3 +224,48 @@ def test_versus_reference_names_the_metrics_each_run_wins_and_loses(metrics):
     assert "| unkt | greedy | test | cider 1.1 vs 0.9 | mean_rank 3 vs 2 |" in text
     assert reference_run({"a": {"method": "unkt"}, "b": {"method": "mle"}}) == "b"
     assert reference_run({"b": {"method": "mle", "data": "D-"}}) is None
+
+
+REPORT_TARGETS = [
+    "results/metrics/summary.csv",
+    "results/report/tables.html",
+    "results/report/metric_bars.png",
+    "results/report/gallery.html",
+]
+
+
+@pytest.mark.slow
+def test_report_rules_run_and_the_html_report_builds(workdir):
+    """The real rules on a tiny DAG (one run, one sampling decoding), then --report."""
+    config = {
+        "data": {"source": "shapes", "shapes": {"n_train": 60, "n_val": 10, "n_test": 12}},
+        "clip": {"train": {"epochs": 1, "batch_size": 32}},
+        "captioner": {"width": 32, "enc_layers": 1, "dec_layers": 1, "heads": 2, "ffn": 64},
+        "train": {"steps": 4, "warmup_steps": 1, "val_every": 2, "log_every": 1,
+                  "checkpoint_every": 0, "val_captions": 20},
+        "runs": {"reference": {"method": "mle"}},
+        "decoding": {"sample3": {"kind": "sample", "n": 3}},
+        "evaluate": {"oracle_ns": [3], "curve_ns": [1, 3], "self_retrieval_pool": 6,
+                     "gallery_images": 6},
+    }  # fmt: skip
+    run = snakemake(workdir, *REPORT_TARGETS, config=config, timeout=900)
+    assert run.returncode == 0, run.stderr[-4000:]
+    summary = pd.read_csv(workdir / "results/metrics/summary.csv")
+    assert summary[list(KEYS)].values.tolist() == [["reference", "test", "sample3"]]
+    assert "oracle_cider_3" in summary and summary.spice.isna().all()
+    tables = (workdir / "results/report/tables.md").read_text()
+    assert "| reference | sample3 | test |" in tables and "Published: CL Table 4" in tables
+    html = workdir / "results/report.html"
+    report = snakemake(workdir, "--report", str(html), *REPORT_TARGETS)
+    assert report.returncode == 0, report.stderr[-3000:]
+    page = html.read_text()
+    for name in (
+        "summary.csv",
+        "tables.html",
+        "training.png",
+        "metric_bars.png",
+        "cider_vs_n.png",
+        "gallery.png",
+        "gallery.html",
+    ):
+        assert name in page, name

@@ -350,3 +350,27 @@ def test_subset_selection_reads_the_subset_shards(tmp_path):
     assert select_captions(captions, "train").caption_id.tolist() == [1, 2, 3, 4]
     with pytest.raises(DistinctcapError, match="choose one of"):
         select_captions(captions, "train", "D0")
+
+
+def test_generated_table_has_one_row_per_caption_and_reproducible_samples():
+    from distinctcap.generated import generate_table
+
+    data = tiny_data()
+    cfg = CaptionerConfig(V, 4, 6, width=16, enc_layers=1, dec_layers=1, heads=2, ffn=32)
+    torch.manual_seed(0)
+    model = Captioner(cfg).eval()
+    feats = data.train.features.subset([101, 103])
+    text = lambda ids: " ".join(map(str, ids))  # noqa: E731
+    greedy = generate_table(model, feats, {"kind": "greedy"}, "ref", text)
+    assert greedy[["run", "image_id", "sample"]].values.tolist() == [
+        ["ref", 101, 0],
+        ["ref", 103, 0],
+    ]
+    setting = {"kind": "sample", "n": 3, "temperature": 1.5, "batch_size": 1}
+    a = generate_table(model, feats, setting, "ref", text, seed=4)
+    b = generate_table(model, feats, setting, "ref", text, seed=4)
+    assert a.image_id.tolist() == [101] * 3 + [103] * 3 and a["sample"].tolist() == [0, 1, 2] * 2
+    pd.testing.assert_frame_equal(a, b)
+    assert (a.logprob <= 0).all() and a.text.map(lambda t: isinstance(t, str)).all()
+    beam = generate_table(model, feats, {"kind": "beam", "k": 1}, "ref", text)
+    pd.testing.assert_frame_equal(beam, greedy)  # beam search of width 1 is greedy

@@ -49,12 +49,23 @@ def throughput(args) -> dict:
     dense, ent = [], []
     for _ in range(args.reps):
         dense.append(timed(lambda: t16 @ i16.T, args.device))
-        ent.append(timed(lambda: retrieval_entropy(text, images, 100.0, chunk=args.chunk,
-                                                   text_chunk=args.text_chunk), args.device))
+        ent.append(
+            timed(
+                lambda: retrieval_entropy(
+                    text, images, 100.0, chunk=args.chunk, text_chunk=args.text_chunk
+                ),
+                args.device,
+            )
+        )
     dense_fs, ent_fs = flops / min(dense), flops / min(ent)
-    return {"shapes": f"{args.n_text} x {args.n_images} x {args.dim}", "device": args.device,
-            "threads": torch.get_num_threads(), "dense_GFLOP/s": round(dense_fs / 1e9, 1),
-            "entropy_GFLOP/s": round(ent_fs / 1e9, 1), "ratio": round(ent_fs / dense_fs, 3)}
+    return {
+        "shapes": f"{args.n_text} x {args.n_images} x {args.dim}",
+        "device": args.device,
+        "threads": torch.get_num_threads(),
+        "dense_GFLOP/s": round(dense_fs / 1e9, 1),
+        "entropy_GFLOP/s": round(ent_fs / 1e9, 1),
+        "ratio": round(ent_fs / dense_fs, 3),
+    }
 
 
 def peak_memory(args) -> dict:
@@ -102,13 +113,34 @@ def main() -> None:
         return
     print(json.dumps(throughput(args)))
     for n_images in (args.n_images, 4 * args.n_images):
-        cmd = [sys.executable, __file__, "--memory-only", "--n-text", str(args.n_text),
-               "--n-images", str(n_images), "--dim", str(args.dim), "--chunk", str(args.chunk),
-               "--text-chunk", str(args.text_chunk), "--device", args.device]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--memory-only",
+            "--n-text",
+            str(args.n_text),
+            "--n-images",
+            str(n_images),
+            "--dim",
+            str(args.dim),
+            "--chunk",
+            str(args.chunk),
+            "--text-chunk",
+            str(args.text_chunk),
+            "--device",
+            args.device,
+        ]
         out = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
         inputs_mib = (args.n_text + n_images) * args.dim * 4 / 2**20
-        print(json.dumps({"n_images": n_images, "inputs_MiB": round(inputs_mib, 1),
-                          "entropy_peak_beyond_inputs_MiB": round(out["peak_MiB"], 1)}))
+        print(
+            json.dumps(
+                {
+                    "n_images": n_images,
+                    "inputs_MiB": round(inputs_mib, 1),
+                    "entropy_peak_beyond_inputs_MiB": round(out["peak_MiB"], 1),
+                }
+            )
+        )
 
 
 if __name__ == "__main__":

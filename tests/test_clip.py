@@ -52,8 +52,11 @@ def test_saved_weights_load_through_open_clip_and_load_clip(weights, tmp_path):
 
     folder = tmp_path / "dir"
     folder.mkdir()
-    (folder / "open_clip_config.json").write_text(json.dumps(
-        {"model_cfg": open_clip.get_model_config(ARCH), "preprocess_cfg": clip.preprocess_cfg()}))
+    (folder / "open_clip_config.json").write_text(
+        json.dumps(
+            {"model_cfg": open_clip.get_model_config(ARCH), "preprocess_cfg": clip.preprocess_cfg()}
+        )
+    )
     (folder / "open_clip_pytorch_model.bin").write_bytes(path.read_bytes())
     from_dir = load_clip(ARCH, f"local-dir:{folder}")
     torch.testing.assert_close(from_dir.model.logit_scale, model.logit_scale)

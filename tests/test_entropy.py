@@ -75,9 +75,13 @@ def test_mismatched_dims_are_an_error():
 
 def scores_table(entropies):
     n = len(entropies)
-    return pd.DataFrame({"caption_id": np.arange(n, dtype=np.int64),
-                         "image_id": np.arange(n, dtype=np.int64) // 2,
-                         "entropy": np.asarray(entropies, dtype=np.float32)})
+    return pd.DataFrame(
+        {
+            "caption_id": np.arange(n, dtype=np.int64),
+            "image_id": np.arange(n, dtype=np.int64) // 2,
+            "entropy": np.asarray(entropies, dtype=np.float32),
+        }
+    )
 
 
 def test_split_top_fraction_is_d_minus():
@@ -101,11 +105,15 @@ def test_empty_subset_is_a_config_error(fraction):
 
 def test_subset_shards_roundtrip_and_report(tmp_path):
     scores = scores_table(np.linspace(0, 5, 30)[::-1])
-    captions = pd.DataFrame({
-        "caption_id": scores.caption_id, "image_id": scores.image_id, "split": "train",
-        "text": [f"caption {i}" for i in range(30)],
-        "tokens": [np.array([4, 5 + i], dtype=np.int32) for i in range(30)],
-    })
+    captions = pd.DataFrame(
+        {
+            "caption_id": scores.caption_id,
+            "image_id": scores.image_id,
+            "split": "train",
+            "text": [f"caption {i}" for i in range(30)],
+            "tokens": [np.array([4, 5 + i], dtype=np.int32) for i in range(30)],
+        }
+    )
     table = split_subsets(scores, 0.4)
     dirs = {"D-": tmp_path / "D-", "D+": tmp_path / "D+"}
     counts = write_subsets(table, captions, dirs, shard_size=5)
@@ -133,8 +141,9 @@ STAGE = ["split_entropy", "entropy_report"]
 def jobs_planned(result) -> dict[str, int]:
     """Rule -> count from the `Job stats` table of a snakemake (dry) run."""
     table = result.stdout.split("Job stats:")[1].split("\n\n")[0]
-    return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)
-            if m[1] != "total"}
+    return {
+        m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M) if m[1] != "total"
+    }
 
 
 @pytest.mark.slow
@@ -154,7 +163,10 @@ def test_stage_end_to_end_reruns_only_what_changed(workdir):
     captions = read_table(workdir / "results/data/captions.parquet", "captions")
     assert len(table) == (captions.split == "train").sum()
     assert (table.subset == "D-").mean() == pytest.approx(0.5, abs=1e-3)
-    neg, pos = read_subset(workdir / "results/entropy/D-"), read_subset(workdir / "results/entropy/D+")
+    neg, pos = (
+        read_subset(workdir / "results/entropy/D-"),
+        read_subset(workdir / "results/entropy/D+"),
+    )
     generic_neg, generic_pos = (neg.level == 0).mean(), (pos.level == 0).mean()
     assert generic_neg > 2 * generic_pos, (generic_neg, generic_pos)
     assert (workdir / "results/report/entropy_histogram.png").stat().st_size > 1000

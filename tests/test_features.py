@@ -28,8 +28,10 @@ def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("world")
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(root)
-        data = {"source": "shapes",
-                "shapes": {"n_train": 20, "n_val": 5, "n_test": 5, "image_size": 64, "seed": 0}}
+        data = {
+            "source": "shapes",
+            "shapes": {"n_train": 20, "n_val": 5, "n_test": 5, "image_size": 64, "seed": 0},
+        }
         outputs = {k: f"results/data/{k}.parquet" for k in ("images", "captions", "quarantine")}
         prepare(data, "skip", {**outputs, "vocab": "results/data/vocab.json"})
     for seed in (0, 1):
@@ -46,8 +48,16 @@ def run(world, monkeypatch):
 
     def extract(weights="clip0.pt", out="out", **kwargs):
         clip = load_clip(ARCH, str(world / weights))
-        return extract_features(images, captions, clip, world / out / "index.json",
-                                world / out / "cache", SETTINGS, device="cpu", **kwargs)
+        return extract_features(
+            images,
+            captions,
+            clip,
+            world / out / "index.json",
+            world / out / "cache",
+            SETTINGS,
+            device="cpu",
+            **kwargs,
+        )
 
     return extract, images, captions
 
@@ -135,8 +145,15 @@ def test_nan_embeddings_stop_the_stage_naming_the_ids(run, world, monkeypatch):
     with torch.no_grad():
         clip.model.visual.proj[0, 0] = float("nan")
     with pytest.raises(DistinctcapError, match=r"NaN/inf embeddings for image ids \[0, 1, 2, "):
-        extract_features(images, read_table("results/data/captions.parquet"), clip,
-                         world / "nan/index.json", world / "nan/cache", SETTINGS, device="cpu")
+        extract_features(
+            images,
+            read_table("results/data/captions.parquet"),
+            clip,
+            world / "nan/index.json",
+            world / "nan/cache",
+            SETTINGS,
+            device="cpu",
+        )
 
     emb = torch.zeros(4, 3)
     emb[2, 1] = float("inf")

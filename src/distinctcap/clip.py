@@ -33,7 +33,6 @@ import numpy as np
 import open_clip
 import pandas as pd
 import torch
-import torch.nn.functional as F
 from open_clip.loss import ClipLoss
 from PIL import Image
 from torchvision.transforms import Compose, Normalize, PILToTensor, ToTensor
@@ -76,7 +75,7 @@ class WeightsSource:
 def resolve_weights(arch: str, pretrained: str) -> WeightsSource:
     """Turn `clip.pretrained` into a WeightsSource, failing fast with a clear message."""
     if pretrained.startswith(LOCAL_DIR):
-        folder = Path(pretrained[len(LOCAL_DIR):])
+        folder = Path(pretrained[len(LOCAL_DIR) :])
         if not (folder / "open_clip_config.json").is_file():
             raise DistinctcapError(
                 f"clip.pretrained = {pretrained!r}: {folder} has no open_clip_config.json; a "
@@ -99,7 +98,8 @@ def resolve_weights(arch: str, pretrained: str) -> WeightsSource:
             f"tag of {arch} (tags: {', '.join(tags) or 'none'})"
         )
     kwargs = {
-        "image_mean": cfg.get("mean"), "image_std": cfg.get("std"),
+        "image_mean": cfg.get("mean"),
+        "image_std": cfg.get("std"),
         "image_interpolation": cfg.get("interpolation"),
         "image_resize_mode": cfg.get("resize_mode"),
         "force_quick_gelu": bool(cfg.get("quick_gelu", False)),
@@ -118,7 +118,9 @@ def cached_tag_file(cfg: dict) -> str | None:
 
         repo, name = os.path.split(cfg["hf_hub"])
         name = name or "open_clip_pytorch_model.bin"
-        candidates = [name[:-4] + ".safetensors", name] if name.endswith((".bin", ".pth")) else [name]
+        candidates = (
+            [name[:-4] + ".safetensors", name] if name.endswith((".bin", ".pth")) else [name]
+        )
         for candidate in candidates:
             path = try_to_load_from_cache(repo, candidate)
             if isinstance(path, str) and os.path.isfile(path):
@@ -202,8 +204,10 @@ def load_clip(arch: str, pretrained: str, device: str | torch.device = "cpu") ->
     kwargs = {k: v for k, v in source.kwargs.items() if v is not None and k != "tag"}
     weights = source.checkpoint or source.kwargs.get("tag")
     model, _, preprocess = open_clip.create_model_and_transforms(
-        source.model_name, pretrained=None if pretrained.startswith(LOCAL_DIR) else weights,
-        device=device, **kwargs,
+        source.model_name,
+        pretrained=None if pretrained.startswith(LOCAL_DIR) else weights,
+        device=device,
+        **kwargs,
     )
     files = source.files
     if not files and weights:  # a tag open_clip has just downloaded: now it is in the cache
@@ -218,7 +222,11 @@ def byte_transform(preprocess: Compose) -> tuple[Compose, torch.Tensor, torch.Te
     mean/std of its final normalisation, applied on the device by `normalize`: workers then ship
     bytes, and the result equals ToTensor + Normalize."""
     steps = list(preprocess.transforms)
-    if len(steps) < 2 or not isinstance(steps[-2], ToTensor) or not isinstance(steps[-1], Normalize):
+    if (
+        len(steps) < 2
+        or not isinstance(steps[-2], ToTensor)
+        or not isinstance(steps[-1], Normalize)
+    ):
         raise DistinctcapError(f"unexpected open_clip transform (no ToTensor+Normalize): {steps}")
     mean = torch.tensor(steps[-1].mean, dtype=torch.float32).view(1, -1, 1, 1)
     std = torch.tensor(steps[-1].std, dtype=torch.float32).view(1, -1, 1, 1)
@@ -258,8 +266,10 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     for name, p in model.named_parameters():
         skip = p.ndim < 2 or "embedding" in name or "logit_scale" in name
         (no_decay if skip else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay},
-            {"params": no_decay, "weight_decay": 0.0}]
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
 
 
 def lr_at(step: int, total: int, warmup: int, lr: float) -> float:
@@ -281,8 +291,12 @@ def caption_index(captions: pd.DataFrame, image_ids: np.ndarray) -> tuple[np.nda
 
 
 def train_clip(
-    images: pd.DataFrame, captions: pd.DataFrame, arch: str, settings: TrainSettings,
-    seed: int = 0, device: str = "auto",
+    images: pd.DataFrame,
+    captions: pd.DataFrame,
+    arch: str,
+    settings: TrainSettings,
+    seed: int = 0,
+    device: str = "auto",
 ) -> tuple[torch.nn.Module, dict]:
     """Train `arch` from scratch with CLIP's contrastive loss on the train split.
 
@@ -306,8 +320,9 @@ def train_clip(
     n, bs = len(pixels), min(settings.batch_size, len(pixels))
     steps_per_epoch = n // bs
     total = steps_per_epoch * settings.epochs
-    opt = torch.optim.AdamW(param_groups(model, settings.weight_decay), lr=settings.lr,
-                            betas=(0.9, 0.98), eps=1e-6)
+    opt = torch.optim.AdamW(
+        param_groups(model, settings.weight_decay), lr=settings.lr, betas=(0.9, 0.98), eps=1e-6
+    )
     loss_fn = ClipLoss()
     amp = torch.autocast("cuda", dtype=torch.bfloat16, enabled=dev.type == "cuda")
     model.train()
@@ -332,13 +347,22 @@ def train_clip(
                 model.logit_scale.clamp_(0, math.log(100))
             epoch_loss += loss.item()
             step += 1
-        log.info("epoch %d/%d: contrastive loss %.4f, logit scale %.2f, %.0f s",
-                 epoch + 1, settings.epochs, epoch_loss / max(1, steps_per_epoch),
-                 model.logit_scale.exp().item(), time.perf_counter() - start)
+        log.info(
+            "epoch %d/%d: contrastive loss %.4f, logit scale %.2f, %.0f s",
+            epoch + 1,
+            settings.epochs,
+            epoch_loss / max(1, steps_per_epoch),
+            model.logit_scale.exp().item(),
+            time.perf_counter() - start,
+        )
     model.eval()
     metrics = evaluate_retrieval(model, images, captions, "val", to_bytes, mean, std, tokenizer)
-    metrics.update(train_seconds=round(time.perf_counter() - start, 1), epochs=settings.epochs,
-                   logit_scale=model.logit_scale.exp().item(), arch=arch)
+    metrics.update(
+        train_seconds=round(time.perf_counter() - start, 1),
+        epochs=settings.epochs,
+        logit_scale=model.logit_scale.exp().item(),
+        arch=arch,
+    )
     return model, metrics
 
 
@@ -350,24 +374,41 @@ def evaluate_retrieval(model, images, captions, split, to_bytes, mean, std, toke
     caps = captions[captions.split == split]
     pixels = load_images(imgs.file.tolist(), to_bytes)
     tokens = tokenizer(caps.text.tolist())
-    img_emb = torch.cat([model.encode_image(normalize(p.to(dev), mean, std), normalize=True)
-                         for p in pixels.split(256)]).float().cpu()
-    txt_emb = torch.cat([model.encode_text(t.to(dev), normalize=True)
-                         for t in tokens.split(1024)]).float().cpu()
+    img_emb = (
+        torch.cat(
+            [
+                model.encode_image(normalize(p.to(dev), mean, std), normalize=True)
+                for p in pixels.split(256)
+            ]
+        )
+        .float()
+        .cpu()
+    )
+    txt_emb = (
+        torch.cat([model.encode_text(t.to(dev), normalize=True) for t in tokens.split(1024)])
+        .float()
+        .cpu()
+    )
     return retrieval_recall(img_emb, imgs.image_id.to_numpy(), txt_emb, caps.image_id.to_numpy())
 
 
 def retrieval_recall(
-    image_emb: torch.Tensor, image_ids: np.ndarray, text_emb: torch.Tensor,
-    text_image_ids: np.ndarray, ks: Sequence[int] = (1, 5),
+    image_emb: torch.Tensor,
+    image_ids: np.ndarray,
+    text_emb: torch.Tensor,
+    text_image_ids: np.ndarray,
+    ks: Sequence[int] = (1, 5),
 ) -> dict:
     """Recall@k both ways. image->text: an image is a hit when one of its own captions is among
     its k nearest captions; text->image: a caption is a hit when its image is among its k
     nearest images. `chance_R@1` is 1 / number of images."""
     sim = text_emb @ image_emb.T  # (Nt, Ni)
     own = torch.as_tensor(text_image_ids[:, None] == image_ids[None, :])  # (Nt, Ni)
-    out = {"n_images": len(image_ids), "n_captions": len(text_image_ids),
-           "chance_R@1": 1.0 / len(image_ids)}
+    out = {
+        "n_images": len(image_ids),
+        "n_captions": len(text_image_ids),
+        "chance_R@1": 1.0 / len(image_ids),
+    }
     for k in ks:
         top_images = sim.topk(min(k, sim.shape[1]), dim=1).indices
         out[f"text_to_image_R@{k}"] = own.gather(1, top_images).any(1).float().mean().item()

@@ -40,43 +40,48 @@ def _mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         return out.copy_(a @ b.T)
 
 
-def _block_entropy(q: torch.Tensor, images: torch.Tensor, chunk: int,
-                   acc: torch.dtype) -> torch.Tensor:
+def _block_entropy(
+    q: torch.Tensor, images: torch.Tensor, chunk: int, acc: torch.dtype
+) -> torch.Tensor:
     """Entropy of softmax(q @ images.T) per row of q, streaming over image chunks.
 
-    Running state per row: m (max logit so far), l = sum exp(s - m), a = sum exp(s - m)(s - m).
-    Then H = log Z - E[s] = log l - a / l, all in offsets from m (no cancellation of large
+    Running state per row: m (max logit so far), z = sum exp(s - m), a = sum exp(s - m)(s - m).
+    Then H = log Z - E[s] = log z - a / z, all in offsets from m (no cancellation of large
     logits). When m grows to m', old terms rescale by exp(m - m') and their offset by (m - m').
     The two tiles are allocated once: fresh multi-MB buffers per chunk cost page faults.
     """
     rows = q.shape[0]
     tile_s = torch.empty(rows * min(chunk, images.shape[0]), dtype=acc, device=q.device)
     tile_e = torch.empty_like(tile_s)
-    m = l = a = None
+    m = z = a = None
     for start in range(0, images.shape[0], chunk):
-        block = images[start:start + chunk]
-        s = _mm(q, block, tile_s[:rows * len(block)].view(rows, len(block)))  # (T, C) logits
-        e = tile_e[:s.numel()].view_as(s)
+        block = images[start : start + chunk]
+        s = _mm(q, block, tile_s[: rows * len(block)].view(rows, len(block)))  # (T, C) logits
+        e = tile_e[: s.numel()].view_as(s)
         m_chunk = s.amax(dim=1)
         m_new = m_chunk if m is None else torch.maximum(m, m_chunk)
         s.sub_(m_new[:, None])  # s - m' <= 0
         torch.exp(s, out=e)
-        l_chunk = e.sum(dim=1)
+        z_chunk = e.sum(dim=1)
         a_chunk = torch.bmm(e.unsqueeze(1), s.unsqueeze(2)).view(-1)  # row dots, no temp tile
         if m is None:
-            l, a = l_chunk, a_chunk
+            z, a = z_chunk, a_chunk
         else:
             shift = m - m_new  # <= 0
             decay = torch.exp(shift)
-            a = decay * (a + shift * l) + a_chunk
-            l = decay * l + l_chunk
+            a = decay * (a + shift * z) + a_chunk
+            z = decay * z + z_chunk
         m = m_new
-    return torch.log(l) - a / l
+    return torch.log(z) - a / z
 
 
 def retrieval_entropy(
-    text_emb: torch.Tensor, image_emb: torch.Tensor, logit_scale: float, chunk: int = 4096,
-    text_chunk: int = 256, matmul_dtype: torch.dtype | None = None,
+    text_emb: torch.Tensor,
+    image_emb: torch.Tensor,
+    logit_scale: float,
+    chunk: int = 4096,
+    text_chunk: int = 256,
+    matmul_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """UNKT eq. 3: H(y) for every caption embedding y over ALL image embeddings, in nats.
 
@@ -88,7 +93,8 @@ def retrieval_entropy(
     """
     if text_emb.shape[-1] != image_emb.shape[-1]:
         raise DistinctcapError(
-            f"text embeddings have dim {text_emb.shape[-1]}, images {image_emb.shape[-1]}")
+            f"text embeddings have dim {text_emb.shape[-1]}, images {image_emb.shape[-1]}"
+        )
     if image_emb.shape[0] == 0:
         raise DistinctcapError("retrieval entropy needs at least one image")
     acc = torch.float64 if text_emb.dtype == torch.float64 else torch.float32
@@ -97,8 +103,8 @@ def retrieval_entropy(
     images = image_emb.to(matmul_dtype).contiguous()
     out = torch.empty(text_emb.shape[0], dtype=acc, device=text_emb.device)
     for start in range(0, text_emb.shape[0], text_chunk):
-        q = (text_emb[start:start + text_chunk].to(acc) * logit_scale).to(matmul_dtype)
-        out[start:start + text_chunk] = _block_entropy(q, images, chunk, acc)
+        q = (text_emb[start : start + text_chunk].to(acc) * logit_scale).to(matmul_dtype)
+        out[start : start + text_chunk] = _block_entropy(q, images, chunk, acc)
     return out
 
 
@@ -106,8 +112,12 @@ def retrieval_entropy(
 
 
 def score_captions(
-    index_path: str | Path, captions: pd.DataFrame, logit_scale: float | None = None,
-    chunk: int = 4096, text_chunk: int = 256, device: str = "auto",
+    index_path: str | Path,
+    captions: pd.DataFrame,
+    logit_scale: float | None = None,
+    chunk: int = 4096,
+    text_chunk: int = 256,
+    device: str = "auto",
 ) -> pd.DataFrame:
     """Retrieval entropy of every train caption over every train image (UNKT eq. 3).
 
@@ -124,20 +134,32 @@ def score_captions(
     caption_ids, text = load_text_features(index_path)
     train_images = np.isin(image_ids, train.image_id.unique())
     rows = np.searchsorted(caption_ids, train.caption_id.to_numpy())
-    if (rows >= len(caption_ids)).any() or (caption_ids[np.minimum(rows, len(caption_ids) - 1)]
-                                            != train.caption_id.to_numpy()).any():
-        raise DistinctcapError(f"{index_path} lacks text features of some train captions; "
-                               "rerun the extract_features rule")
+    if (rows >= len(caption_ids)).any() or (
+        caption_ids[np.minimum(rows, len(caption_ids) - 1)] != train.caption_id.to_numpy()
+    ).any():
+        raise DistinctcapError(
+            f"{index_path} lacks text features of some train captions; "
+            "rerun the extract_features rule"
+        )
     img = torch.from_numpy(pooled[train_images]).to(dev)
     txt = torch.from_numpy(text[rows]).to(dev)
     check_finite(image_ids[train_images], "image", img)
     check_finite(train.caption_id.to_numpy(), "caption", txt)
-    log.info("retrieval entropy of %d captions over %d images, logit scale %.3f, on %s",
-             len(txt), len(img), scale, dev)
+    log.info(
+        "retrieval entropy of %d captions over %d images, logit scale %.3f, on %s",
+        len(txt),
+        len(img),
+        scale,
+        dev,
+    )
     entropy = retrieval_entropy(txt, img, scale, chunk=chunk, text_chunk=text_chunk)
-    return pd.DataFrame({"caption_id": train.caption_id.to_numpy(),
-                         "image_id": train.image_id.to_numpy(),
-                         "entropy": entropy.float().cpu().numpy()})
+    return pd.DataFrame(
+        {
+            "caption_id": train.caption_id.to_numpy(),
+            "image_id": train.image_id.to_numpy(),
+            "entropy": entropy.float().cpu().numpy(),
+        }
+    )
 
 
 def split_subsets(scores: pd.DataFrame, fraction: float) -> pd.DataFrame:
@@ -158,8 +180,9 @@ def threshold(table: pd.DataFrame) -> float:
     return float(table.entropy[table.subset == "D-"].min())
 
 
-def write_subsets(table: pd.DataFrame, captions: pd.DataFrame, out_dirs: dict[str, str],
-                  shard_size: int = 100_000) -> dict[str, int]:
+def write_subsets(
+    table: pd.DataFrame, captions: pd.DataFrame, out_dirs: dict[str, str], shard_size: int = 100_000
+) -> dict[str, int]:
     """Each subset's captions (captions table columns + entropy) as part-NNNNN.parquet shards."""
     joined = captions.merge(table[["caption_id", "entropy", "subset"]], on="caption_id")
     counts = {}
@@ -168,7 +191,7 @@ def write_subsets(table: pd.DataFrame, captions: pd.DataFrame, out_dirs: dict[st
         folder = Path(out_dirs[name])
         folder.mkdir(parents=True, exist_ok=True)
         for i, start in enumerate(range(0, len(rows), shard_size)):
-            part = rows.iloc[start:start + shard_size]
+            part = rows.iloc[start : start + shard_size]
             write_table(part, folder / f"part-{i:05d}.parquet", "captions")
         counts[name] = len(rows)
     return counts
@@ -182,15 +205,24 @@ def read_subset(folder: str | Path) -> pd.DataFrame:
     return pd.concat([read_table(p, "captions") for p in parts], ignore_index=True)
 
 
-def split_stage(scores_path: str, captions_path: str, outputs: dict, fraction: float,
-                shard_size: int) -> dict:
+def split_stage(
+    scores_path: str, captions_path: str, outputs: dict, fraction: float, shard_size: int
+) -> dict:
     """The split rule: entropy table (with subset) + the D- / D+ shards."""
     table = split_subsets(read_table(scores_path), fraction)
     write_table(table, outputs["table"], "entropy")
-    counts = write_subsets(table, read_table(captions_path, "captions"),
-                           {"D-": outputs["negative"], "D+": outputs["positive"]}, shard_size)
-    log.info("D-: %d captions, D+: %d captions, threshold H >= %.4f nats",
-             counts["D-"], counts["D+"], threshold(table))
+    counts = write_subsets(
+        table,
+        read_table(captions_path, "captions"),
+        {"D-": outputs["negative"], "D+": outputs["positive"]},
+        shard_size,
+    )
+    log.info(
+        "D-: %d captions, D+: %d captions, threshold H >= %.4f nats",
+        counts["D-"],
+        counts["D+"],
+        threshold(table),
+    )
     return counts
 
 
@@ -210,13 +242,25 @@ def plot_histogram(table: pd.DataFrame, path: str | Path, bins: int = 60) -> Non
     edges = np.linspace(table.entropy.min(), table.entropy.max(), bins + 1)
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, colour in zip(SUBSETS, ("tab:red", "tab:blue"), strict=True):
-        ax.hist(table.entropy[table.subset == name], bins=edges, color=colour, alpha=0.7,
-                label=f"{name} ({(table.subset == name).sum()} captions)")
+        ax.hist(
+            table.entropy[table.subset == name],
+            bins=edges,
+            color=colour,
+            alpha=0.7,
+            label=f"{name} ({(table.subset == name).sum()} captions)",
+        )
     ax.axvline(cut, color="black", linestyle="--", label=f"threshold {cut:.3f}")
-    ax.axvline(math.log(max(1, table.image_id.nunique())), color="grey", linestyle=":",
-               label="log N images (uniform)")
-    ax.set(xlabel="retrieval entropy H(y) [nats] (UNKT eq. 3)", ylabel="captions",
-           title="Retrieval entropy of the training captions")
+    ax.axvline(
+        math.log(max(1, table.image_id.nunique())),
+        color="grey",
+        linestyle=":",
+        label="log N images (uniform)",
+    )
+    ax.set(
+        xlabel="retrieval entropy H(y) [nats] (UNKT eq. 3)",
+        ylabel="captions",
+        title="Retrieval entropy of the training captions",
+    )
     ax.legend()
     fig.tight_layout()
     with atomic_path(path) as tmp:
@@ -228,12 +272,20 @@ def extremes_markdown(table: pd.DataFrame, captions: pd.DataFrame, top: int = 20
     """The `top` highest- and lowest-entropy captions with their entropies, as markdown."""
     joined = table.merge(captions[["caption_id", "text"]], on="caption_id")
     ranked = joined.sort_values(["entropy", "caption_id"], ascending=[False, True])
-    lines = [f"# Retrieval entropy extremes (UNKT eq. 3)\n",
-             f"{len(table)} train captions; D- = top {(table.subset == 'D-').mean():.0%} "
-             f"(H >= {threshold(table):.4f} nats).\n"]
+    lines = [
+        "# Retrieval entropy extremes (UNKT eq. 3)\n",
+        f"{len(table)} train captions; D- = top {(table.subset == 'D-').mean():.0%} "
+        f"(H >= {threshold(table):.4f} nats).\n",
+    ]
     for title, rows in (("Highest", ranked.head(top)), ("Lowest", ranked.tail(top)[::-1])):
-        lines += [f"\n## {title} {len(rows)}\n", "| caption_id | image_id | entropy | subset "
-                  "| caption |", "|---:|---:|---:|:---|:---|"]
-        lines += [f"| {r.caption_id} | {r.image_id} | {r.entropy:.4f} | {r.subset} | "
-                  f"{str(r.text).replace('|', '/')} |" for r in rows.itertuples()]
+        lines += [
+            f"\n## {title} {len(rows)}\n",
+            "| caption_id | image_id | entropy | subset | caption |",
+            "|---:|---:|---:|:---|:---|",
+        ]
+        lines += [
+            f"| {r.caption_id} | {r.image_id} | {r.entropy:.4f} | {r.subset} | "
+            f"{str(r.text).replace('|', '/')} |"
+            for r in rows.itertuples()
+        ]
     return "\n".join(lines) + "\n"

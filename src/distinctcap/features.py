@@ -65,9 +65,12 @@ def compute_dtype(precision: str, device: torch.device) -> torch.dtype:
 def manifest(clip: LoadedClip, dtype: torch.dtype) -> dict:
     """Everything the features depend on besides the inputs themselves."""
     return {
-        "format": FORMAT, "arch": clip.arch, "pretrained": clip.pretrained,
+        "format": FORMAT,
+        "arch": clip.arch,
+        "pretrained": clip.pretrained,
         "weight_files": [str(f) for f in clip.weight_files],
-        "weights_sha256": file_sha256(clip.weight_files), "preprocess": clip.preprocess_cfg(),
+        "weights_sha256": file_sha256(clip.weight_files),
+        "preprocess": clip.preprocess_cfg(),
         "context_length": int(getattr(clip.model, "context_length", 0) or 0),
         "precision": str(dtype).removeprefix("torch."),
     }
@@ -98,8 +101,9 @@ class Shard:
         return meta.get(KEY, b"").decode() == self.key
 
 
-def plan_shards(kind: str, keys: Sequence[object], size: int, fingerprint: str,
-                folder: Path) -> list[Shard]:
+def plan_shards(
+    kind: str, keys: Sequence[object], size: int, fingerprint: str, folder: Path
+) -> list[Shard]:
     """Cut the table into shards of `size` rows; each shard's key covers the model and rows."""
     shards = []
     for i, start in enumerate(range(0, len(keys), size)):
@@ -113,7 +117,13 @@ def image_keys(images: pd.DataFrame) -> list[tuple]:
     """(image_id, file, size, mtime_ns): a regenerated or edited image changes its key."""
     out = []
     for image_id, file in zip(images.image_id, images.file, strict=True):
-        st = os.stat(file)
+        try:
+            st = os.stat(file)
+        except OSError as error:
+            raise DistinctcapError(
+                f"image {image_id}: cannot read {file} ({error.strerror}); images.parquet paths "
+                "are relative to the working directory"
+            ) from error
         out.append((int(image_id), str(file), st.st_size, st.st_mtime_ns))
     return out
 
@@ -162,13 +172,21 @@ class ImageFiles(Dataset):
 
 def image_batches(shards: list[Shard], batch_size: int) -> list[list[int]]:
     """Batches that never straddle two shards, in shard order."""
-    return [s.rows[b:b + batch_size].tolist() for s in shards
-            for b in range(0, len(s.rows), batch_size)]
+    return [
+        s.rows[b : b + batch_size].tolist()
+        for s in shards
+        for b in range(0, len(s.rows), batch_size)
+    ]
 
 
-def encode_images(clip: LoadedClip, loader: DataLoader, device: torch.device,
-                  dtype: torch.dtype, mean: torch.Tensor, std: torch.Tensor
-                  ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def encode_images(
+    clip: LoadedClip,
+    loader: DataLoader,
+    device: torch.device,
+    dtype: torch.dtype,
+    mean: torch.Tensor,
+    std: torch.Tensor,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """(pooled L2-normalised float32 (B, D), grid float16 (B, G, Dv)) per batch, on the CPU."""
     visual = clip.model.visual
     visual.output_tokens = True
@@ -180,9 +198,15 @@ def encode_images(clip: LoadedClip, loader: DataLoader, device: torch.device,
             yield (F.normalize(pooled.float(), dim=-1).cpu(), tokens.to(torch.float16).cpu())
 
 
-def extract_images(images: pd.DataFrame, clip: LoadedClip, shards: list[Shard],
-                   settings: FeatureSettings, device: torch.device, dtype: torch.dtype,
-                   on_shard: Callable[[Shard], None] | None = None) -> None:
+def extract_images(
+    images: pd.DataFrame,
+    clip: LoadedClip,
+    shards: list[Shard],
+    settings: FeatureSettings,
+    device: torch.device,
+    dtype: torch.dtype,
+    on_shard: Callable[[Shard], None] | None = None,
+) -> None:
     """Compute and write the given image shards; `on_shard` runs after each one is renamed."""
     if not hasattr(clip.model.visual, "output_tokens"):
         raise DistinctcapError(f"clip.arch = {clip.arch!r} gives no grid tokens; use a ViT")
@@ -190,8 +214,10 @@ def extract_images(images: pd.DataFrame, clip: LoadedClip, shards: list[Shard],
     workers = settings.workers
     loader = DataLoader(
         ImageFiles(images.file.tolist(), to_bytes),
-        batch_sampler=image_batches(shards, settings.batch_size), num_workers=workers,
-        pin_memory=device.type == "cuda", prefetch_factor=4 if workers else None,
+        batch_sampler=image_batches(shards, settings.batch_size),
+        num_workers=workers,
+        pin_memory=device.type == "cuda",
+        prefetch_factor=4 if workers else None,
     )
     batches = encode_images(clip, loader, device, dtype, mean, std)
     ids = images.image_id.to_numpy()
@@ -206,11 +232,14 @@ def extract_images(images: pd.DataFrame, clip: LoadedClip, shards: list[Shard],
                 bar.update(len(p))
             pooled, grid = torch.cat(pooled), torch.cat(grid)
             check_finite(ids[shard.rows], "image", pooled, grid)
-            write_shard(shard, {
-                "image_id": pa.array(ids[shard.rows], pa.int64()),
-                "pooled": fixed_list(pooled.numpy(), pa.float32()),
-                "grid": fixed_list(grid.numpy(), pa.float16()),
-            })
+            write_shard(
+                shard,
+                {
+                    "image_id": pa.array(ids[shard.rows], pa.int64()),
+                    "pooled": fixed_list(pooled.numpy(), pa.float32()),
+                    "grid": fixed_list(grid.numpy(), pa.float16()),
+                },
+            )
             if on_shard:
                 on_shard(shard)
 
@@ -218,9 +247,15 @@ def extract_images(images: pd.DataFrame, clip: LoadedClip, shards: list[Shard],
 # ---------------------------------------------------------------- texts
 
 
-def extract_texts(captions: pd.DataFrame, clip: LoadedClip, shards: list[Shard],
-                  settings: FeatureSettings, device: torch.device, dtype: torch.dtype,
-                  on_shard: Callable[[Shard], None] | None = None) -> None:
+def extract_texts(
+    captions: pd.DataFrame,
+    clip: LoadedClip,
+    shards: list[Shard],
+    settings: FeatureSettings,
+    device: torch.device,
+    dtype: torch.dtype,
+    on_shard: Callable[[Shard], None] | None = None,
+) -> None:
     ids, texts = captions.caption_id.to_numpy(), captions.text.tolist()
     amp = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
     bar = tqdm(total=sum(len(s.rows) for s in shards), desc="text features", unit="captions")
@@ -228,14 +263,19 @@ def extract_texts(captions: pd.DataFrame, clip: LoadedClip, shards: list[Shard],
         for shard in shards:
             out = []
             for b in range(0, len(shard.rows), settings.batch_size):
-                rows = shard.rows[b:b + settings.batch_size]
+                rows = shard.rows[b : b + settings.batch_size]
                 tokens = clip.tokenizer([texts[r] for r in rows]).to(device)
                 out.append(F.normalize(clip.model.encode_text(tokens).float(), dim=-1).cpu())
                 bar.update(len(rows))
             emb = torch.cat(out)
             check_finite(ids[shard.rows], "caption", emb)
-            write_shard(shard, {"caption_id": pa.array(ids[shard.rows], pa.int64()),
-                                "embedding": fixed_list(emb.numpy(), pa.float32())})
+            write_shard(
+                shard,
+                {
+                    "caption_id": pa.array(ids[shard.rows], pa.int64()),
+                    "embedding": fixed_list(emb.numpy(), pa.float32()),
+                },
+            )
             if on_shard:
                 on_shard(shard)
 
@@ -244,8 +284,13 @@ def extract_texts(captions: pd.DataFrame, clip: LoadedClip, shards: list[Shard],
 
 
 def extract_features(
-    images: pd.DataFrame, captions: pd.DataFrame, clip: LoadedClip, index_path: str | Path,
-    cache_dir: str | Path, settings: FeatureSettings | None = None, device: str = "auto",
+    images: pd.DataFrame,
+    captions: pd.DataFrame,
+    clip: LoadedClip,
+    index_path: str | Path,
+    cache_dir: str | Path,
+    settings: FeatureSettings | None = None,
+    device: str = "auto",
     on_shard: Callable[[Shard], None] | None = None,
 ) -> dict:
     """Features of every image and caption; reuses finished shards; writes the index JSON.
@@ -261,8 +306,9 @@ def extract_features(
     fingerprint = digest(info)
     images = images.sort_values("image_id").reset_index(drop=True)
     captions = captions.sort_values("caption_id").reset_index(drop=True)
-    img_shards = plan_shards("images", image_keys(images), settings.image_shard_size,
-                             fingerprint, cache)
+    img_shards = plan_shards(
+        "images", image_keys(images), settings.image_shard_size, fingerprint, cache
+    )
     txt_keys = list(zip(captions.caption_id.astype(int), captions.text, strict=True))
     txt_shards = plan_shards("texts", txt_keys, settings.text_shard_size, fingerprint, cache)
     clean_cache(cache, img_shards + txt_shards)
@@ -287,21 +333,31 @@ def clean_cache(cache: Path, keep: list[Shard]) -> None:
                 path.unlink()
 
 
-def build_index(info: dict, fingerprint: str, clip: LoadedClip, img_shards: list[Shard],
-                txt_shards: list[Shard], root: Path) -> dict:
+def build_index(
+    info: dict,
+    fingerprint: str,
+    clip: LoadedClip,
+    img_shards: list[Shard],
+    txt_shards: list[Shard],
+    root: Path,
+) -> dict:
     first = pq.read_schema(img_shards[0].path) if img_shards else None
     visual = clip.model.visual
     grid = visual.grid_size if hasattr(visual, "grid_size") else None
     return {
-        "manifest": info, "fingerprint": fingerprint, "logit_scale": clip.logit_scale,
+        "manifest": info,
+        "fingerprint": fingerprint,
+        "logit_scale": clip.logit_scale,
         "images": {
             "count": int(sum(len(s.rows) for s in img_shards)),
             "pooled_dim": first.field("pooled").type.list_size if first else None,
             "grid_tokens": int(np.prod(grid)) if grid else None,
             "shards": [shard_entry(s, root) for s in img_shards],
         },
-        "texts": {"count": int(sum(len(s.rows) for s in txt_shards)),
-                  "shards": [shard_entry(s, root) for s in txt_shards]},
+        "texts": {
+            "count": int(sum(len(s.rows) for s in txt_shards)),
+            "shards": [shard_entry(s, root) for s in txt_shards],
+        },
     }
 
 
@@ -335,11 +391,13 @@ def _matrix(tables: list[pa.Table], column: str, dtype) -> np.ndarray:
     chunks = [t.column(column).combine_chunks() for t in tables]
     width = chunks[0].type.list_size
     return np.concatenate([c.flatten().to_numpy().reshape(-1, width) for c in chunks]).astype(
-        dtype, copy=False)
+        dtype, copy=False
+    )
 
 
-def load_image_features(index_path: str | Path, grid: bool = True
-                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def load_image_features(
+    index_path: str | Path, grid: bool = True
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """(image_ids int64 (N,), pooled float32 (N, D) L2-normalised, grid float16 (N, G, Dv)),
     sorted by image_id. `grid=False` skips reading the grid tokens and returns None for them."""
     columns = ["image_id", "pooled"] + (["grid"] if grid else [])

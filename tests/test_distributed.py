@@ -197,7 +197,7 @@ def test_two_gloo_processes_give_the_one_process_loss_curve(tmp_path: Path) -> N
     one = train(run_config(tmp_path / "one"), data)
     data_file = tmp_path / "data.pt"
     torch.save(data, data_file)
-    launch(run_config(tmp_path / "two"), 2, data_file=str(data_file))
+    launch(run_config(tmp_path / "two"), 2, str(tmp_path / "two.log"), str(data_file))
 
     curve = pd.read_csv(tmp_path / "two" / "curve.csv")
     print("max relative loss difference", (curve.loss / one.curve.loss - 1).abs().max())
@@ -208,6 +208,7 @@ def test_two_gloo_processes_give_the_one_process_loss_curve(tmp_path: Path) -> N
     assert len(val) == 2 and val == pytest.approx(one.curve.val_loss.dropna().to_numpy(), rel=RTOL)
     # The loss moved, so the comparison is not between two untrained models.
     assert one.curve.loss.iloc[-1] < one.curve.loss.iloc[0] - 0.1
+    assert "rank0 distinctcap.train: run ddp: mle" in (tmp_path / "two.log").read_text()
     summary = json.loads((tmp_path / "two" / "summary.json").read_text())
     assert summary["processes"] == 2 and summary["steps"] == 8
     two = Captioner.load(tmp_path / "two" / "model.pt").state_dict()

@@ -1,9 +1,9 @@
 """Multi-GPU training: one run over the W processes torchrun starts, with DDP's arithmetic.
 
 A run whose job holds W > 1 GPUs (the `gpu` resource of `train_run`, set by the profile) is
-trained by `launch(cfg, W)`: it writes the run config to JSON and starts
+trained by `launch(cfg, W)`: it writes the run config to a JSON job file and starts
 `python -m torch.distributed.run --standalone --nproc-per-node W -m distinctcap.distributed
-CFG.json`; each of the W processes calls `distinctcap.train.train(cfg)`, which reads its rank
+JOB.json`; each of the W processes calls `distinctcap.train.train(cfg)`, which reads its rank
 from the environment torchrun sets (`DistEnv.from_env`) and uses GPU `LOCAL_RANK` (gloo on
 CPU, NCCL on GPUs).
 
@@ -198,21 +198,20 @@ def torchrun_command(nproc: int, *args: str) -> list[str]:
 def launch(cfg: dict, nproc: int, log_file: str | None = None, data_file: str | None = None):
     """Train run `cfg` in `nproc` torchrun processes and wait; a failed process raises
     DistinctcapError. `log_file` (the rule's log) gets rank 0's log lines appended.
-    `data_file`: a `torch.save`d RunData to train on instead of loading `cfg["paths"]`."""
+    `data_file`: a `torch.save`d RunData to train on instead of loading `cfg["paths"]`.
+
+    The processes get one argument, a JSON job file ({"cfg", "log", "data"}): options after
+    the module name would be parsed (as abbreviations) by torchrun itself."""
     if nproc < 2:
         raise DistinctcapError(f"launch needs >= 2 processes, got {nproc}; call train() instead")
     out_dir = Path(cfg.get("paths", {}).get("out_dir") or tempfile.gettempdir())
     out_dir.mkdir(parents=True, exist_ok=True)
+    job = {"cfg": cfg, "log": log_file and str(log_file), "data": data_file and str(data_file)}
     with tempfile.NamedTemporaryFile("w", suffix=".json", dir=out_dir, delete=False) as f:
-        json.dump(cfg, f)
-    args = [f.name]
-    if log_file:
-        args += ["--log", str(log_file)]
-    if data_file:
-        args += ["--data", str(data_file)]
-    log.info("run %s: training in %d processes: %s", cfg.get("name"), nproc, " ".join(args))
+        json.dump(job, f)
+    log.info("run %s: training in %d torchrun processes (%s)", cfg.get("name"), nproc, f.name)
     try:
-        done = subprocess.run(torchrun_command(nproc, *args), check=False)
+        done = subprocess.run(torchrun_command(nproc, f.name), check=False)
     finally:
         Path(f.name).unlink(missing_ok=True)
     if done.returncode != 0:
@@ -247,21 +246,18 @@ def _worker_logging(log_file: str | None, env: DistEnv) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Entry of each torchrun process: `python -m distinctcap.distributed CFG.json
-    [--log FILE] [--data RUNDATA.pt]`."""
-    import argparse
-
+    """Entry of each torchrun process: `python -m distinctcap.distributed JOB.json`, the job
+    file `launch` writes: {"cfg": run config, "log": rule log or null, "data": RunData file
+    or null (then the data is loaded from cfg["paths"])}."""
     from distinctcap.train import train
 
-    parser = argparse.ArgumentParser(prog="python -m distinctcap.distributed")
-    parser.add_argument("config", help="run config (JSON) as given to distinctcap.train.train")
-    parser.add_argument("--log", help="log file; rank 0 appends to it")
-    parser.add_argument("--data", help="torch.save'd RunData (default: load cfg['paths'])")
-    args = parser.parse_args(argv)
-    _worker_logging(args.log, DistEnv.from_env())
-    cfg = json.loads(Path(args.config).read_text())
-    data = torch.load(args.data, weights_only=False) if args.data else None
-    train(cfg, data)
+    args = sys.argv[1:] if argv is None else list(argv)
+    if len(args) != 1:
+        raise SystemExit("usage: python -m distinctcap.distributed JOB.json (written by launch)")
+    job = json.loads(Path(args[0]).read_text())
+    _worker_logging(job.get("log"), DistEnv.from_env())
+    data = torch.load(job["data"], weights_only=False) if job.get("data") else None
+    train(job["cfg"], data)
 
 
 if __name__ == "__main__":

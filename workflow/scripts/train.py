@@ -5,7 +5,7 @@ from pathlib import Path
 import torch
 
 from distinctcap import logs
-from distinctcap.train import train
+from distinctcap.distributed import train_with_gpus
 
 logs.setup(snakemake.log[0])
 torch.set_num_threads(snakemake.threads)
@@ -14,4 +14,5 @@ cfg["device"] = snakemake.params.device
 paths = {k: (v if isinstance(v, str) else list(v)) for k, v in snakemake.input.items()}
 cfg["paths"] = {**paths, **snakemake.params.paths,
                 "out_dir": str(Path(snakemake.output.model).parent)}
-train(cfg)
+# gpu > 1 (the profile's train_run resource): torchrun, one process per GPU (data parallel)
+train_with_gpus(cfg, int(snakemake.resources.get("gpu", 0)), snakemake.log[0])

@@ -223,6 +223,35 @@ def test_early_stopping_after_patience_validations_without_improvement(monkeypat
     assert result.best_step == 4 and same_weights(result.model.state_dict(), seen[0])
 
 
+class MLEWithOwnMetric(NaNAtStep):
+    """Selection on a metric the objective computes itself (as specificity's mean rank)."""
+
+    val_metrics = {"own": "min"}
+
+    def __init__(self, run_cfg, ctx):
+        super().__init__(run_cfg, ctx)
+        self.values = iter([3.0, 1.0, 2.0])
+
+    def loss(self, model, batch, step, total_steps):
+        return super().loss(model, batch, -1, total_steps)  # never NaN
+
+    def val_metric(self, name, model, val, batches, autocast):
+        return next(self.values)
+
+
+def test_selection_on_a_metric_of_the_objective_and_unknown_metrics(monkeypatch):
+    monkeypatch.setitem(METHODS, "own", MLEWithOwnMetric)
+    result = train({**tiny_cfg(select_metric="own"), "method": "own"}, tiny_data())
+    assert (result.best_step, result.best_metric) == (8, 1.0)
+    with pytest.raises(DistinctcapError, match="select_metric = 'own': choose one of"):
+        train(tiny_cfg(select_metric="own"), tiny_data())
+
+
+def test_self_retrieval_selection_runs_and_is_a_fraction():
+    result = train(tiny_cfg(select_metric="self_retrieval", steps=4), tiny_data())
+    assert 0.0 <= result.best_metric <= 1.0 and result.metric == "self_retrieval"
+
+
 RESUME_SCRIPT = """
 import json, sys, torch
 sys.path.insert(0, {tests!r})

@@ -95,7 +95,7 @@ class TrainConfig:
     val_every: int = 250  # steps between validations; 0 = only at the end
     val_captions: int = 1000  # validation captions used (a fixed seeded subset); 0 = all
     val_batch_size: int = 256
-    select_metric: str = "val_loss"  # checkpoint selection: a key of VAL_METRICS
+    select_metric: str = "val_loss"  # selection: VAL_METRICS or the objective's val_metrics
     patience: int = 0  # validations without improvement before stopping; 0 = never stop
     checkpoint_every: int = 250  # steps between resume checkpoints; 0 = none
     log_every: int = 25  # steps between curve rows / progress-bar updates
@@ -110,10 +110,6 @@ class TrainConfig:
         if self.precision not in PRECISIONS:
             raise DistinctcapError(
                 f"train.precision = {self.precision!r}: choose one of {PRECISIONS}"
-            )
-        if self.select_metric not in VAL_METRICS:
-            raise DistinctcapError(
-                f"train.select_metric = {self.select_metric!r}: choose one of {sorted(VAL_METRICS)}"
             )
 
     @classmethod
@@ -449,6 +445,7 @@ class Trainer:
         self.ctx = TrainContext(self.device, data.train, frozen, data.tokenizer, PAD)
         self.objective = objective_cls(cfg, self.ctx)
         self.mean_over = getattr(self.objective, "mean_over", "tokens")  # for shard weights
+        self.metric_mode = self._metric_mode(self.tc.select_metric)
         self.optimizer = make_optimizer(self.model, self.tc)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
@@ -510,6 +507,19 @@ class Trainer:
             )
         model = Captioner.load(path, map_location=self.device).eval()
         return model.requires_grad_(False)
+
+    def _metric_mode(self, name: str) -> str:
+        """ "min" or "max" for the selection metric: a VAL_METRICS entry or one the objective
+        computes itself (its `val_metrics`: name -> mode, and `val_metric(name, ...)`)."""
+        own = getattr(self.objective, "val_metrics", {})
+        if name in VAL_METRICS:
+            return VAL_METRICS[name].mode
+        if name in own:
+            return own[name]
+        raise DistinctcapError(
+            f"train.select_metric = {name!r}: choose one of {sorted(VAL_METRICS)}"
+            + (f" or, for method {self.cfg.get('method')!r}, {sorted(own)}" if own else "")
+        )
 
     def _val_subset(self) -> list[Batch]:
         val = self.data.val
@@ -633,12 +643,15 @@ class Trainer:
         self.model.eval()
         val = self.data.val
         metrics = {"val_loss": val_loss(self.model, val, self.val_batches, self.autocast)}
-        if tc.select_metric != "val_loss":
-            metrics[tc.select_metric] = VAL_METRICS[tc.select_metric].fn(
-                self.model, val, self.val_batches, self.autocast
+        name = tc.select_metric
+        if name in VAL_METRICS and name != "val_loss":
+            metrics[name] = VAL_METRICS[name].fn(self.model, val, self.val_batches, self.autocast)
+        elif name not in VAL_METRICS:  # computed by the objective (e.g. specificity mean_rank)
+            metrics[name] = float(
+                self.objective.val_metric(name, self.model, val, self.val_batches, self.autocast)
             )
         value = metrics[tc.select_metric]
-        better = VAL_METRICS[tc.select_metric].mode == "min"
+        better = self.metric_mode == "min"
         improved = s.best_metric is None or (
             value < s.best_metric if better else value > s.best_metric
         )

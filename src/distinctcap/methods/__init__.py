@@ -19,6 +19,10 @@ method (UNKT, CL, SMILE, specificity) is one module here and one entry in `METHO
   the top-level defaults and `captioner`, `seed` added.
 - `ctx.frozen[edge]` is the final model of the run named by `run_cfg[edge]` for each edge in
   `needs`, loaded by the trainer, in eval mode, with requires_grad False, on `ctx.device`.
+- Optional, for checkpoint selection on a metric only the objective can compute (e.g. the
+  specificity run's validation mean rank through its CLIP): `val_metrics = {name: "min" |
+  "max"}` and `val_metric(name, model, val_data, val_batches, autocast) -> float`; then
+  `train.select_metric: <name>` selects on it.
 - `batch` is a distinctcap.data.batches.Batch already on the device; the objective runs the
   model itself (under the trainer's autocast), so it can ask for internals (UNKT eq. 7-8) or
   score other captions (CL). `ctx.train_data` gives access to every training pair, e.g. to

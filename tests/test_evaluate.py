@@ -13,6 +13,7 @@ from distinctcap.evaluate import (
     EvalPaths,
     EvalSettings,
     evaluate_decoding,
+    metric_block,
     metric_columns,
     nearest,
     read_metrics,
@@ -147,3 +148,9 @@ def test_nearest_is_cosine_top_k_in_order():
     query = np.array([[1, 0.1], [-0.1, -1]], dtype=np.float32)
     assert nearest(query, pool, 2).tolist() == [[0, 2], [3, 0]]
     assert nearest(query, pool, 10).shape == (2, 4)
+
+
+def test_metric_block_leaves_report_only_keys_out():
+    block = {"oracle_ns": [20], "spice": False, "gallery_images": 5, "gallery_split": "val"}
+    assert metric_block(block) == {"oracle_ns": [20], "spice": False}
+    assert EvalSettings.from_config(block).spice is False

@@ -90,6 +90,13 @@ class EvalSettings:
         return cls(**{k: v for k, v in {**block, **extra}.items() if k in names})
 
 
+def metric_block(block: dict) -> dict:
+    """The keys of an `evaluate:` block the metrics depend on (not the gallery's), so that
+    editing a report-only key does not rerun every evaluation."""
+    names = {f.name for f in fields(EvalSettings)}
+    return {k: v for k, v in block.items() if k in names}
+
+
 def metric_columns(settings: EvalSettings) -> list[str]:
     """Every metric column of a metrics row, in order; the same for every decoding."""
     ks = settings.retrieval_ks

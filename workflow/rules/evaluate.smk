@@ -2,6 +2,7 @@
 table, the papers' table layouts with their published numbers, plots and a caption gallery,
 all wired into `snakemake --report` (captions in workflow/report/)."""
 
+from distinctcap.evaluate import metric_block
 from distinctcap.report import evaluation_keys, reference_run
 
 EVALUATE = config["evaluate"]
@@ -33,7 +34,7 @@ rule evaluate:
         metrics="results/metrics/{run}/{split}-{decoding}.parquet",
         curve="results/metrics/{run}/{split}-{decoding}-cider_vs_n.csv",
     params:
-        settings=EVALUATE,
+        settings=metric_block(EVALUATE),
         seed=config["seed"],
         device=config["device"],
     log:

@@ -64,3 +64,26 @@ def test_workflow_lints_clean(workdir):
     result = snakemake(workdir, "--lint")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Congratulations" in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    "files",
+    [["config.yaml"], ["config.coco.yaml"], ["tests/tiny_config.yaml"],
+     *[["config.yaml", str(p.relative_to(ROOT))] for p in sorted(ROOT.glob("presets/*.yaml"))]],
+)
+def test_shipped_configs_and_presets_validate(files):
+    import yaml
+
+    config: dict = {}
+    for name in files:  # later files override earlier ones, key by key, like --configfile
+        config = _merge(config, yaml.safe_load((ROOT / name).read_text()))
+    validated = validate(config, SCHEMA)
+    assert validated["runs"], files
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for key, value in extra.items():
+        both_dicts = isinstance(value, dict) and isinstance(base.get(key), dict)
+        out[key] = _merge(base[key], value) if both_dicts else value
+    return out

@@ -6,7 +6,8 @@ The student (the run's model) trains on all of D with eq. 9,
 
 against the negative teacher p_n: the frozen run named by the run's `teacher` (an MLE model on
 the high-entropy subset D-, Algorithm 1 lines 1-7). Both models read the same batch (the same
-grid/pooled features and caption prefix); the teacher runs without gradients.
+grid/pooled features and caption prefix, each distinct image encoded once as in the MLE
+objective); the teacher runs without gradients.
 
 - L_pred (eq. 5): soft unlikelihood of the teacher's softened predictions, `targets: soft`.
   The Table 6 ablations swap the target, keeping the rest of eq. 9: `hard` uses the teacher's
@@ -49,6 +50,7 @@ import pyarrow.parquet as pq
 import torch
 from torch import Tensor
 
+from distinctcap.data.batches import encode_batch
 from distinctcap.decode import greedy
 from distinctcap.errors import DistinctcapError
 from distinctcap.losses import (
@@ -192,6 +194,15 @@ def attention_maps(internals: dict[str, list[Tensor]], which: str) -> list[Tenso
     return [internals[k][layer] for layer in range(len(internals["hidden"])) for k in kinds]
 
 
+def run_decoder(
+    model: Captioner, batch: Batch, internals: bool
+) -> tuple[Tensor, dict[str, list[Tensor]] | None]:
+    """Teacher-forced logits (B, N, V) of the batch's captions and, if asked, the decoder
+    internals; each distinct image is encoded once (encode_batch), as the MLE objective does."""
+    out = model.decode(encode_batch(model, batch), batch.inputs, return_internals=internals)
+    return out if internals else (out, None)
+
+
 class UNKT:
     """UNKT eq. 9 against the frozen negative teacher `ctx.frozen["teacher"]` (module doc)."""
 
@@ -233,8 +244,7 @@ class UNKT:
         c, pad = self.cfg, self.pad_id
         lam = self.lam(step, total_steps)
         internal = lam > 0 and c.intermediate
-        out = model(batch.grid, batch.pooled, batch.inputs, return_internals=internal)
-        logits, student = out[0], (out[2] if internal else None)
+        logits, student = run_decoder(model, batch, internal)
         mle = mle_loss(logits, batch.labels, pad)
         if lam == 0:  # eq. 9 is exactly L_mle; the teacher is not needed
             return mle, {"lambda": 0.0, "mle": mle.detach()}
@@ -278,8 +288,7 @@ class UNKT:
         if not (soft or internal):
             return None, None
         with torch.no_grad():
-            out = self.teacher(batch.grid, batch.pooled, batch.inputs, return_internals=internal)
-        return out[0], (out[2] if internal else None)
+            return run_decoder(self.teacher, batch, internal)
 
     def pred_loss(self, logits: Tensor, teacher_logits: Tensor | None, batch: Batch) -> Tensor:
         """L_pred: eq. 5 with the teacher's soft targets, or eq. 2 with one negative token per

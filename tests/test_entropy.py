@@ -129,8 +129,11 @@ def test_subset_shards_roundtrip_and_report(tmp_path):
     text = extremes_markdown(table, captions, top=4)
     assert "## Highest 4" in text and "## Lowest 4" in text
     highest = text.split("## Lowest")[0]
-    assert "| 0 | 0 | 5.0000 | D- | caption 0 |" in highest
-    assert "| 29 | 14 | 0.0000 | D+ | caption 29 |" in text.split("## Lowest")[1]
+    assert "| 5.0000 | D- | 1 | 0 | caption 0 |" in highest
+    assert "| 0.0000 | D+ | 1 | 29 | caption 29 |" in text.split("## Lowest")[1]
+    captions["text"] = ["generic"] * 10 + [f"caption {i}" for i in range(10, 30)]
+    text = extremes_markdown(table, captions, top=2)  # one row per distinct text
+    assert "| D- | 10 | 0 | generic |" in text and "caption 10 |" in text.split("## Lowest")[0]
 
 
 # ---------------------------------------------------------------- the stage, for real

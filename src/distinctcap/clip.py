@@ -253,9 +253,9 @@ def load_images(files: Sequence[str], transform: Compose) -> torch.Tensor:
 
 @dataclass
 class TrainSettings:
-    epochs: int = 30
-    batch_size: int = 128
-    lr: float = 2e-3
+    epochs: int = 20
+    batch_size: int = 64
+    lr: float = 3e-3
     weight_decay: float = 0.1
     warmup_fraction: float = 0.1
 

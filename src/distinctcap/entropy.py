@@ -167,10 +167,10 @@ def split_subsets(scores: pd.DataFrame, fraction: float) -> pd.DataFrame:
     D+ (UNKT §3.1: the top 50% by retrieval entropy form the negative set)."""
     if not 0 < fraction < 1:
         raise DistinctcapError(f"entropy.fraction = {fraction}: choose 0 < fraction < 1")
+    if len(scores) < 2:
+        raise DistinctcapError("need at least two train captions to split into D- and D+")
     ranked = scores.sort_values(["entropy", "caption_id"], ascending=[False, True])
     n_neg = min(max(round(fraction * len(ranked)), 1), len(ranked) - 1)
-    if len(ranked) < 2:
-        raise DistinctcapError("need at least two train captions to split into D- and D+")
     subset = np.where(np.arange(len(ranked)) < n_neg, "D-", "D+")
     return ranked.assign(subset=subset).sort_values("caption_id").reset_index(drop=True)
 
@@ -190,6 +190,8 @@ def write_subsets(
         rows = joined[joined.subset == name].drop(columns="subset").sort_values("caption_id")
         folder = Path(out_dirs[name])
         folder.mkdir(parents=True, exist_ok=True)
+        for stale in folder.glob("part-*.parquet"):
+            stale.unlink()
         for i, start in enumerate(range(0, len(rows), shard_size)):
             part = rows.iloc[start : start + shard_size]
             write_table(part, folder / f"part-{i:05d}.parquet", "captions")
@@ -241,14 +243,13 @@ def plot_histogram(table: pd.DataFrame, path: str | Path, bins: int = 60) -> Non
     cut = threshold(table)
     edges = np.linspace(table.entropy.min(), table.entropy.max(), bins + 1)
     fig, ax = plt.subplots(figsize=(7, 4))
-    for name, colour in zip(SUBSETS, ("tab:red", "tab:blue"), strict=True):
-        ax.hist(
-            table.entropy[table.subset == name],
-            bins=edges,
-            color=colour,
-            alpha=0.7,
-            label=f"{name} ({(table.subset == name).sum()} captions)",
-        )
+    ax.hist(  # stacked: a bin straddling the threshold shows both parts
+        [table.entropy[table.subset == name] for name in SUBSETS],
+        bins=edges,
+        stacked=True,
+        color=["tab:red", "tab:blue"],
+        label=[f"{name} ({(table.subset == name).sum()} captions)" for name in SUBSETS],
+    )
     ax.axvline(cut, color="black", linestyle="--", label=f"threshold {cut:.3f}")
     ax.axvline(
         math.log(max(1, table.image_id.nunique())),
@@ -269,22 +270,35 @@ def plot_histogram(table: pd.DataFrame, path: str | Path, bins: int = 60) -> Non
 
 
 def extremes_markdown(table: pd.DataFrame, captions: pd.DataFrame, top: int = 20) -> str:
-    """The `top` highest- and lowest-entropy captions with their entropies, as markdown."""
+    """The `top` highest- and lowest-entropy captions with their entropies, as markdown.
+
+    Identical texts have identical embeddings, hence one entropy: each distinct text is listed
+    once with how many train captions (and images) carry it, so one generic caption repeated
+    across images does not fill the whole list.
+    """
     joined = table.merge(captions[["caption_id", "text"]], on="caption_id")
-    ranked = joined.sort_values(["entropy", "caption_id"], ascending=[False, True])
+    texts = joined.groupby("text", sort=False).agg(
+        entropy=("entropy", "mean"),
+        subset=("subset", lambda s: "/".join(sorted(set(s)))),
+        captions=("caption_id", "size"),
+        first_id=("caption_id", "min"),
+    )
+    ranked = texts.reset_index().sort_values(["entropy", "first_id"], ascending=[False, True])
+    n_images = table.image_id.nunique()
     lines = [
         "# Retrieval entropy extremes (UNKT eq. 3)\n",
-        f"{len(table)} train captions; D- = top {(table.subset == 'D-').mean():.0%} "
-        f"(H >= {threshold(table):.4f} nats).\n",
+        f"{len(table)} train captions ({len(texts)} distinct texts); D- = top "
+        f"{(table.subset == 'D-').mean():.0%} (H >= {threshold(table):.4f} nats; uniform over "
+        f"all {n_images} images would be {math.log(n_images):.4f}).\n",
     ]
     for title, rows in (("Highest", ranked.head(top)), ("Lowest", ranked.tail(top)[::-1])):
         lines += [
             f"\n## {title} {len(rows)}\n",
-            "| caption_id | image_id | entropy | subset | caption |",
-            "|---:|---:|---:|:---|:---|",
+            "| entropy | subset | captions | first caption_id | text |",
+            "|---:|:---|---:|---:|:---|",
         ]
         lines += [
-            f"| {r.caption_id} | {r.image_id} | {r.entropy:.4f} | {r.subset} | "
+            f"| {r.entropy:.4f} | {r.subset} | {r.captions} | {r.first_id} | "
             f"{str(r.text).replace('|', '/')} |"
             for r in rows.itertuples()
         ]

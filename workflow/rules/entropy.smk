@@ -16,6 +16,7 @@ rule retrieval_entropy:
         chunk=ENTROPY["chunk"],
         text_chunk=ENTROPY["text_chunk"],
         device=config["device"],
+    threads: 2  # profiles may set more
     log:
         "logs/entropy/retrieval_entropy.log",
     benchmark:

@@ -23,6 +23,7 @@ rule train_clip:
         train=CLIP["train"],
         seed=config["seed"],
         device=config["device"],
+    threads: 1  # small matrices: one thread is fastest (2 spin-wait on a busy box)
     log:
         "logs/features/train_clip.log",
     benchmark:
@@ -46,6 +47,7 @@ rule extract_features:
         settings=CLIP["features"],
         device=config["device"],
         cache=lambda w, output: str(Path(output.index).parent / "cache"),
+    threads: 2  # profiles may set more
     log:
         "logs/features/extract_features.log",
     benchmark:

@@ -1,11 +1,14 @@
 """Rule extract_features: pooled + grid image features and text features, in shards."""
 
+import torch
+
 from distinctcap import logs
 from distinctcap.clip import load_clip
 from distinctcap.features import FeatureSettings, extract_features
 from distinctcap.io import read_table
 
 logs.setup(snakemake.log[0])
+torch.set_num_threads(snakemake.threads)
 extract_features(
     read_table(snakemake.input.images, "images"),
     read_table(snakemake.input.captions, "captions"),

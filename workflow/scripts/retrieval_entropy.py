@@ -1,10 +1,13 @@
 """Rule retrieval_entropy: UNKT eq. 3 for every train caption over every train image."""
 
+import torch
+
 from distinctcap import logs
 from distinctcap.entropy import score_captions
 from distinctcap.io import read_table, write_table
 
 logs.setup(snakemake.log[0])
+torch.set_num_threads(snakemake.threads)
 scores = score_captions(
     snakemake.input.index,
     read_table(snakemake.input.captions, "captions"),

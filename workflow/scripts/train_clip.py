@@ -1,10 +1,13 @@
 """Rule train_clip: contrastive training of the tiny CLIP on the train split (shapes world)."""
 
+import torch
+
 from distinctcap import logs
 from distinctcap.clip import TrainSettings, save_weights, train_clip
 from distinctcap.io import read_table, write_json
 
 logs.setup(snakemake.log[0])
+torch.set_num_threads(snakemake.threads)
 model, metrics = train_clip(
     read_table(snakemake.input.images, "images"),
     read_table(snakemake.input.captions, "captions"),

@@ -1,0 +1,130 @@
+"""Benchmark of CLIP feature extraction (distinctcap.features); prints ratios.
+
+End-to-end image features/s (decode PNG, resize, DataLoader workers, forward with grid tokens,
+NaN check, parquet shards written atomically) as a fraction of the model-only forward/s of the
+same CLIP on the same images already decoded in memory, same batch size, same device, same
+run. Goal >= 0.8: loading must not be the bottleneck. Also prints text features captions/s.
+
+    python bench/bench_features.py [--images 1024 --batch-size 256 --workers 0 1 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import open_clip
+import torch
+
+from distinctcap.clip import (
+    byte_transform,
+    load_clip,
+    load_images,
+    normalize,
+    resolve_device,
+    save_weights,
+)
+from distinctcap.data.prepare import prepare
+from distinctcap.features import (
+    FeatureSettings,
+    compute_dtype,
+    extract_images,
+    extract_texts,
+    plan_shards,
+)
+from distinctcap.io import read_table
+
+
+def shapes_world(root: Path, n: int) -> tuple:
+    data = {"source": "shapes", "shapes": {"n_train": n, "n_val": 1, "n_test": 1, "seed": 0}}
+    out = {k: str(root / f"data/{k}.parquet") for k in ("images", "captions", "quarantine")}
+    prepare(data, "skip", {**out, "vocab": str(root / "data/vocab.json")})
+    return read_table(out["images"], "images"), read_table(out["captions"], "captions")
+
+
+def model_only(clip, images, batch_size: int, device: torch.device, dtype) -> float:
+    """Images/s of normalise + visual forward on pre-decoded uint8 batches."""
+    to_bytes, mean, std = byte_transform(clip.preprocess)
+    pixels = load_images(images.file.tolist(), to_bytes)
+    visual = clip.model.visual
+    visual.output_tokens = True
+    amp = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
+    with torch.inference_mode(), amp:
+        visual(normalize(pixels[:batch_size].to(device), mean, std))  # warm-up
+        sync(device)
+        start = time.perf_counter()
+        for batch in pixels.split(batch_size):
+            pooled, tokens = visual(normalize(batch.to(device), mean, std))
+            pooled.float().cpu(), tokens.half().cpu()
+        sync(device)
+    return len(pixels) / (time.perf_counter() - start)
+
+
+def end_to_end(clip, images, settings, device, dtype, cache: Path) -> float:
+    keys = list(zip(images.image_id.astype(int), images.file, strict=True))
+    shards = plan_shards("images", keys, settings.image_shard_size, f"bench{time.time()}", cache)
+    start = time.perf_counter()
+    extract_images(images, clip, shards, settings, device, dtype)
+    sync(device)
+    return len(images) / (time.perf_counter() - start)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--images", type=int, default=1024)
+    p.add_argument("--arch", default="shapes-vit-tiny")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--device", default="auto")
+    args = p.parse_args()
+    device = resolve_device(args.device)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        images, captions = shapes_world(root, args.images)
+        save_weights(open_clip.create_model(args.arch), root / "clip.pt")
+        clip = load_clip(args.arch, str(root / "clip.pt"), device)
+        dtype = compute_dtype("auto", device)
+        base = model_only(clip, images, args.batch_size, device, dtype)
+        print(
+            json.dumps(
+                {
+                    "device": str(device),
+                    "threads": torch.get_num_threads(),
+                    "cpus": os.cpu_count(),
+                    "images": len(images),
+                    "model_only_images/s": round(base, 1),
+                }
+            )
+        )
+        for workers in args.workers:
+            settings = FeatureSettings(batch_size=args.batch_size, workers=workers)
+            rate = end_to_end(clip, images, settings, device, dtype, root / f"cache{workers}")
+            print(
+                json.dumps(
+                    {
+                        "workers": workers,
+                        "end_to_end_images/s": round(rate, 1),
+                        "ratio": round(rate / base, 3),
+                    }
+                )
+            )
+        settings = FeatureSettings(batch_size=args.batch_size)
+        keys = list(zip(captions.caption_id.astype(int), captions.text, strict=True))
+        shards = plan_shards("texts", keys, settings.text_shard_size, "bench", root / "t")
+        start = time.perf_counter()
+        extract_texts(captions, clip, shards, settings, device, dtype)
+        rate = len(captions) / (time.perf_counter() - start)
+        print(json.dumps({"text_features_captions/s": round(rate, 1)}))
+
+
+if __name__ == "__main__":
+    main()

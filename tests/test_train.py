@@ -252,6 +252,40 @@ def test_self_retrieval_selection_runs_and_is_a_fraction():
     assert 0.0 <= result.best_metric <= 1.0 and result.metric == "self_retrieval"
 
 
+class Counting(NaNAtStep):
+    """An objective with state of its own (a count of its calls), saved in checkpoints."""
+
+    crash_at: int | None = None  # a class switch, so the run config (and fingerprint) stays
+
+    def __init__(self, run_cfg, ctx):
+        super().__init__(run_cfg, ctx)
+        self.count = 0
+
+    def loss(self, model, batch, step, total_steps):
+        if step == self.crash_at:
+            raise RuntimeError("simulated crash")
+        self.count += 1
+        return super().loss(model, batch, -1, total_steps)[0], {"count": float(self.count)}
+
+    def state_dict(self):
+        return {"count": self.count}
+
+    def load_state_dict(self, state):
+        self.count = state["count"]
+
+
+def test_objective_state_is_resumed(tmp_path, monkeypatch):
+    monkeypatch.setitem(METHODS, "counting", Counting)
+    cfg = {**tiny_cfg(tmp_path, log_every=1), "method": "counting"}
+    monkeypatch.setattr(Counting, "crash_at", 6)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(cfg, tiny_data())
+    monkeypatch.setattr(Counting, "crash_at", None)
+    result = train(cfg, tiny_data())
+    assert result.resumed_from == 4
+    assert result.curve["count"].tolist() == [float(k) for k in range(1, 13)]
+
+
 RESUME_SCRIPT = """
 import json, sys, torch
 sys.path.insert(0, {tests!r})

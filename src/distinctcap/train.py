@@ -563,6 +563,10 @@ class Trainer:
             },
             "curve": s.curve,
             "window": s.window,
+            # an objective with state beyond the model (e.g. CL's replaced reference)
+            "objective": (
+                self.objective.state_dict() if hasattr(self.objective, "state_dict") else None
+            ),
         }
         with atomic_path(self.checkpoint_path) as tmp:
             torch.save(ckpt, tmp)
@@ -580,6 +584,8 @@ class Trainer:
         self.scheduler.load_state_dict(ckpt["scheduler"])
         self.scaler.load_state_dict(ckpt["scaler"])
         _set_rng_state(ckpt["rng"])
+        if ckpt.get("objective") is not None:
+            self.objective.load_state_dict(ckpt["objective"])
         best = ckpt["best"]
         self.state = LoopState(
             ckpt["step"],

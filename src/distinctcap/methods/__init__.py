@@ -23,6 +23,9 @@ method (UNKT, CL, SMILE, specificity) is one module here and one entry in `METHO
   specificity run's validation mean rank through its CLIP): `val_metrics = {name: "min" |
   "max"}` and `val_metric(name, model, val_data, val_batches, autocast) -> float`; then
   `train.select_metric: <name>` selects on it.
+- Optional, for exact resume of an objective with state beyond the model (e.g. CL's
+  replaced reference): `state_dict() -> dict` and `load_state_dict(dict)`; the trainer keeps it
+  in its checkpoints (tensors, numbers, strings, lists and dicts only).
 - `batch` is a distinctcap.data.batches.Batch already on the device; the objective runs the
   model itself (under the trainer's autocast), so it can ask for internals (UNKT eq. 7-8) or
   score other captions (CL). `ctx.train_data` gives access to every training pair, e.g. to

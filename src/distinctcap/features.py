@@ -142,15 +142,22 @@ def check_finite(ids: np.ndarray, kind: str, *arrays: torch.Tensor) -> None:
         )
 
 
-def fixed_list(values: np.ndarray, dtype: pa.DataType) -> pa.FixedSizeListArray:
-    flat = values.reshape(len(values), -1)
-    return pa.FixedSizeListArray.from_arrays(pa.array(flat.ravel(), type=dtype), flat.shape[1])
+def fixed_list(values: np.ndarray) -> pa.FixedSizeListArray:
+    """Rows of a 2-D+ float32/float16 array as a fixed-size list column, without copying."""
+    flat = np.ascontiguousarray(values.reshape(len(values), -1))
+    if flat.dtype == np.float16:  # pa.array converts float16 element by element: view instead
+        items = pa.array(flat.ravel().view(np.uint16)).view(pa.float16())
+    else:
+        items = pa.array(flat.ravel())
+    return pa.FixedSizeListArray.from_arrays(items, flat.shape[1])
 
 
 def write_shard(shard: Shard, columns: dict[str, pa.Array]) -> None:
+    """Atomically; no dictionary encoding or statistics: float vectors gain nothing from them
+    and they cost more than the rest of the write."""
     table = pa.table(columns).replace_schema_metadata({KEY: shard.key})
     with atomic_path(shard.path) as tmp:
-        pq.write_table(table, tmp)
+        pq.write_table(table, tmp, use_dictionary=False, write_statistics=False)
 
 
 # ---------------------------------------------------------------- images
@@ -236,8 +243,8 @@ def extract_images(
                 shard,
                 {
                     "image_id": pa.array(ids[shard.rows], pa.int64()),
-                    "pooled": fixed_list(pooled.numpy(), pa.float32()),
-                    "grid": fixed_list(grid.numpy(), pa.float16()),
+                    "pooled": fixed_list(pooled.numpy()),
+                    "grid": fixed_list(grid.numpy()),
                 },
             )
             if on_shard:
@@ -273,7 +280,7 @@ def extract_texts(
                 shard,
                 {
                     "caption_id": pa.array(ids[shard.rows], pa.int64()),
-                    "embedding": fixed_list(emb.numpy(), pa.float32()),
+                    "embedding": fixed_list(emb.numpy()),
                 },
             )
             if on_shard:

@@ -306,19 +306,7 @@ def test_every_preset_entry_trains_a_few_steps(trained_reference, name):
         assert "g_pos" in result.curve
 
 
-@pytest.mark.parametrize(
-    "replace_every",
-    [
-        0,
-        pytest.param(
-            2,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="the trainer does not checkpoint objective state (CL.state_dict) yet",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("replace_every", [0, 2])
 def test_cl_resumed_mid_run_ends_with_the_uninterrupted_weights(
     trained_reference, tmp_path, replace_every
 ):

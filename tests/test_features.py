@@ -1,5 +1,9 @@
 """CLIP feature extraction: contents, resumable shards, manifest invalidation, bad embeddings."""
 
+import signal
+import subprocess
+import sys
+
 import numpy as np
 import open_clip
 import pytest
@@ -97,26 +101,53 @@ def test_features_match_the_model_and_the_contract(run, world):
     assert manifest["preprocess"]["size"] == [64, 64]
 
 
+KILLED_RUN = """
+import sys, time
+from distinctcap.clip import load_clip
+from distinctcap.features import FeatureSettings, extract_features
+from distinctcap.io import read_table
+
+def stall(shard):  # the first shard is renamed; hold the run there so the test can kill it
+    if shard.index == 0:
+        print("first shard written", flush=True)
+        time.sleep(600)
+
+extract_features(read_table("results/data/images.parquet"),
+                 read_table("results/data/captions.parquet"),
+                 load_clip("shapes-vit-tiny", "clip0.pt"), "resume/index.json", "resume/cache",
+                 FeatureSettings(batch_size=8, workers=0, image_shard_size=10, text_shard_size=64),
+                 device="cpu", on_shard=stall)
+"""
+
+
 def test_killed_run_keeps_finished_shards(run, world):
+    """SIGKILL an extraction in its own process after its first shard; the rerun keeps that
+    shard (same inode and mtime) and computes only the missing ones."""
     extract, _, _ = run
-
-    def die_after_first(shard):
-        raise KeyboardInterrupt("killed")  # as a kill would: the next shard never starts
-
-    with pytest.raises(KeyboardInterrupt):
-        extract(out="resume", on_shard=die_after_first)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_RUN],
+        cwd=world,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline().strip() == "first shard written"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
     folder = world / "resume/cache/images"
     first = shard_stats(folder)
     assert list(first) == ["part-00000.parquet"]
     assert not (world / "resume/index.json").exists()
-    assert not list(folder.glob(".*.tmp"))
+    (folder / ".part-00001.parquet.x.tmp").write_bytes(b"torn")  # as a kill mid-write leaves
 
     written = []
     extract(out="resume", on_shard=lambda shard: written.append((shard.kind, shard.index)))
     assert written == [("images", 1), ("images", 2), ("texts", 0), ("texts", 1), ("texts", 2)]
     after = shard_stats(folder)
     assert after["part-00000.parquet"] == first["part-00000.parquet"]  # same inode and mtime
-    assert len(after) == 3
+    assert len(after) == 3 and not list(folder.glob(".*.tmp"))
 
     written.clear()
     extract(out="resume", on_shard=lambda shard: written.append(shard.index))

@@ -310,7 +310,8 @@ def extract_features(
     clip.model.to(dev).eval()
     cache = Path(cache_dir)
     info = manifest(clip, dtype)
-    fingerprint = digest(info)
+    # where the weights were read from is recorded, not hashed: their content is
+    fingerprint = digest({k: v for k, v in info.items() if k not in ("pretrained", "weight_files")})
     images = images.sort_values("image_id").reset_index(drop=True)
     captions = captions.sort_values("caption_id").reset_index(drop=True)
     img_shards = plan_shards(

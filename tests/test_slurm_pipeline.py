@@ -4,8 +4,9 @@
 One module-scoped run of the tiny DAG with tests/slurm_profile (the shipped SLURM profile with
 this cluster's values, test_profiles.py checks the mirror); the tests read what happened back
 from SLURM accounting (sacct via slurmdbd): every job ran under SLURM and completed, and the
-GPU rules asked for GPUs. A second test requeues a running training job (`scontrol requeue`,
-what a preemption does) and checks the job resumed from its checkpoint and completed.
+GPU rules asked for GPUs. A second test trains a run on 2 (fake) GPUs, i.e. in 2 torchrun
+processes, requeues the running job (`scontrol requeue`, what a preemption does) and checks
+that it resumed from its checkpoint and completed.
 
 Skipped when no cluster answers `scontrol ping`, unless DISTINCTCAP_REQUIRE_SLURM=1 (CI), where
 that is a failure. Every snakemake call is wrapped in `timeout -k 10 N`.
@@ -13,6 +14,8 @@ that is a failure. Every snakemake call is wrapped in `timeout -k 10 N`.
 
 from __future__ import annotations
 
+import copy
+import json
 import os
 import re
 import shutil
@@ -21,6 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 from conftest import ROOT, SNAKEMAKE, tiny_config
@@ -32,7 +36,7 @@ PROFILE = ROOT / "tests" / "slurm_profile"
 GPU_RULES = {"train_clip", "extract_features", "train_run", "decode"}
 GPU_TYPE = "fakegpu"
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL"}
-PIPELINE_TIMEOUT = 540  # s; the whole module should stay under ~12 minutes
+PIPELINE_TIMEOUT = 720  # s, a guard: the module takes ~5 min on a free 2-core machine
 SACCT_FIELDS = ["JobID", "Comment", "State", "ReqTRES"]
 
 
@@ -118,30 +122,74 @@ def accounted_jobs(run_uuid: str, since: str, timeout: float = 60) -> list[Slurm
         time.sleep(1)
 
 
-def job_records(job_id: str) -> list[tuple[str, str]]:
-    """(state, restarts) of every record of a job, requeued runs included (sacct -D)."""
-    out = slurm("sacct", "-X", "-D", "-n", "-P", "-j", job_id, "--format=State,Restarts")
-    return [tuple(line.split("|")) for line in out.splitlines()]
+def job_states(job_id: str) -> list[str]:
+    """State of every record of a job, oldest first, requeued runs included (sacct -D)."""
+    out = slurm("sacct", "-X", "-D", "-n", "-P", "-j", job_id, "--format=State")
+    return [line.split()[0] for line in out.splitlines()]
+
+
+def job_restarts(job_id: str) -> int:
+    """How often SLURM restarted the job (the job's SLURM_RESTART_COUNT); from slurmctld,
+    which keeps finished jobs for MinJobAge (sacct has no such field in 22.05)."""
+    fields = dict(
+        f.split("=", 1) for f in slurm("scontrol", "-o", "show", "job", job_id).split() if "=" in f
+    )
+    return int(fields["Restarts"])
 
 
 # ---------------------------------------------------------------------------------------------
 # Running the pipeline
 
 
+# What the SLURM tests build: the chain through every GPU rule for one small MLE run,
+# prepare_data -> train_clip -> extract_features -> train_run[reference] -> decode[reference].
+# Not `rule all`: on the 2-CPU test cluster every job pays ~10 s for the in-job snakemake and
+# up to ~40 s of the executor's growing status-poll interval, and the whole tiny DAG (entropy,
+# seven runs, three decodings, evaluation) would take far more than the ~10 minutes allowed.
+TARGETS = ["results/generated/reference/test-greedy.parquet"]
+PROBE = "requeue_probe"  # the run the requeue test trains, preempts and resumes
+# ~6 s of training on a free CPU core: the first checkpoint comes after 10 steps, so the test
+# has the other 140 to requeue the job while it runs.
+PROBE_STEPS, PROBE_CHECKPOINT_EVERY = 150, 10
+
+
 def slurm_config() -> dict:
-    """The tiny config; the training runs the SLURM tests need (see pipeline_targets)."""
-    return tiny_config()
+    """The tiny config, smaller still: SLURM execution is under test here, not the models."""
+    config = tiny_config()
+    config["clip"] = {**config.get("clip", {}), "train": {"epochs": 2, "batch_size": 64}}
+    config["captioner"] = {"width": 32, "enc_layers": 1, "dec_layers": 1, "heads": 2, "ffn": 64}
+    config["train"] = {
+        **config.get("train", {}),
+        "steps": 20,
+        "batch_size": 32,
+        "warmup_steps": 2,
+        "val_every": 0,
+        "checkpoint_every": 0,
+    }
+    config["runs"] = {"reference": {"method": "mle", "data": "all"}}
+    config["decoding"] = {"greedy": {"kind": "greedy"}}
+    return config
 
 
-def pipeline_targets(config: dict) -> list[str]:
-    """What the SLURM test builds: `rule all` of the tiny DAG as long as that fits the time
-    budget on the 2-CPU test cluster (2 jobs at a time, each paying ~10 s for the in-job
-    snakemake plus the executor's status polling)."""
-    return ["all"]
+def probe_config(config: dict) -> dict:
+    """`config` plus a run long enough to be requeued after its first checkpoint."""
+    config = copy.deepcopy(config)
+    config["runs"][PROBE] = {
+        "method": "mle",
+        "data": "all",
+        "train": {
+            "steps": PROBE_STEPS,
+            "checkpoint_every": PROBE_CHECKPOINT_EVERY,
+            "log_every": PROBE_CHECKPOINT_EVERY,
+        },
+    }
+    return config
 
 
-def start_snakemake(workdir: Path, log: Path, *args: str, timeout: int) -> subprocess.Popen:
-    cmd = ["timeout", "-k", "10", str(timeout), SNAKEMAKE, "--workflow-profile", str(PROFILE)]
+def start_snakemake(
+    workdir: Path, log: Path, *args: str, timeout: int, profile: Path = PROFILE
+) -> subprocess.Popen:
+    cmd = ["timeout", "-k", "10", str(timeout), SNAKEMAKE, "--workflow-profile", str(profile)]
     return subprocess.Popen(
         [*cmd, *args],
         cwd=workdir,
@@ -160,9 +208,22 @@ def copy_workflow(dest: Path, config: dict) -> Path:
     return dest
 
 
+def wait_or_cancel(proc: subprocess.Popen, log: Path) -> None:
+    """Wait for snakemake; then cancel whatever SLURM jobs of its run are still there (a
+    snakemake killed by `timeout` leaves its jobs behind)."""
+    try:
+        proc.wait()
+    finally:
+        match = re.search(r"SLURM run ID: ([0-9a-f-]{36})", log.read_text())
+        if match:
+            subprocess.run(["scancel", "--name", match.group(1)], env=slurm_env(), check=False)
+
+
 @dataclass
 class PipelineRun:
     workdir: Path
+    config: dict
+    since: str  # sacct start time covering the module's jobs
     returncode: int
     log: str
     seconds: float
@@ -190,14 +251,14 @@ def pipeline(cluster: None, tmp_path_factory) -> PipelineRun:
     workdir = copy_workflow(tmp_path_factory.mktemp("slurm"), config)
     since, t0 = sacct_time(), time.monotonic()
     log = workdir / "snakemake.out"
-    proc = start_snakemake(workdir, log, *pipeline_targets(config), timeout=PIPELINE_TIMEOUT)
-    proc.wait()
+    proc = start_snakemake(workdir, log, *TARGETS, timeout=PIPELINE_TIMEOUT)
+    wait_or_cancel(proc, log)
     seconds = time.monotonic() - t0
     text = log.read_text()
     assert proc.returncode == 0, f"snakemake failed ({proc.returncode}):\n{text[-6000:]}"
     jobs = accounted_jobs(run_uuid(text), since)
     print(f"\nSLURM pipeline: {len(jobs)} jobs in {seconds:.0f} s")
-    return PipelineRun(workdir, proc.returncode, text, seconds, jobs)
+    return PipelineRun(workdir, config, since, proc.returncode, text, seconds, jobs)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -212,10 +273,8 @@ def test_every_job_ran_under_slurm_and_completed(pipeline: PipelineRun) -> None:
     # Every non-local job of the DAG was one SLURM job.
     non_local = re.findall(r"^rule (\w+):$", pipeline.log, flags=re.MULTILINE)
     assert sorted(non_local) == sorted(job.rule for job in pipeline.jobs)
-    assert {"prepare_data", "train_clip", "extract_features"} <= set(non_local) or (
-        set(non_local) == {"prepare_data"}  # until the feature stage lands
-    )
-    assert (pipeline.workdir / "results" / "data" / "captions.parquet").exists()
+    assert set(non_local) == {"prepare_data", *GPU_RULES}
+    assert all((pipeline.workdir / target).exists() for target in TARGETS)
 
 
 def test_gpu_rules_were_submitted_with_a_gpu_request(pipeline: PipelineRun) -> None:
@@ -226,3 +285,77 @@ def test_gpu_rules_were_submitted_with_a_gpu_request(pipeline: PipelineRun) -> N
         else:
             assert "gres/gpu" not in job.req_tres, job
         assert job.req_tres["cpu"] == "1", job
+
+
+def slurm_job_of(log: Path, rule: str, wildcard: str, proc: subprocess.Popen) -> str:
+    """The SLURM job id snakemake reports for `rule` with `wildcard`, once it is submitted."""
+    pattern = re.compile(rf"submitted with SLURM jobid (\d+) \(log: \S*rule_{rule}/\S*{wildcard}")
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        match = pattern.search(log.read_text())
+        if match:
+            return match.group(1)
+        time.sleep(0.5)
+    pytest.fail(f"no {rule} job for {wildcard} submitted:\n{log.read_text()[-3000:]}")
+
+
+def wait_running_with_checkpoint(job_id: str, checkpoint: Path, proc: subprocess.Popen) -> None:
+    """Until SLURM runs the job and the trainer has written its first checkpoint
+    (`scontrol requeue` refuses a pending job, and there must be something to resume from)."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        state = slurm("squeue", "-h", "-j", job_id, "-o", "%T").strip()
+        if state == "RUNNING" and checkpoint.exists():
+            return
+        time.sleep(0.5)
+    pytest.fail(f"job {job_id} never RUNNING with {checkpoint} (snakemake rc {proc.poll()})")
+
+
+def two_gpu_profile(dest: Path) -> Path:
+    """The test profile with train_run asking for both GPUs of the cluster."""
+    profile = yaml.safe_load((PROFILE / "config.yaml").read_text())
+    profile["set-resources"]["train_run"]["gpu"] = 2
+    dest.mkdir()
+    (dest / "config.yaml").write_text(yaml.safe_dump(profile))
+    return dest
+
+
+def test_requeued_two_gpu_training_job_resumes_from_its_checkpoint(pipeline: PipelineRun) -> None:
+    """A train_run job with gpu=2 trains in 2 torchrun processes (gloo here: the GPUs are
+    fake). Then what a preemption does: SLURM kills the running job and queues it again; the
+    second start must continue from results/runs/<run>/checkpoints/last.pt and complete."""
+    workdir = pipeline.workdir
+    # The pipeline's config plus one run: nothing upstream reruns.
+    (workdir / "config.yaml").write_text(yaml.safe_dump(probe_config(pipeline.config)))
+    out_dir = workdir / "results" / "runs" / PROBE
+    log = workdir / "requeue.out"
+    target = f"results/runs/{PROBE}/model.pt"
+    profile = two_gpu_profile(workdir / "two_gpu_profile")
+    proc = start_snakemake(workdir, log, target, timeout=480, profile=profile)
+    try:
+        job_id = slurm_job_of(log, "train_run", PROBE, proc)
+        wait_running_with_checkpoint(job_id, out_dir / "checkpoints" / "last.pt", proc)
+        slurm("scontrol", "requeue", job_id)
+        requeued_at = time.monotonic()
+    finally:
+        wait_or_cancel(proc, log)
+    text = log.read_text()
+    assert proc.returncode == 0, f"snakemake failed ({proc.returncode}):\n{text[-6000:]}"
+    print(f"\nrequeue: job {job_id} completed {time.monotonic() - requeued_at:.0f} s after it")
+
+    # SLURM: the job ran twice (sacct -D lists the requeued record), the second time completed.
+    states = job_states(job_id)
+    assert states[-1] == "COMPLETED" and "REQUEUED" in states[:-1], states
+    assert job_restarts(job_id) == 1
+    (job,) = [j for j in accounted_jobs(run_uuid(text), pipeline.since) if j.job_id == job_id]
+    assert job.req_tres.get("gres/gpu") == "2", job
+    # The trainer: started again from a checkpoint, and its curve runs on without a gap.
+    summary = json.loads((out_dir / "summary.json").read_text())
+    assert summary["steps"] == PROBE_STEPS and summary["processes"] == 2
+    resumed = summary["resumed_from"]
+    assert resumed and resumed % PROBE_CHECKPOINT_EVERY == 0 and 0 < resumed < PROBE_STEPS
+    steps = pd.read_csv(out_dir / "curve.csv").step.tolist()
+    assert steps == list(range(PROBE_CHECKPOINT_EVERY, PROBE_STEPS + 1, PROBE_CHECKPOINT_EVERY))
+    train_log = (workdir / "logs" / "train" / f"{PROBE}.log").read_text()
+    assert f"at step {resumed}" in train_log and "resumed from" in train_log
+    assert not (out_dir / "checkpoints").exists()  # removed once the run is complete

@@ -14,9 +14,9 @@ the micro-batch's, for objectives that average over tokens; captions / captions 
 with `mean_over = "captions"`), and after the accumulation loop the gradients are summed over
 the ranks (`all_reduce_gradients`). The sum of the weighted shard gradients is the gradient of
 the micro-batch's mean, so every rank takes the optimiser step of the one-process run and the
-loss curve is the same up to float rounding (tests/test_distributed.py). Number of GPUs is thus
-a platform choice (profile) that never changes a result, and a checkpoint written with W
-processes resumes with any other W.
+loss curve is the same up to float rounding (tests/test_distributed.py). The number of GPUs is
+thus a platform choice (profile) that does not change a result; a checkpoint's data position
+(the global micro-batch counter) does not depend on W either.
 
 Why not the DistributedDataParallel wrapper: the objectives call the captioner's encode /
 decode / decode_step directly (CL, specificity), which bypasses the wrapper's forward and with

@@ -4,7 +4,7 @@ For a caption y and the training images x_1..x_N,
     p_r(x_i | y) = softmax_i(s_i),   s_i = scale * cos(y, x_i),
     H(y) = -sum_i p_r(x_i | y) log p_r(x_i | y) = log Z - E_p[s]      (eq. 3, natural log)
 with log Z = logsumexp_i s_i. `retrieval_entropy` computes it exactly in one streamed pass over
-image chunks with a running log-sum-exp, so memory holds one (text block x image chunk) tile,
+image chunks with a running log-sum-exp, so memory holds (text block x image chunk) tiles,
 never the N_text x N_images matrix (COCO: 591,753 x 118,287).
 
 Captions ranked by H: the top `fraction` (high entropy: the caption fits many images, i.e.
@@ -79,8 +79,8 @@ def retrieval_entropy(
     text_emb: torch.Tensor,
     image_emb: torch.Tensor,
     logit_scale: float,
-    chunk: int = 4096,
-    text_chunk: int = 256,
+    chunk: int = 8192,
+    text_chunk: int = 1024,
     matmul_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """UNKT eq. 3: H(y) for every caption embedding y over ALL image embeddings, in nats.
@@ -88,7 +88,8 @@ def retrieval_entropy(
     text_emb (Nt, D), image_emb (Ni, D): L2-normalised CLIP embeddings (cosine = dot product).
     logit_scale: CLIP's exp(t) (the softmax temperature's inverse). Returns (Nt,) in the
     accumulation dtype: float64 for float64 inputs, else float32. Exact (no top-k truncation);
-    memory holds one text_chunk x chunk tile. The product runs in `matmul_dtype` (default: the
+    beyond its inputs, memory holds two text_chunk x chunk tiles (32 MiB each by default),
+    whatever N_images. The product runs in `matmul_dtype` (default: the
     accumulation dtype on CPU, float16 on CUDA, with the log-sum-exp always accumulated in fp32).
     """
     if text_emb.shape[-1] != image_emb.shape[-1]:
@@ -115,8 +116,8 @@ def score_captions(
     index_path: str | Path,
     captions: pd.DataFrame,
     logit_scale: float | None = None,
-    chunk: int = 4096,
-    text_chunk: int = 256,
+    chunk: int = 8192,
+    text_chunk: int = 1024,
     device: str = "auto",
 ) -> pd.DataFrame:
     """Retrieval entropy of every train caption over every train image (UNKT eq. 3).

@@ -22,7 +22,7 @@ from distinctcap.config import load_schema, validate
 from distinctcap.data.prepare import prepare
 from distinctcap.data.shapes import GENERIC
 from distinctcap.data.tokenizer import CaptionTokenizer
-from distinctcap.features import FeatureSettings, extract_features
+from distinctcap.features import FeatureSettings, extract_features, load_image_features
 from distinctcap.io import read_table, write_table
 from distinctcap.model import Captioner, CaptionerConfig
 
@@ -89,10 +89,11 @@ def build(root: Path) -> World:
         device="cpu",
     )
     vocab = CaptionTokenizer.load(world.vocab).vocab_size
+    _, pooled, grid = load_image_features(world.features)
     cfg = CaptionerConfig(
         vocab_size=vocab,
-        visual_dim=128,
-        pooled_dim=128,
+        visual_dim=grid.shape[-1],
+        pooled_dim=pooled.shape[-1],
         width=32,
         enc_layers=1,
         dec_layers=1,

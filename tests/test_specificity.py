@@ -84,12 +84,19 @@ def world(clip, tok, n_images=6, seed=0):
     return feats, data
 
 
+def clip_embed_dim() -> int:
+    """Embedding size of the registered tiny CLIP (its config may change with tuning)."""
+    import open_clip
+
+    return open_clip.get_model_config("shapes-vit-tiny")["embed_dim"]
+
+
 def captioner(tok, seed=0):
     torch.manual_seed(seed)
     cfg = CaptionerConfig(
         tok.vocab_size,
         visual_dim=16,
-        pooled_dim=128,
+        pooled_dim=clip_embed_dim(),
         width=32,
         enc_layers=1,
         dec_layers=1,
@@ -156,7 +163,7 @@ def test_straight_through_gradient_is_the_one_hot_gradient(clip, tok):
     same thing as a one-hot over CLIP's 49408 tokens times the embedding matrix."""
     enc = ClipTextEncoder(clip, tok.clip_ids)
     seqs = seqs_of(tok, TEXTS[:3])
-    w = torch.randn(128, generator=torch.Generator().manual_seed(1))
+    w = torch.randn(clip_embed_dim(), generator=torch.Generator().manual_seed(1))
     probs = torch.rand(*seqs.shape, tok.vocab_size).softmax(-1).requires_grad_()
     (enc(seqs, probs) @ w).sum().backward()
 

@@ -1,8 +1,8 @@
 """Config errors stop before any job runs, with one clear message naming the key."""
 
 import pytest
-
 from conftest import ROOT, snakemake
+
 from distinctcap.config import load_schema, validate
 from distinctcap.errors import DistinctcapError
 
@@ -35,15 +35,16 @@ def test_valid_runs_pass_and_get_defaults():
 @pytest.mark.parametrize(
     ("config", "expected"),
     [
-        ({"data": {"shapes": {"n_train": "many"}}}, "data.shapes.n_train = 'many' has the wrong type"),
-        ({"data": {"shapes": {"n_trian": 5}}}, "unknown key data.shapes.n_trian; allowed keys here"),
+        ({"data": {"shapes": {"n_train": "x"}}}, "data.shapes.n_train = 'x' has the wrong type"),
+        ({"data": {"shapes": {"n_trian": 5}}}, "unknown key data.shapes.n_trian; allowed keys"),
         ({"colour": 1}, "unknown key colour; allowed keys here: "),
         ({"device": "gpu"}, "device = 'gpu' is not allowed; choose one of ['auto', 'cuda', 'cpu']"),
         ({"runs": {"x": {"method": "rl"}}}, "runs.x.method = 'rl' is not allowed; choose one of"),
         ({"runs": {"x": {"method": "mle", "init": "y"}}}, "runs.x.init = 'y' names no run"),
         ({"runs": {"u": {"method": "unkt"}}}, "runs.u.teacher is required for method 'unkt'"),
         (
-            {"runs": {"a": {"method": "smile", "init": "b"}, "b": {"method": "smile", "init": "a"}}},
+            {"runs": {"a": {"method": "smile", "init": "b"},
+                      "b": {"method": "smile", "init": "a"}}},
             "runs form a cycle: a -> b -> a",
         ),
     ],

@@ -4,9 +4,9 @@ import json
 
 import pandas as pd
 import pytest
+from conftest import snakemake, tiny_config
 from PIL import Image
 
-from conftest import snakemake, tiny_config
 from distinctcap.data import shapes
 from distinctcap.data.prepare import prepare, tokenize
 from distinctcap.data.quality import check_tables

@@ -7,19 +7,22 @@ options), `seed`, `captioner` (architecture, CaptionerConfig fields) and `train`
 TrainConfig fields: the top-level `train` block with the run's `train` overrides on top).
 
 The loop, per optimiser step: gather `grad_accum` micro-batches (the data order is a pure
-function of (seed, epoch), data/batches.py), loss = the method's objective (distinctcap.methods)
+function of (seed, epoch), with an image's captions together by default so each image is
+encoded once per batch, data/batches.py), loss = the method's objective (distinctcap.methods)
 under autocast (bf16, or fp16 with a GradScaler, on GPU; fp32 on CPU), backward of loss /
 grad_accum, gradient clipping, AdamW, learning-rate schedule (linear warm-up then linear or
 cosine decay: the papers warm up 3,000 steps to 3e-4, UNKT §4.1). Every `val_every` steps the
-selection metric is computed on the validation captions; the best weights are kept (checkpoint
-selection) and `patience` validations without improvement stop the run (early stopping).
+selection metric (val_loss, self_retrieval, or one the objective computes itself) is computed on
+the validation captions; the best weights are kept (checkpoint selection) and `patience`
+validations without improvement stop the run (early stopping).
 
 Resume: every `checkpoint_every` steps `<out_dir>/checkpoints/last.pt` is replaced atomically
 with the model, optimiser, scheduler, scaler, RNG states (torch, CUDA, numpy, python), the data
-position, the best weights so far and the curve. A rerun with the same config continues from it
-and ends with the same weights as an uninterrupted run. A non-finite loss or gradient stops the
-run with `NonFiniteLossError` (step and caption ids); parameters are checked finite before any
-checkpoint is written, so a broken state is never saved.
+position, the best weights so far, the curve and the objective's own state if it has one. A
+rerun with the same config continues from it and ends with the same weights as an
+uninterrupted run. A non-finite loss or gradient stops the run with `NonFiniteLossError` (step
+and caption ids); parameters are checked finite before any checkpoint is written, so a broken
+state is never saved.
 
 Outputs in `<out_dir>`: model.pt (selected weights, `Captioner.load`-able), curve.csv (one row
 per log/validation step: step, epoch, lr, loss, grad_norm, tokens_per_s, val_* and the
@@ -73,7 +76,6 @@ log = logging.getLogger(__name__)
 
 SCHEDULES = ("linear", "cosine", "constant")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
-FROZEN_EDGES = ("teacher", "reference")
 
 
 @dataclass

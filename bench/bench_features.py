@@ -7,7 +7,7 @@ run. Goal >= 0.8: loading must not be the bottleneck. On a shared box wall-clock
 so the main process's CPU seconds are compared too (meaningful for workers = 0). Also prints
 text features captions/s.
 
-    python bench/bench_features.py [--images 1024 --batch-size 256 --workers 0 1 2]
+    python bench/bench_features.py [--images 2048 --batch-size 256 --workers 0 1 --threads 1]
 """
 
 from __future__ import annotations
@@ -87,7 +87,14 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--device", default="auto")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=torch.get_num_threads(),
+        help="torch threads for both measurements",
+    )
     args = p.parse_args()
+    torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

@@ -47,7 +47,7 @@ rule extract_features:
         settings=CLIP["features"],
         device=config["device"],
         cache=lambda w, output: str(Path(output.index).parent / "cache"),
-    threads: 2  # profiles may set more
+    threads: 1  # the tiny CLIP is fastest on one thread; profiles may set more (GPU: workers)
     log:
         "logs/features/extract_features.log",
     benchmark:

@@ -6,17 +6,20 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from evaluate_world import N_TEST, SAMPLES, build
 
 from distinctcap.evaluate import (
     KEYS,
     EvalPaths,
     EvalSettings,
+    block_logprobs,
     evaluate_decoding,
     metric_block,
     metric_columns,
     nearest,
     read_metrics,
+    retrieval_blocks,
     write_curve,
     write_metrics,
 )
@@ -154,3 +157,29 @@ def test_metric_block_leaves_report_only_keys_out():
     block = {"oracle_ns": [20], "spice": False, "gallery_images": 5, "gallery_split": "val"}
     assert metric_block(block) == {"oracle_ns": [20], "spice": False}
     assert EvalSettings.from_config(block).spice is False
+
+
+def test_block_logprobs_match_the_decoders_sequence_logprob(world):
+    from distinctcap.data.tokenizer import CaptionTokenizer
+    from distinctcap.decode import sequence_logprob
+    from distinctcap.features import load_image_features
+    from distinctcap.model import Captioner
+
+    _, pooled, grid = load_image_features(world.features)
+    grid, pooled = torch.from_numpy(grid[:3].astype(np.float32)), torch.from_numpy(pooled[:3])
+    tok = CaptionTokenizer.load(world.vocab)
+    tokens = [tok.encode(t) for t in ("a red circle", "a picture of some shapes", "a star")]
+    model = Captioner.load(world.model)
+    got = block_logprobs(model, grid, pooled, tokens, rows=1)  # one image per chunk
+    pairs = [(c, i) for c in range(3) for i in range(3)]
+    want = sequence_logprob(
+        model, grid, pooled, [tokens[c] for c, _ in pairs], image_index=[i for _, i in pairs]
+    ).view(3, 3)
+    np.testing.assert_allclose(got, want.double().numpy(), rtol=1e-5, atol=1e-4)
+
+
+def test_retrieval_blocks_split_the_images_evenly():
+    blocks = retrieval_blocks(250, 100, seed=0)
+    assert [len(b) for b in blocks] == [84, 83, 83]
+    assert sorted(np.concatenate(blocks).tolist()) == list(range(250))
+    assert [len(b) for b in retrieval_blocks(12, 100)] == [12]

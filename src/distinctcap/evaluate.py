@@ -224,6 +224,50 @@ def clip_metrics(
     return out
 
 
+def retrieval_blocks(n: int, pool: int, seed: int = 0) -> list[np.ndarray]:
+    """The split's n images shuffled (seeded) and cut into ceil(n / pool) blocks of nearly
+    equal size (at most `pool`): each caption is ranked among the images of its block."""
+    order = np.random.default_rng(seed).permutation(n)
+    return np.array_split(order, math.ceil(n / max(1, min(pool, n))))
+
+
+def block_logprobs(
+    model,
+    grid: torch.Tensor,
+    pooled: torch.Tensor,
+    tokens: Sequence[Sequence[int]],
+    rows: int = 512,
+    max_logits: int = 20_000_000,
+) -> np.ndarray:
+    """log p(c_i | I_j) (a sum over tokens incl. eos) of every caption i with every image j
+    -> (captions, images), in eval mode without gradients. Each image is encoded once and its
+    cross-attention keys/values are shared by all captions (Captioner.decode with a group of
+    rows per image). Images go in chunks of about `rows` decoder rows (small chunks stay in
+    the CPU caches: 500 rows ran 30% faster than 10,000 here) and at most `max_logits`."""
+    from distinctcap.model import label_logprobs, make_batch
+
+    device = next(model.parameters()).device
+    inputs, labels = make_batch(tokens, model.cfg.max_len)  # (C, N)
+    c = len(tokens)
+    per_image = c * inputs.shape[1] * model.cfg.vocab_size
+    chunk = max(1, min(rows // max(1, c), max_logits // per_image))
+    was_training, out = model.training, []
+    model.eval()
+    try:
+        with torch.no_grad():
+            for s in range(0, len(grid), chunk):
+                memory = model.encode(
+                    grid[s : s + chunk].to(device), pooled[s : s + chunk].to(device)
+                )
+                g = len(memory)  # rows image-major: image k's c captions are rows k*c .. k*c+c-1
+                x, y = inputs.to(device).repeat(g, 1), labels.to(device).repeat(g, 1)
+                logp = label_logprobs(model.decode(memory, x), y)  # (g * c,)
+                out.append(logp.view(g, c).T.double().cpu())
+    finally:
+        model.train(was_training)
+    return torch.cat(out, dim=1).numpy()
+
+
 def self_retrieval_metrics(
     model,
     tokenizer,
@@ -232,32 +276,21 @@ def self_retrieval_metrics(
     texts: Sequence[str],
     settings: EvalSettings,
 ) -> MetricResult:
-    """CL §4.1 with the run's own captioner: caption i (of image i) against a pool of its
-    image plus `self_retrieval_pool - 1` other images of the split drawn at random (all of
-    them when the split is smaller); images ranked by log p(c_i | I)."""
-    from distinctcap.decode import sequence_logprob
-
-    n = len(texts)
-    size = min(settings.self_retrieval_pool, n)
-    rng = np.random.default_rng(settings.seed)
-    pools = np.empty((n, size), dtype=np.int64)
-    for i in range(n):
-        others = np.delete(np.arange(n), i)
-        pools[i] = np.concatenate([[i], rng.choice(others, size - 1, replace=False)])
+    """CL §4.1 with the run's own captioner: caption i (of image i) ranks the images of its
+    block (`retrieval_blocks`: pools of at most `self_retrieval_pool` images of the split,
+    all of them when the split is smaller) by log p(c_i | I)."""
     tokens = [tokenizer.encode(t) for t in texts]
-    caption_of, image_of = np.repeat(np.arange(n), size), pools.ravel()
-    order = np.argsort(image_of, kind="stable")  # batches then share their images' memory
-    logp = sequence_logprob(
-        model,
-        grid,
-        pooled,
-        [tokens[c] for c in caption_of[order]],
-        batch_size=settings.batch_size,
-        image_index=torch.as_tensor(image_of[order]),
+    ranks_in = []  # (logp rows of the block's captions, their own columns)
+    for block in retrieval_blocks(len(texts), settings.self_retrieval_pool, settings.seed):
+        idx = torch.as_tensor(block)
+        matrix = block_logprobs(model, grid[idx], pooled[idx], [tokens[i] for i in block])
+        ranks_in.append((matrix, np.arange(len(block))))
+    width = max(m.shape[1] for m, _ in ranks_in)  # smaller blocks: pad with -inf columns
+    matrix = np.concatenate(
+        [np.pad(m, ((0, 0), (0, width - m.shape[1])), constant_values=-np.inf) for m, _ in ranks_in]
     )
-    matrix = np.empty(n * size, dtype=np.float64)
-    matrix[order] = logp.double().numpy()
-    return model_self_retrieval(matrix.reshape(n, size), 0, settings.retrieval_ks)
+    target = np.concatenate([t for _, t in ranks_in])
+    return model_self_retrieval(matrix, target, settings.retrieval_ks)
 
 
 def scene_metrics(

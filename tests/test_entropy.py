@@ -55,6 +55,16 @@ def test_chunk_sizes_do_not_change_the_result():
         torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
 
 
+def test_half_precision_products_stay_close():
+    """The GPU path (fp16/bf16 products, fp32 log-sum-exp), exercised here on the CPU."""
+    text, images = unit(40, 32, 4), unit(300, 32, 5)
+    ref = retrieval_entropy(text, images, 50.0, chunk=64)
+    for dtype, tol in ((torch.float16, 0.02), (torch.bfloat16, 0.1)):
+        got = retrieval_entropy(text, images, 50.0, chunk=64, matmul_dtype=dtype)
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got, ref, atol=tol, rtol=0)
+
+
 def test_hand_computed_entropies():
     # one caption, two images at cos 1 and 0, scale ln 3: p = (3/4, 1/4)
     text = torch.tensor([[1.0, 0.0]])

@@ -31,13 +31,13 @@ SUBSETS = ("D-", "D+")
 
 
 def _mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """out = a @ b.T; fp16/bf16 inputs with an fp32 `out` accumulate in fp32 (GPU)."""
+    """out = a @ b.T. fp16/bf16 inputs with an fp32 `out`: on CUDA the product itself is
+    accumulated and returned in fp32 (mm's out_dtype, CUDA only); elsewhere it is upcast."""
     if a.dtype == out.dtype:
         return torch.mm(a, b.T, out=out)
-    try:
-        return torch.mm(a, b.T, out_dtype=out.dtype, out=out)
-    except (TypeError, RuntimeError, NotImplementedError):
-        return out.copy_(a @ b.T)
+    if a.is_cuda:
+        return out.copy_(torch.mm(a, b.T, out_dtype=out.dtype))
+    return out.copy_(a @ b.T)
 
 
 def _block_entropy(

@@ -26,8 +26,14 @@ def test_every_run_is_trained_decoded_and_evaluated(finished):
     workdir, config = finished
     summary = pd.read_csv(workdir / "results/metrics/summary.csv")
     assert set(summary.run) == set(config["runs"])
-    for column in ("bleu4", "cider", "div1", "self_cider", "r_at_1", "clipscore", "scene_f1"):
+    for column in ("bleu4", "cider", "r_at_1", "clipscore", "scene_f1"):
         assert summary[column].notna().all(), column
+    sampled = summary.decoding == "sample5"
+    for column in ("div1", "self_cider"):  # diversity needs several captions per image
+        assert summary.loc[sampled, column].notna().all(), column
+        assert summary.loc[~sampled, column].isna().all(), column
+    greedy = pd.read_parquet(workdir / "results/metrics/reference/test-greedy.parquet")
+    assert "div1" in greedy.skipped[0]  # the recorded reason
     assert summary.spice.isna().all()  # SPICE jars are not on this machine: skipped, never 0
     assert set(summary.decoding) == set(config["decoding"])
     for name in config["runs"]:

@@ -27,7 +27,7 @@ from distinctcap.data.batches import (
 )
 from distinctcap.errors import DistinctcapError
 from distinctcap.losses import mle_loss
-from distinctcap.methods import METHODS
+from distinctcap.methods import METHODS, OPTIONS, RUN_KEYS
 from distinctcap.model import Captioner, CaptionerConfig
 from distinctcap.train import (
     VAL_METRICS,
@@ -373,6 +373,28 @@ def test_bad_run_train_overrides_are_named(override, message):
     config = validate({"runs": {"r": {"method": "mle", "train": override}}}, SCHEMA)
     with pytest.raises(DistinctcapError, match=message.replace("(", r"\(")):
         effective_run_config(config, "r", SCHEMA)
+
+
+CL_EDGES = {"init": "ref", "reference": "ref"}
+
+
+def test_a_run_keeps_only_its_own_method_options():
+    config = validate(
+        {"runs": {"ref": {"method": "mle"}, "c": {"method": "cl", "negatives": 3, **CL_EDGES}}},
+        SCHEMA,
+    )
+    ref, c = (effective_run_config(config, n, SCHEMA) for n in ("ref", "c"))
+    assert not set(ref) & set().union(*OPTIONS.values())
+    assert c["negatives"] == 3 and "subset" not in c and "w_pred" not in c
+    smile_default = {**config, "runs": {**config["runs"]}}
+    smile_default["runs"]["c"] = {**config["runs"]["c"], "subset": "random"}  # a smile option
+    with pytest.raises(DistinctcapError, match=r"runs.c.subset is an option of smile runs"):
+        effective_run_config(smile_default, "c", SCHEMA)
+
+
+def test_every_schema_run_option_belongs_to_a_method():
+    options = SCHEMA["properties"]["runs"]["additionalProperties"]["properties"]
+    assert set(options) == RUN_KEYS | set().union(*OPTIONS.values())
 
 
 def test_batch_order_is_a_pure_function_of_seed_and_epoch_and_groups_images():

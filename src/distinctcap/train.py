@@ -69,7 +69,7 @@ from distinctcap.distributed import (
 )
 from distinctcap.errors import DistinctcapError
 from distinctcap.io import atomic_path, read_table, write_json
-from distinctcap.methods import METHODS, TrainContext
+from distinctcap.methods import METHODS, OPTIONS, RUN_KEYS, TrainContext
 from distinctcap.model import PAD, Captioner, CaptionerConfig
 
 log = logging.getLogger(__name__)
@@ -144,8 +144,10 @@ def effective_run_config(config: dict, name: str, schema: dict | None = None) ->
     train = {**config.get("train", {}), **overrides}
     if schema is not None:
         _check_section(train, schema, ["runs", name, "train"])
+        _check_foreign_options(block, schema, name)
     TrainConfig.from_dict(train, where=f"runs.{name}.train")
-    run = {k: copy.deepcopy(v) for k, v in block.items() if k != "train"}
+    keep = RUN_KEYS | OPTIONS.get(block.get("method"), frozenset())
+    run = {k: copy.deepcopy(v) for k, v in block.items() if k in keep and k != "train"}
     return {
         "name": name,
         **run,
@@ -153,6 +155,21 @@ def effective_run_config(config: dict, name: str, schema: dict | None = None) ->
         "captioner": copy.deepcopy(config.get("captioner", {})),
         "train": train,
     }
+
+
+def _check_foreign_options(block: dict, schema: dict, name: str) -> None:
+    """Another method's option set away from its schema default would be silently ignored:
+    name it instead. (Defaults are filled into every block by the schema.)"""
+    options = schema["properties"]["runs"]["additionalProperties"]["properties"]
+    method = block["method"]
+    for key, value in block.items():
+        if key in RUN_KEYS or key in OPTIONS[method] or value == options[key].get("default"):
+            continue
+        owners = [m for m, keys in OPTIONS.items() if key in keys]
+        raise DistinctcapError(
+            f"runs.{name}.{key} is an option of {' / '.join(owners)} runs; run {name!r} has "
+            f"method {method!r}, whose options are: {', '.join(sorted(OPTIONS[method])) or 'none'}"
+        )
 
 
 def _check_section(values: dict, schema: dict, path: list[str]) -> None:

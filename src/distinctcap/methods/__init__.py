@@ -34,18 +34,19 @@ method (UNKT, CL, SMILE, specificity) is one module here and one entry in `METHO
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Protocol
 
 import torch
 from torch import Tensor
 
 from distinctcap.data.batches import Batch, CaptionData
+from distinctcap.methods import cl, smile, specificity
 from distinctcap.methods.cl import ContrastiveLearning
 from distinctcap.methods.mle import MLE
 from distinctcap.methods.smile import SMILE
 from distinctcap.methods.specificity import Specificity
-from distinctcap.methods.unkt import UNKT
+from distinctcap.methods.unkt import UNKT, UNKTConfig
 from distinctcap.model import Captioner
 
 
@@ -74,4 +75,15 @@ METHODS: dict[str, type[Objective]] = {
     "cl": ContrastiveLearning,
     "smile": SMILE,
     "specificity": Specificity,
+}
+
+# Keys every run block may carry; the schema (sections/runs.yaml) fills every method's
+# options into every block, so a run keeps only these and its own method's options.
+RUN_KEYS = frozenset({"method", "data", "init", "teacher", "reference", "train"})
+OPTIONS: dict[str, frozenset[str]] = {
+    "mle": frozenset(),
+    "unkt": frozenset(f.name for f in fields(UNKTConfig)),
+    "cl": frozenset(cl.DEFAULTS),
+    "smile": frozenset(smile.DEFAULTS),
+    "specificity": frozenset({*specificity.DEFAULTS, "contrastive_top_pct"}),
 }

@@ -286,6 +286,21 @@ def test_objective_state_is_resumed(tmp_path, monkeypatch):
     assert result.curve["count"].tolist() == [float(k) for k in range(1, 13)]
 
 
+class EvenStepExtra(NaNAtStep):
+    """Reports `even` (= the step) on even steps only."""
+
+    def loss(self, model, batch, step, total_steps):
+        loss = super().loss(model, batch, -1, total_steps)[0]
+        return loss, ({"even": float(step)} if step % 2 == 0 else {})
+
+
+def test_an_extra_missing_on_some_steps_is_averaged_over_the_steps_that_report_it(monkeypatch):
+    monkeypatch.setitem(METHODS, "even", EvenStepExtra)
+    cfg = {**tiny_cfg(log_every=4, val_every=0), "method": "even"}
+    result = train(cfg, tiny_data())
+    assert result.curve["even"].tolist() == [1.0, 5.0, 9.0]  # steps (0, 2), (4, 6), (8, 10)
+
+
 RESUME_SCRIPT = """
 import json, sys, torch
 sys.path.insert(0, {tests!r})

@@ -379,6 +379,8 @@ class LoopState:
 
 
 def new_window() -> dict:
+    """Sums since the last curve row; extras as [sum, count] since not every step reports
+    every extra (e.g. a validation-only number)."""
     return {"loss": 0.0, "norm": 0.0, "n": 0, "tokens": 0, "seconds": 0.0, "extras": {}}
 
 
@@ -729,7 +731,8 @@ class Trainer:
             s.window["tokens"] += tokens
             s.window["seconds"] += dt
             for k, v in extras.items():
-                s.window["extras"][k] = s.window["extras"].get(k, 0.0) + v
+                total, count = s.window["extras"].get(k, (0.0, 0))
+                s.window["extras"][k] = [total + v, count + 1]
             bar.update(1)
             last = s.step == tc.steps
             do_val = bool(self.val_batches) and (
@@ -800,7 +803,7 @@ class Trainer:
             "grad_norm": window["norm"] / n,
             "tokens_per_s": window["tokens"] / max(window["seconds"], 1e-9),
         }
-        row.update({k: v / n for k, v in window["extras"].items()})
+        row.update({k: total / count for k, (total, count) in window["extras"].items()})
         return row
 
     def write_outputs(self, result: TrainResult) -> None:

@@ -120,6 +120,7 @@ class ContrastiveLearning:
     """CL objective, loss = -J(theta) of eq. 10 (see the module doc)."""
 
     needs: tuple[str, ...] = ("reference",)
+    mean_over = "captions"  # eq. 10 averages over captions: multi-GPU shards weigh by count
 
     def __init__(self, run_cfg: dict, ctx: TrainContext):
         opts = {key: run_cfg.get(key, default) for key, default in DEFAULTS.items()}

@@ -270,6 +270,9 @@ class Specificity:
     rank_images (validation images for the mean rank, 0 = all)."""
 
     needs: tuple[str, ...] = ()
+    # eq. 5 averages over captions, so multi-GPU shards weigh by caption count (with
+    # mle_weight > 0 the token-mean MLE term is then weighted by captions, a close approximation)
+    mean_over = "captions"
 
     def __init__(
         self,

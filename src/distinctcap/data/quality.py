@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pandas as pd
@@ -26,6 +28,14 @@ def image_problem(path: Path) -> str | None:
     except Exception as error:  # PIL raises many types for broken files
         return f"unreadable image: {type(error).__name__}: {error}"
     return None
+
+
+def _image_problems(paths: list[Path]) -> list[str | None]:
+    """`image_problem` of each path, in order, on a thread pool: decoding releases the GIL, so
+    COCO's 123k images check in parallel."""
+    with ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:
+        checks = pool.map(image_problem, paths, chunksize=64)
+        return list(tqdm(checks, total=len(paths), desc="check images", unit="images"))
 
 
 def caption_problem(text: object) -> str | None:
@@ -57,13 +67,11 @@ def check_tables(
     for row in images[dup_images].itertuples():
         flag("image", row.image_id, row.file, "duplicate image_id")
     images = images[~dup_images]
-    keep = []
-    for row in tqdm(images.itertuples(), total=len(images), desc="check images", unit="images"):
-        reason = image_problem(root / row.file)
+    reasons = _image_problems([root / f for f in images.file])
+    for row, reason in zip(images.itertuples(), reasons, strict=True):
         if reason:
             flag("image", row.image_id, row.file, reason)
-        keep.append(reason is None)
-    images = images[keep]
+    images = images[[reason is None for reason in reasons]]
 
     dup_captions = captions.caption_id.duplicated(keep="first")
     for row in captions[dup_captions].itertuples():
@@ -82,4 +90,3 @@ def check_tables(
     captions["text"] = [t.decode() if isinstance(t, bytes) else t for t in captions.text]
     quarantine = pd.DataFrame(bad, columns=QUARANTINE_COLUMNS)
     return images.reset_index(drop=True), captions.reset_index(drop=True), quarantine
-

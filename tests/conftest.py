@@ -37,3 +37,11 @@ def snakemake(workdir: Path, *args: str, config: dict | None = None, timeout: in
         (workdir / "config.yaml").write_text(yaml.safe_dump(config))
     cmd = ["timeout", "-k", "10", str(timeout), SNAKEMAKE, "--cores", "2", *args]
     return subprocess.run(cmd, cwd=workdir, capture_output=True, text=True)
+
+
+def shrink_runs(runs: dict, tiny_train: dict) -> dict:
+    """`runs` with each run's own `train` overrides (e.g. a fine-tune's steps) shrunk to the
+    tiny trainer settings; its other overrides (e.g. select_metric) stay."""
+    return {
+        name: {**run, "train": {**run.get("train", {}), **tiny_train}} for name, run in runs.items()
+    }

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import ROOT
+from conftest import ROOT, shrink_runs
 
 from distinctcap.config import load_schema, validate
 from distinctcap.data.batches import CaptionData, ImageFeatures
@@ -273,7 +273,7 @@ TINY_CAPTIONER = {
 
 def preset_config() -> dict:
     schema = load_schema(ROOT / "workflow" / "schemas" / "config.schema.yaml")
-    config = validate({"runs": {**BASE_RUNS, **PRESET_RUNS}}, schema)
+    config = validate({"runs": shrink_runs({**BASE_RUNS, **PRESET_RUNS}, TINY_TRAIN)}, schema)
     return {**config, "train": TINY_TRAIN, "captioner": TINY_CAPTIONER, "device": "cpu"}
 
 

@@ -10,7 +10,7 @@ import open_clip
 import pytest
 import torch
 import yaml
-from conftest import ROOT
+from conftest import ROOT, shrink_runs
 
 import distinctcap.clip  # registers the tiny `shapes-vit-tiny` architecture
 from distinctcap.config import load_schema, validate
@@ -436,7 +436,7 @@ def trained_reference(tmp_path_factory, clip, tok):
     }
     schema = load_schema(ROOT / "workflow" / "schemas" / "config.schema.yaml")
     config = {
-        **validate({"runs": runs}, schema),
+        **validate({"runs": shrink_runs(runs, TINY_TRAIN)}, schema),
         "train": TINY_TRAIN,
         "captioner": TINY_CAPTIONER,
         "device": "cpu",

@@ -86,8 +86,7 @@ class EvalSettings:
     @classmethod
     def from_config(cls, block: dict, **extra: object) -> EvalSettings:
         """Settings from a config block; keys other than the fields (gallery, ...) are ignored."""
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in {**block, **extra}.items() if k in names})
+        return cls(**metric_block({**block, **extra}))
 
 
 def metric_block(block: dict) -> dict:
@@ -280,16 +279,15 @@ def self_retrieval_metrics(
     block (`retrieval_blocks`: pools of at most `self_retrieval_pool` images of the split,
     all of them when the split is smaller) by log p(c_i | I)."""
     tokens = [tokenizer.encode(t) for t in texts]
-    ranks_in = []  # (logp rows of the block's captions, their own columns)
+    blocks = []  # log p matrices; caption k of a block belongs to the block's image k
     for block in retrieval_blocks(len(texts), settings.self_retrieval_pool, settings.seed):
         idx = torch.as_tensor(block)
-        matrix = block_logprobs(model, grid[idx], pooled[idx], [tokens[i] for i in block])
-        ranks_in.append((matrix, np.arange(len(block))))
-    width = max(m.shape[1] for m, _ in ranks_in)  # smaller blocks: pad with -inf columns
+        blocks.append(block_logprobs(model, grid[idx], pooled[idx], [tokens[i] for i in block]))
+    width = max(m.shape[1] for m in blocks)  # smaller blocks: pad with -inf columns
     matrix = np.concatenate(
-        [np.pad(m, ((0, 0), (0, width - m.shape[1])), constant_values=-np.inf) for m, _ in ranks_in]
+        [np.pad(m, ((0, 0), (0, width - m.shape[1])), constant_values=-np.inf) for m in blocks]
     )
-    target = np.concatenate([t for _, t in ranks_in])
+    target = np.concatenate([np.arange(len(m)) for m in blocks])
     return model_self_retrieval(matrix, target, settings.retrieval_ks)
 
 

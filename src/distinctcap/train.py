@@ -466,7 +466,7 @@ class Trainer:
         self.ctx = TrainContext(self.device, data.train, frozen, data.tokenizer, PAD)
         self.objective = objective_cls(cfg, self.ctx)
         self.mean_over = getattr(self.objective, "mean_over", "tokens")  # for shard weights
-        self.metric_mode = self._metric_mode(self.tc.select_metric)
+        self.selection = self._selection_metric(self.tc.select_metric)
         self.optimizer = make_optimizer(self.model, self.tc)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
@@ -529,14 +529,14 @@ class Trainer:
         model = Captioner.load(path, map_location=self.device).eval()
         return model.requires_grad_(False)
 
-    def _metric_mode(self, name: str) -> str:
-        """ "min" or "max" for the selection metric: a VAL_METRICS entry or one the objective
-        computes itself (its `val_metrics`: name -> mode, and `val_metric(name, ...)`)."""
+    def _selection_metric(self, name: str) -> ValMetric:
+        """The selection metric: a VAL_METRICS entry or one the objective computes itself (its
+        `val_metrics`: name -> mode, and `val_metric(name, ...)`)."""
         own = getattr(self.objective, "val_metrics", {})
         if name in VAL_METRICS:
-            return VAL_METRICS[name].mode
+            return VAL_METRICS[name]
         if name in own:
-            return own[name]
+            return ValMetric(partial(self.objective.val_metric, name), own[name])
         raise DistinctcapError(
             f"train.select_metric = {name!r}: choose one of {sorted(VAL_METRICS)}"
             + (f" or, for method {self.cfg.get('method')!r}, {sorted(own)}" if own else "")
@@ -670,15 +670,11 @@ class Trainer:
         self.model.eval()
         val = self.data.val
         metrics = {"val_loss": val_loss(self.model, val, self.val_batches, self.autocast)}
-        name = tc.select_metric
-        if name in VAL_METRICS and name != "val_loss":
-            metrics[name] = VAL_METRICS[name].fn(self.model, val, self.val_batches, self.autocast)
-        elif name not in VAL_METRICS:  # computed by the objective (e.g. specificity mean_rank)
-            metrics[name] = float(
-                self.objective.val_metric(name, self.model, val, self.val_batches, self.autocast)
-            )
+        if tc.select_metric not in metrics:
+            fn = self.selection.fn
+            metrics[tc.select_metric] = float(fn(self.model, val, self.val_batches, self.autocast))
         value = metrics[tc.select_metric]
-        better = self.metric_mode == "min"
+        better = self.selection.mode == "min"
         improved = s.best_metric is None or (
             value < s.best_metric if better else value > s.best_metric
         )

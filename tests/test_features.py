@@ -101,6 +101,32 @@ def test_features_match_the_model_and_the_contract(run, world):
     assert manifest["preprocess"]["size"] == [64, 64]
 
 
+def test_a_conv_tower_gives_its_last_feature_map_as_grid_tokens(world, monkeypatch):
+    """shapes-rn-tiny (open_clip's ModifiedResNet at 64 px, stride 32): a 2 x 2 map of
+    width * 32 channels as grid tokens, and the attention-pooled embedding of encode_image."""
+    monkeypatch.chdir(world)
+    torch.manual_seed(0)
+    save_weights(open_clip.create_model("shapes-rn-tiny"), world / "rn.pt")
+    clip = load_clip("shapes-rn-tiny", str(world / "rn.pt"))
+    images = read_table("results/data/images.parquet", "images")
+    captions = read_table("results/data/captions.parquet", "captions")
+    index = extract_features(
+        images, captions, clip, world / "rn/index.json", world / "rn/cache", SETTINGS, "cpu"
+    )
+    assert index["images"]["grid_tokens"] == 4
+    ids, pooled, grid = load_image_features(world / "rn/index.json")
+    width = open_clip.get_model_config("shapes-rn-tiny")["vision_cfg"]["width"]
+    assert grid.shape == (30, 4, width * 32)
+    first = images.sort_values("image_id").iloc[:2]
+    with torch.no_grad():
+        x = torch.stack([clip.preprocess(Image.open(f)) for f in first.file])
+        np.testing.assert_allclose(
+            pooled[:2], clip.model.encode_image(x, normalize=True).numpy(), atol=1e-5
+        )
+        layer4 = clip.model.visual.forward_intermediates(x, indices=1)["image_intermediates"][0]
+    np.testing.assert_allclose(grid[:2, 2], layer4[:, :, 1, 0].numpy(), atol=2e-2, rtol=1e-2)
+
+
 KILLED_RUN = """
 import sys, time
 from distinctcap.clip import load_clip

@@ -1,8 +1,10 @@
 """CLIP features of every image and caption, in resumable shards (DESIGN.md, data contracts).
 
-Per image: the pooled embedding (L2-normalised, float32) and the grid tokens of the last
-visual layer after its final LayerNorm (`model.visual.output_tokens = True`; float16, G x Dv),
-the captioner's input. Per caption: the text embedding (L2-normalised, float32).
+Per image: the pooled embedding (L2-normalised, float32) and the grid tokens (float16, G x Dv),
+the captioner's input: for a ViT the last layer's tokens after its final LayerNorm
+(`model.visual.output_tokens = True`); for a conv tower (open_clip's ModifiedResNet, timm
+convnets) its last feature map, H x W positions of C channels, the input of its pooling head
+(as grid-feature captioners use CLIP's ResNets). Per caption: the text embedding (L2-normalised, float32).
 
 Layout (under `cache_dir`, which is NOT a declared Snakemake output, so a killed run keeps it):
     images/part-00000.parquet  image_id int64, pooled fixed_size_list<float>[D],
@@ -243,14 +245,35 @@ def encode_images(
     std: torch.Tensor,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """(pooled L2-normalised float32 (B, D), grid tokens (B, G, Dv)) per batch, on `device`."""
-    visual = clip.model.visual
-    visual.output_tokens = True
     amp = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
     with torch.inference_mode(), amp:
         for batch in loader:
             x = normalize(batch.to(device, non_blocking=True), mean, std)
-            pooled, tokens = visual(x)
+            pooled, tokens = pooled_and_grid(clip.model.visual, x)
             yield F.normalize(pooled.float(), dim=-1), tokens
+
+
+def has_grid(visual: torch.nn.Module) -> bool:
+    return hasattr(visual, "output_tokens") or hasattr(visual, "forward_intermediates")
+
+
+def pooled_and_grid(visual: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(pooled (B, D), grid tokens (B, G, Dv)) of a ViT or of a conv tower (module docstring)."""
+    if hasattr(visual, "output_tokens"):
+        visual.output_tokens = True
+        return visual(x)
+    out = visual.forward_intermediates(x, indices=1)  # the last stage's map, then the head
+    return out["image_features"], out["image_intermediates"][-1].flatten(2).transpose(1, 2)
+
+
+@torch.inference_mode()
+def grid_token_count(clip: LoadedClip) -> int:
+    """G, from one blank image at the model's input size."""
+    size = clip.preprocess_cfg()["size"]
+    height, width = (size, size) if isinstance(size, int) else size
+    param = next(clip.model.visual.parameters())
+    blank = torch.zeros(1, 3, height, width, device=param.device, dtype=param.dtype)
+    return pooled_and_grid(clip.model.visual, blank)[1].shape[1]
 
 
 def extract_images(
@@ -263,8 +286,10 @@ def extract_images(
     on_shard: Callable[[Shard], None] | None = None,
 ) -> None:
     """Compute and write the given image shards; `on_shard` runs after each one is renamed."""
-    if not hasattr(clip.model.visual, "output_tokens"):
-        raise DistinctcapError(f"clip.arch = {clip.arch!r} gives no grid tokens; use a ViT")
+    if not has_grid(clip.model.visual):
+        raise DistinctcapError(
+            f"clip.arch = {clip.arch!r} gives no grid tokens; use a ViT or a conv tower"
+        )
     to_bytes, mean, std = byte_transform(clip.preprocess)
     workers = settings.workers
     loader = DataLoader(
@@ -399,8 +424,7 @@ def build_index(
     root: Path,
 ) -> dict:
     first = pq.read_schema(img_shards[0].path) if img_shards else None
-    visual = clip.model.visual
-    grid = visual.grid_size if hasattr(visual, "grid_size") else None
+    grid = grid_token_count(clip) if has_grid(clip.model.visual) else None
     return {
         "manifest": info,
         "fingerprint": fingerprint,
@@ -408,7 +432,7 @@ def build_index(
         "images": {
             "count": int(sum(len(s.rows) for s in img_shards)),
             "pooled_dim": first.field("pooled").type.list_size if first else None,
-            "grid_tokens": int(np.prod(grid)) if grid else None,
+            "grid_tokens": grid,
             "shards": [shard_entry(s, root) for s in img_shards],
         },
         "texts": {

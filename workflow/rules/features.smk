@@ -23,7 +23,7 @@ rule train_clip:
         train=CLIP["train"],
         seed=config["seed"],
         device=config["device"],
-    threads: 1  # small matrices: one thread is fastest (2 spin-wait on a busy box)
+    threads: 2  # the conv tower steps 1.55x faster on two threads than on one (2-core box)
     log:
         "logs/features/train_clip.log",
     benchmark:

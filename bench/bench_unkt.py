@@ -43,7 +43,7 @@ def sizes(paper: bool) -> tuple[CaptionerConfig, int]:
     """Captioner config and grid tokens per image."""
     if paper:
         return CaptionerConfig(10000, 768, 512, width=512, enc_layers=6, dec_layers=6), 49
-    # workflow/schemas/sections/captioner.yaml defaults on shapes-vit-tiny features (8x8 grid)
+    # workflow/schemas/sections/captioner.yaml defaults on a 64-token grid (shapes-vit-tiny, 8x8)
     cfg = CaptionerConfig(
         300, 128, 128, width=128, enc_layers=2, dec_layers=2, heads=4, ffn=512, max_len=32
     )

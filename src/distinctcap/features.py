@@ -4,7 +4,8 @@ Per image: the pooled embedding (L2-normalised, float32) and the grid tokens (fl
 the captioner's input: for a ViT the last layer's tokens after its final LayerNorm
 (`model.visual.output_tokens = True`); for a conv tower (open_clip's ModifiedResNet, timm
 convnets) its last feature map, H x W positions of C channels, the input of its pooling head
-(as grid-feature captioners use CLIP's ResNets). Per caption: the text embedding (L2-normalised, float32).
+(as grid-feature captioners use CLIP's ResNets). Per caption: the text embedding
+(L2-normalised, float32).
 
 Layout (under `cache_dir`, which is NOT a declared Snakemake output, so a killed run keeps it):
     images/part-00000.parquet  image_id int64, pooled fixed_size_list<float>[D],

@@ -254,10 +254,6 @@ def encode_images(
             yield F.normalize(pooled.float(), dim=-1), tokens
 
 
-def has_grid(visual: torch.nn.Module) -> bool:
-    return hasattr(visual, "output_tokens") or hasattr(visual, "forward_intermediates")
-
-
 def pooled_and_grid(visual: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(pooled (B, D), grid tokens (B, G, Dv)) of a ViT or of a conv tower (module docstring)."""
     if hasattr(visual, "output_tokens"):
@@ -287,7 +283,8 @@ def extract_images(
     on_shard: Callable[[Shard], None] | None = None,
 ) -> None:
     """Compute and write the given image shards; `on_shard` runs after each one is renamed."""
-    if not has_grid(clip.model.visual):
+    visual = clip.model.visual
+    if not hasattr(visual, "output_tokens") and not hasattr(visual, "forward_intermediates"):
         raise DistinctcapError(
             f"clip.arch = {clip.arch!r} gives no grid tokens; use a ViT or a conv tower"
         )
@@ -425,7 +422,6 @@ def build_index(
     root: Path,
 ) -> dict:
     first = pq.read_schema(img_shards[0].path) if img_shards else None
-    grid = grid_token_count(clip) if has_grid(clip.model.visual) else None
     return {
         "manifest": info,
         "fingerprint": fingerprint,
@@ -433,7 +429,7 @@ def build_index(
         "images": {
             "count": int(sum(len(s.rows) for s in img_shards)),
             "pooled_dim": first.field("pooled").type.list_size if first else None,
-            "grid_tokens": grid,
+            "grid_tokens": grid_token_count(clip),  # extract_images checked the tower has a grid
             "shards": [shard_entry(s, root) for s in img_shards],
         },
         "texts": {

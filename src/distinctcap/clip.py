@@ -257,7 +257,7 @@ def load_images(files: Sequence[str], transform: Compose) -> torch.Tensor:
 
 @dataclass
 class TrainSettings:
-    epochs: int = 120
+    epochs: int = 240
     batch_size: int = 64
     lr: float = 1e-3
     weight_decay: float = 0.1

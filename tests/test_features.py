@@ -17,6 +17,7 @@ from distinctcap.features import (
     FeatureSettings,
     check_finite,
     extract_features,
+    grid_token_count,
     load_image_features,
     load_text_features,
 )
@@ -99,6 +100,14 @@ def test_features_match_the_model_and_the_contract(run, world):
     manifest = read_json(world / "contents/cache/manifest.json")
     assert manifest["arch"] == ARCH and len(manifest["weights_sha256"]) == 64
     assert manifest["preprocess"]["size"] == [64, 64]
+
+
+def test_extraction_leaves_the_vit_returning_its_embedding(world):
+    """The caller's model keeps its own output mode: encode_image still gives one tensor."""
+    clip = load_clip(ARCH, str(world / "clip0.pt"))
+    grid_token_count(clip)
+    assert clip.model.visual.output_tokens is False
+    assert isinstance(clip.model.encode_image(torch.zeros(1, 3, 64, 64)), torch.Tensor)
 
 
 def test_a_conv_tower_gives_its_last_feature_map_as_grid_tokens(world, monkeypatch):

@@ -256,9 +256,12 @@ def encode_images(
 
 def pooled_and_grid(visual: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(pooled (B, D), grid tokens (B, G, Dv)) of a ViT or of a conv tower (module docstring)."""
-    if hasattr(visual, "output_tokens"):
-        visual.output_tokens = True
-        return visual(x)
+    if hasattr(visual, "output_tokens"):  # a ViT: switch its output to tokens for this call only
+        before, visual.output_tokens = visual.output_tokens, True
+        try:
+            return visual(x)
+        finally:
+            visual.output_tokens = before
     out = visual.forward_intermediates(x, indices=1)  # the last stage's map, then the head
     return out["image_features"], out["image_intermediates"][-1].flatten(2).transpose(1, 2)
 

@@ -226,3 +226,15 @@ def test_nan_embeddings_stop_the_stage_naming_the_ids(run, world, monkeypatch):
     with pytest.raises(DistinctcapError, match=r"caption ids \[12\]"):
         check_finite(np.array([10, 11, 12, 13]), "caption", emb)
     check_finite(np.array([1]), "image", torch.ones(1, 3))
+
+
+def test_a_tower_without_grid_tokens_stops_naming_clip_arch(run, world):
+    _, images, captions = run
+    clip = load_clip(ARCH, str(world / "clip0.pt"))
+    clip.model.visual = torch.nn.Conv2d(3, 8, 8, 8)  # neither ViT tokens nor intermediates
+    clip.model.visual.image_size = 64  # what open_clip's preprocess config reads of a tower
+    with pytest.raises(DistinctcapError, match="clip.arch = 'shapes-vit-tiny' gives no grid"):
+        extract_features(images, captions, clip, world / "nogrid/index.json",
+                         world / "nogrid/cache", SETTINGS, device="cpu")
+    assert not (world / "nogrid/index.json").exists()
+    assert not list((world / "nogrid/cache").glob("images/*.parquet"))

@@ -10,6 +10,17 @@ NGPUS="${SLURM_FAKE_GPUS:-2}"
 GPU_TYPE="${SLURM_FAKE_GPU_TYPE:-fakegpu}"
 export SLURM_CONF="$STATE/etc/slurm.conf"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# A file that marks a directory as this cluster's state, so stop.sh removes only such a dir.
+STATE_MARK=.distinctcap-slurm-state
+
+# report_failures NAME: under `set -e`, any failing command ends the script; say which one and
+# where, so no failure path is silent (a bare `exit 1` from `set -e` printed nothing).
+report_failures() {
+    SCRIPT_STEP="$1"
+    set -o errtrace  # the trap fires inside functions too
+    # shellcheck disable=SC2154  # rc is assigned inside the trap string
+    trap 'rc=$?; echo "slurm $SCRIPT_STEP: FAILED (exit $rc) at ${BASH_SOURCE[0]##*/}:$LINENO: $BASH_COMMAND" >&2' ERR
+}
 
 # Daemons in start order: name, pid file, expected /proc/PID/comm (guards against pid reuse).
 DAEMONS=(

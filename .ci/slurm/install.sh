@@ -2,6 +2,9 @@
 # Install the Debian packages of a single-node SLURM cluster with accounting (slurmdbd+MariaDB).
 # Idempotent: does nothing when every binary is already present. Needs root and apt.
 set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+report_failures install
 
 needed=(munged slurmctld slurmd sbatch sacct sacctmgr slurmdbd mariadbd)
 missing=()

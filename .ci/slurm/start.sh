@@ -8,6 +8,7 @@
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+report_failures start
 TIMEOUT="${SLURM_START_TIMEOUT:-60}"
 t0=$SECONDS
 
@@ -35,6 +36,12 @@ done
 
 mkdir -p "$STATE"/{etc,run,log,munge,mysql,mysql-run,slurmctld,slurmd,dev}
 chmod 755 "$STATE"
+touch "$STATE/$STATE_MARK"
+# munged and mariadbd run as their own users: each must reach its dir through every parent.
+for user in munge mysql; do
+    runuser -u "$user" -- test -x "$STATE" ||
+        fail "user $user cannot traverse to $STATE; use a state dir whose parents are world-executable"
+done
 chown munge:munge "$STATE/munge"
 chmod 755 "$STATE/munge"
 chown mysql:mysql "$STATE/mysql" "$STATE/mysql-run"
@@ -54,7 +61,8 @@ def_mem=$((real_mem / cpus))
 db_pass="$(cat "$STATE/etc/dbpass")"
 
 [[ "$NGPUS" =~ ^[1-9][0-9]*$ ]] || fail "SLURM_FAKE_GPUS must be a positive integer, got '$NGPUS'"
-old_sum="$(cat "$STATE"/etc/{slurm,gres,slurmdbd}.conf 2>/dev/null | md5sum)"
+# A new state dir has no configs yet: hash whatever exists (cat fails on the missing ones).
+old_sum="$({ cat "$STATE"/etc/{slurm,gres,slurmdbd}.conf 2>/dev/null || true; } | md5sum)"
 render() {
     sed -e "s|@STATE@|$STATE|g" -e "s|@NODE@|$node|g" -e "s|@CPUS@|$cpus|g" \
         -e "s|@REAL_MEMORY@|$real_mem|g" -e "s|@DEF_MEM_PER_CPU@|$def_mem|g" \

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Stop the cluster started by start.sh: cancel its jobs, then stop the daemons in reverse
 # order by the pid files in the state dir (never by process name), each wait bounded.
-# State (database, munge key, job state) is kept, so a later start.sh resumes it.
+# Then the state dir (database, munge key, job state) is removed, so the next start.sh begins
+# from an empty one as a new machine would; SLURM_KEEP_STATE=1 keeps it for a quicker restart.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+report_failures stop
 WAIT="${SLURM_STOP_TIMEOUT:-30}"
 
 if pid_alive "$STATE/run/slurmctld.pid" slurmctld >/dev/null; then
@@ -38,5 +40,9 @@ done
 
 if [ "$(readlink /etc/slurm/slurm.conf 2>/dev/null || true)" = "$SLURM_CONF" ]; then
     rm -f /etc/slurm/slurm.conf
+fi
+if [ "${SLURM_KEEP_STATE:-0}" != 1 ] && [ -e "$STATE/$STATE_MARK" ]; then
+    rm -rf "$STATE"
+    echo "slurm stop: state dir $STATE removed"
 fi
 exit "$status"

@@ -49,7 +49,8 @@ def config() -> dict:
         "data": {
             "source": "shapes",
             "shapes": {"n_train": 30, "n_val": 4, "n_test": N_TEST, "seed": 0},
-        }
+        },
+        "runs": {"reference": {"method": "mle"}},
     }
     return validate(raw, load_schema(ROOT / "workflow" / "schemas" / "config.schema.yaml"))
 

@@ -21,7 +21,7 @@ def error_of(config: dict) -> str:
 
 
 def test_defaults_are_filled_from_the_schema():
-    config = validate({}, SCHEMA)
+    config = validate({"runs": RUNS}, SCHEMA)
     assert config["data"]["source"] == "shapes"
     assert config["data"]["shapes"]["n_train"] == 2000
     assert config["on_bad_input"] == "skip"
@@ -47,6 +47,10 @@ def test_valid_runs_pass_and_get_defaults():
                       "b": {"method": "smile", "init": "a"}}},
             "runs form a cycle: a -> b -> a",
         ),
+        ({"runs": {"..": {"method": "mle"}}}, "runs: name '..' is not allowed; names are used"),
+        ({"runs": {"a/b": {"method": "mle"}}}, "runs: name 'a/b' is not allowed"),
+        ({"runs": {}}, "runs is empty; define at least one entry"),
+        ({}, "runs is empty; define at least one entry"),
     ],
 )
 def test_config_errors_name_the_key(config, expected):

@@ -108,7 +108,7 @@ def test_split_top_fraction_is_d_minus():
 def test_empty_subset_is_a_config_error(fraction):
     schema = load_schema(ROOT / "workflow" / "schemas" / "config.schema.yaml")
     with pytest.raises(DistinctcapError, match="fraction"):
-        validate({"entropy": {"fraction": fraction}}, schema)
+        validate({"entropy": {"fraction": fraction}, "runs": {"r": {"method": "mle"}}}, schema)
     with pytest.raises(DistinctcapError, match="fraction"):
         split_subsets(scores_table([1.0, 2.0]), fraction)
 

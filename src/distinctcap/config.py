@@ -60,7 +60,8 @@ def validate(config: dict, schema: dict) -> dict:
 
 
 def _error_depth(error: jsonschema.ValidationError) -> tuple:
-    return (-len(error.absolute_path), str(error.absolute_path))
+    """Deepest key first; an empty section (e.g. no runs yet) only when nothing else is wrong."""
+    return (error.validator == "minProperties", -len(error.absolute_path), str(error.absolute_path))
 
 
 def describe(error: jsonschema.ValidationError) -> str:
@@ -76,6 +77,13 @@ def describe(error: jsonschema.ValidationError) -> str:
         return f"{key} = {error.instance!r} is not allowed; choose one of {schema['enum']}"
     if error.validator == "type":
         return f"{key} = {error.instance!r} has the wrong type; expected {schema['type']}"
+    if error.validator == "pattern" and "propertyNames" in error.schema_path:
+        return (
+            f"{key}: name {error.instance!r} is not allowed; names are used as folder names, "
+            f"so use letters, digits, '_' and '-' only"
+        )
+    if error.validator == "minProperties" and not error.instance:
+        return f"{key} is empty; define at least one entry"
     if error.validator in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
         return f"{key} = {error.instance!r}: {error.message}"
     return f"{key}: {error.message}"

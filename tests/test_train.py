@@ -1,9 +1,11 @@
 """The trainer: determinism, exact resume after SIGKILL, NaN stop, lr schedule, accumulation,
-checkpoint selection, early stopping, run configs; tiny models on in-memory data."""
+checkpoint selection, early stopping, run configs; tiny models on in-memory data (the tests of
+resuming onto changed inputs write real input files)."""
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import signal
@@ -26,16 +28,20 @@ from distinctcap.data.batches import (
     select_captions,
 )
 from distinctcap.errors import DistinctcapError
+from distinctcap.io import read_table, write_table
 from distinctcap.losses import mle_loss
 from distinctcap.methods import METHODS, OPTIONS, RUN_KEYS
 from distinctcap.model import Captioner, CaptionerConfig
 from distinctcap.train import (
     VAL_METRICS,
+    Fingerprint,
     NonFiniteLossError,
     RunData,
     TrainConfig,
+    Trainer,
     ValMetric,
     effective_run_config,
+    fingerprint,
     lr_factor,
     train,
 )
@@ -344,15 +350,201 @@ def test_resume_after_sigkill_ends_with_the_uninterrupted_weights(tmp_path):
     pd.testing.assert_series_equal(curve.loss, whole.curve.loss, check_exact=True)
 
 
-def test_a_checkpoint_of_another_config_is_not_resumed(tmp_path, monkeypatch):
+def test_a_checkpoint_of_another_config_is_not_resumed(tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="distinctcap.train")
     monkeypatch.setitem(METHODS, "nan_at_3", NaNAtStep)
     with pytest.raises(NonFiniteLossError):  # leaves a checkpoint of step 3 behind
         train({**tiny_cfg(tmp_path, checkpoint_every=1), "method": "nan_at_3"}, tiny_data())
     result = train(tiny_cfg(tmp_path), tiny_data())
     assert result.resumed_from is None
+    (line,) = set_aside_lines(caplog)
+    assert "(config changed); training from step 0" in line
     assert same_weights(
         result.model.state_dict(), train(tiny_cfg(), tiny_data()).model.state_dict()
     )
+
+
+# -- resume only onto the same inputs: a killed run's state is a few real steps + save_checkpoint
+
+NO_VAL = {"val_every": 0}  # selection at the end only, so a few train_step()s are a kill's state
+
+
+def write_captions(path: Path) -> Path:
+    """tiny_data's training captions as a real captions table."""
+    train_data = tiny_data().train
+    table = pd.DataFrame(
+        {
+            "caption_id": train_data.caption_ids.numpy(),
+            "image_id": train_data.image_ids.numpy(),
+            "split": "train",
+            "text": "a caption",
+            "tokens": [t[t != 0].tolist()[:-1] for t in train_data.labels],  # less eos
+        }
+    )
+    write_table(table, path, "captions")
+    return path
+
+
+def write_subset(folder: Path, caption_ids: list[int]) -> Path:
+    """A D- subset as the entropy stage writes it: a folder of parquet shards."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob("*.parquet"):
+        old.unlink()
+    half = len(caption_ids) // 2
+    for i, ids in enumerate((caption_ids[:half], caption_ids[half:])):
+        pd.DataFrame({"caption_id": ids}).to_parquet(folder / f"part-{i:05d}.parquet")
+    return folder
+
+
+def subset_data(captions: Path, subset: Path) -> RunData:
+    """The training data a D- run reads from these files (features: tiny_data's)."""
+    chosen = select_captions(read_table(captions, "captions"), "train", "D-", subset)
+    tiny = tiny_data()
+    return RunData(CaptionData.from_table(chosen, tiny.train.features, 10), tiny.val)
+
+
+def subset_cfg(out: Path, captions: Path, subset: Path) -> dict:
+    cfg = tiny_cfg(out, **NO_VAL)
+    cfg["data"] = "D-"
+    cfg["paths"].update(captions=str(captions), subset=str(subset))
+    return cfg
+
+
+def write_init(path: Path, seed: int) -> Path:
+    """A reference model.pt of the tiny captioner's shape, weights drawn from `seed`."""
+    cap = {k: v for k, v in tiny_cfg()["captioner"].items() if k != "vocab_size"}
+    torch.manual_seed(seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Captioner(CaptionerConfig(vocab_size=V, visual_dim=4, pooled_dim=6, **cap)).save(path)
+    return path
+
+
+def init_cfg(out: Path, init: Path) -> dict:
+    cfg = {**tiny_cfg(out, **NO_VAL), "init": "reference"}
+    cfg["paths"]["init"] = str(init)
+    return cfg
+
+
+def leave_killed_state(cfg: dict, data: RunData, steps: int = 4) -> Path:
+    """What a kill after the first checkpoint leaves: real steps, then the real checkpoint."""
+    trainer = Trainer(cfg, data)
+    for _ in range(steps):
+        trainer.train_step()
+    trainer.save_checkpoint()
+    return trainer.checkpoint_path
+
+
+def set_aside_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "set aside" in r.getMessage()]
+
+
+def test_a_checkpoint_of_other_subset_shards_is_set_aside(tmp_path, caplog):
+    """Issue #14, 1: D- rewritten (entropy fraction changed) while teacher_neg was killed."""
+    caplog.set_level(logging.INFO, logger="distinctcap.train")
+    captions = write_captions(tmp_path / "captions.parquet")
+    subset = write_subset(tmp_path / "D-", list(range(1000, 1024)))
+    cfg = subset_cfg(tmp_path / "run", captions, subset)
+    ckpt = leave_killed_state(cfg, subset_data(captions, subset))
+    old = torch.load(ckpt, weights_only=True)["fingerprint"]
+
+    write_subset(subset, list(range(1008, 1032)))  # same folder, other captions
+    result = train(cfg, subset_data(captions, subset))
+
+    assert result.resumed_from is None
+    stale = ckpt.with_name(f"stale-{Fingerprint(old).hash}.pt")
+    assert stale.exists() and not ckpt.exists()
+    (line,) = set_aside_lines(caplog)
+    assert f"checkpoint {ckpt} set aside as {stale.name} (subset changed: {subset})" in line
+    assert line.endswith("training from step 0")
+    clean = train(subset_cfg(tmp_path / "clean", captions, subset), subset_data(captions, subset))
+    assert same_weights(result.model.state_dict(), clean.model.state_dict())
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert set(summary["inputs"]) == {"config", "captions", "subset"}
+    assert summary["inputs"]["subset"] != old["subset"]
+    assert summary["inputs"]["config"] == old["config"]
+
+
+def test_a_checkpoint_on_another_init_model_is_set_aside(tmp_path, caplog):
+    """Issue #14, 1: the reference retrained (other lr) while smile was killed."""
+    caplog.set_level(logging.INFO, logger="distinctcap.train")
+    init = write_init(tmp_path / "reference" / "model.pt", seed=1)
+    cfg = init_cfg(tmp_path / "smile", init)
+    ckpt = leave_killed_state(cfg, tiny_data())
+
+    write_init(init, seed=2)  # the retrained reference, at the same path
+    result = train(cfg, tiny_data())
+
+    assert result.resumed_from is None and not ckpt.exists()
+    assert len(list(ckpt.parent.glob("stale-*.pt"))) == 1
+    (line,) = set_aside_lines(caplog)
+    assert f"(init changed: {init}); training from step 0" in line
+    clean = train(init_cfg(tmp_path / "clean", init), tiny_data())
+    assert same_weights(result.model.state_dict(), clean.model.state_dict())
+
+
+def test_a_rerun_on_unchanged_inputs_resumes_to_the_uninterrupted_weights(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="distinctcap.train")
+    captions = write_captions(tmp_path / "captions.parquet")
+    subset = write_subset(tmp_path / "D-", list(range(1000, 1024)))
+    init = write_init(tmp_path / "reference" / "model.pt", seed=1)
+
+    def cfg(out):
+        c = subset_cfg(out, captions, subset)
+        c["init"], c["paths"]["init"] = "reference", str(init)
+        return c
+
+    leave_killed_state(cfg(tmp_path / "run"), subset_data(captions, subset))
+    write_subset(subset, list(range(1000, 1024)))  # rewritten with the same content
+    result = train(cfg(tmp_path / "run"), subset_data(captions, subset))
+    assert result.resumed_from == 4 and not set_aside_lines(caplog)
+    whole = train(cfg(tmp_path / "whole"), subset_data(captions, subset))
+    assert same_weights(result.model.state_dict(), whole.model.state_dict())
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_an_old_format_checkpoint_is_set_aside(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="distinctcap.train")
+    cfg = tiny_cfg(tmp_path, **NO_VAL)
+    ckpt = leave_killed_state(cfg, tiny_data())
+    state = torch.load(ckpt, weights_only=True)
+    torch.save({**state, "fingerprint": "0123456789abcdef"}, ckpt)  # before input fingerprints
+    result = train(cfg, tiny_data())
+    assert result.resumed_from is None
+    assert (ckpt.parent / "stale-0123456789abcdef.pt").exists()  # kept past the run's success
+    (line,) = set_aside_lines(caplog)
+    assert "old-format fingerprint" in line
+    assert same_weights(
+        result.model.state_dict(), train(tiny_cfg(**NO_VAL), tiny_data()).model.state_dict()
+    )
+
+
+def test_the_fingerprint_covers_input_contents_not_paths(tmp_path):
+    features = tmp_path / "features"
+    (features / "cache" / "images").mkdir(parents=True)
+    shard = features / "cache" / "images" / "part-00000.parquet"
+    shard.write_bytes(b"features")
+    index = {"images": {"shards": [{"path": "cache/images/part-00000.parquet", "key": "k"}]}}
+    (features / "index.json").write_text(json.dumps(index))
+    subset = write_subset(tmp_path / "D-", [1, 2, 3])
+    (tmp_path / "clip.bin").write_bytes(b"clip")
+    paths = {
+        "features": str(features / "index.json"),
+        "subset": str(subset),
+        "clip_files": [str(tmp_path / "clip.bin")],
+        "clip": "openai",  # a tag, not a file
+        "clip_arch": "ViT-B-32",
+        "out_dir": str(tmp_path),
+    }
+    before = fingerprint({**tiny_cfg(), "paths": paths})
+    assert set(before.parts) == {"config", "features", "subset", "clip_files"}
+    moved = {**paths, "out_dir": str(tmp_path / "elsewhere")}
+    assert fingerprint({**tiny_cfg(), "paths": moved}) == before
+    shard.write_bytes(b"other features")  # the index is unchanged: its key is not content
+    assert fingerprint({**tiny_cfg(), "paths": paths}).changes(before.parts) == ["features"]
+    (subset / "part-00001.parquet").rename(subset / "part-00002.parquet")
+    after = fingerprint({**tiny_cfg(), "paths": paths})
+    assert after.changes(before.parts) == ["features", "subset"]
+    assert after.hash != before.hash
 
 
 SCHEMA = load_schema(ROOT / "workflow" / "schemas" / "config.schema.yaml")

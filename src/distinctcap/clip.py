@@ -21,7 +21,6 @@ contrastive training and retrieval recall.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import os
@@ -168,16 +167,6 @@ def reachable(host: str, port: int = 443, timeout: float = 3.0) -> bool:
     thread.start()
     thread.join(timeout)
     return bool(ok)
-
-
-def file_sha256(paths: Sequence[str]) -> str:
-    """One content hash over the weight files (order as given)."""
-    digest = hashlib.sha256()
-    for path in paths:
-        with open(path, "rb") as f:
-            while block := f.read(1 << 22):
-                digest.update(block)
-    return digest.hexdigest()
 
 
 # ---------------------------------------------------------------- loading

@@ -41,9 +41,9 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import CenterCrop, Compose, Resize
 from tqdm import tqdm
 
-from distinctcap.clip import LoadedClip, byte_transform, file_sha256, normalize, resolve_device
+from distinctcap.clip import LoadedClip, byte_transform, normalize, resolve_device
 from distinctcap.errors import DistinctcapError
-from distinctcap.io import atomic_path, read_json, write_json
+from distinctcap.io import atomic_path, file_sha256, read_json, write_json
 
 log = logging.getLogger(__name__)
 

@@ -1,23 +1,37 @@
-"""Loading CLIP from a tag / file / local-dir, the tiny architecture, preprocessing, recall."""
+"""Loading CLIP from a tag / file / local-dir, the tiny architecture, preprocessing, recall;
+training the tiny CLIP and resuming it after a kill."""
 
 import json
+import logging
+import os
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import open_clip
+import pandas as pd
 import pytest
 import torch
 from PIL import Image
 
+from distinctcap import clip as clip_module
 from distinctcap.clip import (
+    TrainSettings,
     byte_transform,
+    fingerprint_mismatch,
     load_clip,
+    load_training,
     lr_at,
     normalize,
     resolve_device,
     retrieval_recall,
     save_weights,
+    train_clip,
 )
+from distinctcap.data import shapes
 from distinctcap.errors import DistinctcapError
 
 ARCH = "shapes-vit-tiny"
@@ -112,3 +126,159 @@ def test_lr_schedule_and_device():
         assert resolve_device("auto").type == "cpu"
         with pytest.raises(DistinctcapError, match="no GPU"):
             resolve_device("cuda")
+
+
+# ---------------------------------------------------------------- training resumes after a kill
+
+# 16 train images in batches of 8: 2 steps an epoch
+RESUME_SETTINGS = {"epochs": 3, "batch_size": 8, "checkpoint_every": 1}
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+# Train in a fresh process on one thread, as the rule's script does. With `slow` every step
+# sleeps, so the parent can SIGKILL it mid-run once the first epoch checkpoint is on disk.
+TRAIN_SCRIPT = """
+import json, logging, sys, time
+import pandas as pd, torch
+from distinctcap import clip
+world, checkpoint, out, slow, settings = sys.argv[1:]
+logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+torch.set_num_threads(1)
+if slow == "1":
+    step = clip.contrastive_step
+    def slow_step(*args):
+        time.sleep(0.5)
+        return step(*args)
+    clip.contrastive_step = slow_step
+model, _ = clip.train_clip(
+    pd.read_parquet(f"{world}/images.parquet"), pd.read_parquet(f"{world}/captions.parquet"),
+    "shapes-vit-tiny", clip.TrainSettings(**json.loads(settings)), seed=0, device="cpu",
+    checkpoint=checkpoint,
+)
+clip.save_weights(model, out)
+"""
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A tiny shapes world (16 train, 4 val images) with absolute image paths, as parquet."""
+    root = tmp_path_factory.mktemp("world")
+    images, captions = shapes.generate(shapes.ShapesConfig(n_train=16, n_val=4, n_test=1), root)
+    images["file"] = [str(root / f) for f in images.file]
+    images.to_parquet(root / "images.parquet")
+    captions.to_parquet(root / "captions.parquet")
+    return root, images, captions
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(world, one_thread):
+    """Final weights of one run start to finish, without checkpoints."""
+    _, images, captions = world
+    settings = TrainSettings(**RESUME_SETTINGS)
+    model, _ = train_clip(images, captions, ARCH, settings, seed=0, device="cpu")
+    return model.state_dict()
+
+
+def run_training(
+    world: Path, checkpoint: Path, out: Path, slow: bool, log_file: Path
+) -> subprocess.Popen:
+    """TRAIN_SCRIPT in a new process; its stderr (the log) goes to `log_file`."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
+    args = [str(world), str(checkpoint), str(out), str(int(slow)), json.dumps(RESUME_SETTINGS)]
+    with open(log_file, "w") as stderr:
+        return subprocess.Popen([sys.executable, "-c", TRAIN_SCRIPT, *args], env=env, stderr=stderr)
+
+
+def checkpoint_epoch(path: Path) -> int:
+    """Epochs recorded in the checkpoint at `path` (0 while there is none)."""
+    if not path.exists():
+        return 0
+    return torch.load(path, map_location="cpu", weights_only=True)["progress"]["epoch"]
+
+
+def assert_same_weights(state: dict, expected: dict) -> None:
+    assert state.keys() == expected.keys()
+    for name, value in expected.items():
+        assert torch.equal(state[name], value), name
+
+
+def test_killed_clip_training_resumes_to_the_same_weights(world, uninterrupted, tmp_path):
+    root, _, _ = world
+    checkpoint, out = tmp_path / "checkpoints" / f"{ARCH}.pt", tmp_path / f"{ARCH}.pt"
+    killed_log, resumed_log = tmp_path / "killed.log", tmp_path / "resumed.log"
+    killed = run_training(root, checkpoint, out, True, killed_log)
+    deadline = time.monotonic() + 120
+    while checkpoint_epoch(checkpoint) < 1:
+        assert killed.poll() is None, killed_log.read_text()
+        assert time.monotonic() < deadline, "no epoch checkpoint within 120 s"
+        time.sleep(0.05)
+    os.kill(killed.pid, signal.SIGKILL)
+    assert killed.wait(timeout=30) == -signal.SIGKILL
+    done = checkpoint_epoch(checkpoint)
+    assert 1 <= done < RESUME_SETTINGS["epochs"] and not out.exists()
+
+    resumed = run_training(root, checkpoint, out, False, resumed_log)
+    assert resumed.wait(timeout=120) == 0, resumed_log.read_text()
+    stderr = resumed_log.read_text()
+    epochs = RESUME_SETTINGS["epochs"]
+    assert f"resumed CLIP training at epoch {done + 1} of {epochs} from {checkpoint}" in stderr
+    assert not checkpoint.exists() and not checkpoint.parent.exists()  # removed on success
+    assert_same_weights(torch.load(out, map_location="cpu", weights_only=True), uninterrupted)
+
+
+def test_mismatched_clip_checkpoint_is_set_aside_not_resumed(
+    world, uninterrupted, tmp_path, monkeypatch, caplog
+):
+    _, images, captions = world
+    checkpoint = tmp_path / "checkpoints" / f"{ARCH}.pt"
+    settings = TrainSettings(**RESUME_SETTINGS)
+    with monkeypatch.context() as patch:  # keep the seed-1 run's last checkpoint (epoch 2)
+        patch.setattr(clip_module, "remove_checkpoint", lambda checkpoint: None)
+        train_clip(images, captions, ARCH, settings, seed=1, device="cpu", checkpoint=checkpoint)
+    assert checkpoint_epoch(checkpoint) == 2
+
+    with caplog.at_level(logging.INFO, logger="distinctcap.clip"):
+        model, _ = train_clip(
+            images, captions, ARCH, settings, seed=0, device="cpu", checkpoint=checkpoint
+        )
+    assert "resumed" not in caplog.text
+    (warning,) = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "distinctcap.clip" and r.levelno == logging.WARNING
+    ]
+    assert "different seed" in warning and str(checkpoint) in warning
+    aside = list(checkpoint.parent.glob(f"{ARCH}.set-aside-*.pt"))
+    assert len(aside) == 1 and checkpoint_epoch(aside[0]) == 2  # renamed, not deleted
+    assert not checkpoint.exists()
+    assert_same_weights(model.state_dict(), uninterrupted)  # trained from epoch 0
+
+
+def test_clip_fingerprint_names_what_differs_and_unreadable_checkpoints_go_aside(tmp_path):
+    current = {"arch": ARCH, "settings": {"lr": 0.001, "epochs": 3}, "seed": 0, "data": "ab"}
+    saved = {**current, "settings": {"lr": 0.01, "epochs": 3}, "data": "cd"}
+    assert fingerprint_mismatch(saved, current) == ["data", "settings.lr"]
+    assert fingerprint_mismatch(current, current) == []
+    broken = tmp_path / "clip.pt"
+    broken.write_bytes(b"not a checkpoint")
+    assert load_training(broken, current) is None
+    assert not broken.exists() and len(list(tmp_path.glob("clip.set-aside-*.pt"))) == 1
+    assert (
+        "checkpoint_every"
+        not in clip_module.train_fingerprint(
+            ARCH,
+            TrainSettings(),
+            0,
+            torch.device("cpu"),
+            torch.zeros(1, 3, 2, 2, dtype=torch.uint8),
+            torch.zeros(1, 4, dtype=torch.long),
+            pd.Series([0]),
+        )["settings"]
+    )

@@ -17,6 +17,9 @@ contrastive training and retrieval recall.
   and `save_weights` writes a state dict that `create_model_and_transforms(arch,
   pretrained=path)` loads, so the trained model goes through the same loading code as a
   pretrained one.
+- Given a checkpoint path, `train_clip` writes its whole state there every
+  `checkpoint_every` epochs and a rerun with the same fingerprint (arch, settings, seed, device,
+  training data) resumes from it to bit-identical weights; a mismatched one is set aside.
 """
 
 from __future__ import annotations
@@ -24,11 +27,12 @@ from __future__ import annotations
 import logging
 import math
 import os
+import pickle
 import socket
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -251,6 +255,7 @@ class TrainSettings:
     lr: float = 1e-3
     weight_decay: float = 0.1
     warmup_fraction: float = 0.1
+    checkpoint_every: int = 10  # epochs between resume checkpoints; 0 = none
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
@@ -290,6 +295,7 @@ def train_clip(
     settings: TrainSettings,
     seed: int = 0,
     device: str = "auto",
+    checkpoint: str | os.PathLike | None = None,
 ) -> tuple[torch.nn.Module, dict]:
     """Train `arch` from scratch with CLIP's contrastive loss on the train split.
 
@@ -297,6 +303,10 @@ def train_clip(
     the symmetric cross-entropy over the batch's image-text similarity matrix scaled by the
     learned temperature exp(t), clamped at 100 as in CLIP. Returns the model (eval mode) and
     its validation retrieval recall (`retrieval_recall`).
+
+    With a `checkpoint` path, every `settings.checkpoint_every` epochs the whole training state
+    is written there; a later call with the same fingerprint (`train_fingerprint`) resumes from
+    it to the same final weights, and success removes it.
     """
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
@@ -318,9 +328,12 @@ def train_clip(
     )
     loss_fn = ClipLoss()
     amp = torch.autocast("cuda", dtype=torch.bfloat16, enabled=dev.type == "cuda")
+    fingerprint = train_fingerprint(arch, settings, seed, dev, pixels, tokens, train_caps.image_id)
+    progress = resume_training(checkpoint, fingerprint, model, opt, rng, settings.epochs)
     model.train()
-    start, step = time.perf_counter(), 0
-    for epoch in range(settings.epochs):
+    start = time.perf_counter() - progress.seconds
+    warmup = int(settings.warmup_fraction * total)
+    while progress.epoch < settings.epochs:
         perm = rng.permutation(n)
         pick = order[offsets[perm] + rng.integers(0, np.diff(offsets)[perm])]
         epoch_loss = 0.0
@@ -328,26 +341,17 @@ def train_clip(
             rows = slice(b * bs, (b + 1) * bs)
             x = normalize(pixels[perm[rows]].to(dev, non_blocking=True), mean, std)
             t = tokens[pick[rows]].to(dev, non_blocking=True)
-            for group in opt.param_groups:
-                group["lr"] = lr_at(step, total, int(settings.warmup_fraction * total), settings.lr)
-            with amp:
-                out = model(x, t)
-                loss = loss_fn(out["image_features"], out["text_features"], out["logit_scale"])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            with torch.no_grad():
-                model.logit_scale.clamp_(0, math.log(100))
-            epoch_loss += loss.item()
-            step += 1
-        log.info(
-            "epoch %d/%d: contrastive loss %.4f, logit scale %.2f, %.0f s",
-            epoch + 1,
-            settings.epochs,
+            lr = lr_at(progress.step, total, warmup, settings.lr)
+            epoch_loss += contrastive_step(model, opt, loss_fn, amp, x, t, lr)
+            progress.step += 1
+        progress.end_epoch(
             epoch_loss / max(1, steps_per_epoch),
             model.logit_scale.exp().item(),
             time.perf_counter() - start,
+            settings.epochs,
         )
+        if checkpoint_due(checkpoint, settings, progress.epoch):
+            save_training(checkpoint, fingerprint, model, opt, rng, progress)
     model.eval()
     metrics = evaluate_retrieval(model, images, captions, "val", to_bytes, mean, std, tokenizer)
     metrics.update(
@@ -356,7 +360,184 @@ def train_clip(
         logit_scale=model.logit_scale.exp().item(),
         arch=arch,
     )
+    remove_checkpoint(checkpoint)
     return model, metrics
+
+
+def contrastive_step(
+    model, opt, loss_fn, amp, x: torch.Tensor, t: torch.Tensor, lr: float
+) -> float:
+    """One optimiser step of ClipLoss on a batch of images `x` and tokens `t`; its loss."""
+    for group in opt.param_groups:
+        group["lr"] = lr
+    with amp:
+        out = model(x, t)
+        loss = loss_fn(out["image_features"], out["text_features"], out["logit_scale"])
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    with torch.no_grad():
+        model.logit_scale.clamp_(0, math.log(100))
+    return loss.item()
+
+
+# ---------------------------------------------------------------- resuming CLIP training
+
+
+@dataclass
+class TrainProgress:
+    """Where training stands: epochs done, optimiser steps done, the per-epoch log so far and
+    the seconds spent training (across resumed processes)."""
+
+    epoch: int = 0
+    step: int = 0
+    history: list[dict] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def end_epoch(self, loss: float, logit_scale: float, seconds: float, epochs: int) -> None:
+        """Record and log one finished epoch."""
+        self.epoch += 1
+        self.seconds = seconds
+        record = {"epoch": self.epoch, "loss": loss, "logit_scale": logit_scale, "seconds": seconds}
+        self.history.append(record)
+        log_epoch(record, epochs)
+
+
+def log_epoch(record: dict, epochs: int, note: str = "") -> None:
+    log.info(
+        "epoch %d/%d: contrastive loss %.4f, logit scale %.2f, %.0f s%s",
+        record["epoch"],
+        epochs,
+        record["loss"],
+        record["logit_scale"],
+        record["seconds"],
+        note,
+    )
+
+
+def train_fingerprint(
+    arch: str,
+    settings: TrainSettings,
+    seed: int,
+    device: torch.device,
+    pixels: torch.Tensor,
+    tokens: torch.Tensor,
+    caption_images: pd.Series,
+) -> dict:
+    """Everything that determines the trained weights, field by field (so a mismatch can be
+    named): the settings except `checkpoint_every`, and a hash of the loaded training data
+    (pixels, caption tokens and which image each caption belongs to)."""
+    data = hashlib.sha256()
+    for array in (pixels.numpy(), tokens.numpy(), caption_images.to_numpy(dtype=np.int64)):
+        data.update(np.ascontiguousarray(array).tobytes())
+    kept = {k: v for k, v in asdict(settings).items() if k != "checkpoint_every"}
+    return {
+        "arch": arch,
+        "settings": kept,
+        "seed": seed,
+        "device": device.type,
+        "data": data.hexdigest()[:16],
+    }
+
+
+def fingerprint_mismatch(saved: dict, current: dict) -> list[str]:
+    """The fields (settings.<key> for a setting) in which two fingerprints differ."""
+    fields = [k for k in current if k != "settings" and saved.get(k) != current[k]]
+    saved_settings = saved.get("settings") or {}
+    fields += [
+        f"settings.{k}" for k, v in current["settings"].items() if saved_settings.get(k) != v
+    ]
+    return fields
+
+
+def checkpoint_due(
+    checkpoint: str | os.PathLike | None, settings: TrainSettings, epoch: int
+) -> bool:
+    """After `epoch` epochs: is a checkpoint to be written? (Never after the last one.)"""
+    every = settings.checkpoint_every
+    return bool(checkpoint and every and epoch % every == 0 and epoch < settings.epochs)
+
+
+def save_training(
+    path: str | os.PathLike,
+    fingerprint: dict,
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    rng: np.random.Generator,
+    progress: TrainProgress,
+) -> None:
+    """Write the whole training state to `path` atomically (a kill leaves the previous one)."""
+    state = {
+        "fingerprint": fingerprint,
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "numpy_rng": rng.bit_generator.state,
+        "torch_rng": torch.get_rng_state(),
+        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "progress": asdict(progress),
+    }
+    with atomic_path(path) as tmp:
+        torch.save(state, tmp)
+
+
+def load_training(path: Path, fingerprint: dict) -> dict | None:
+    """The checkpoint at `path` if it matches `fingerprint`; a mismatched or unreadable one is
+    renamed aside (kept for inspection) with one log line saying why."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as error:
+        set_aside(path, f"it cannot be read ({error})")
+        return None
+    mismatch = fingerprint_mismatch(state.get("fingerprint") or {}, fingerprint)
+    if mismatch:
+        set_aside(path, f"it is from a different {', '.join(mismatch)}")
+        return None
+    return state
+
+
+def set_aside(path: Path, why: str) -> None:
+    aside = path.with_name(f"{path.stem}.set-aside-{time.strftime('%Y%m%d-%H%M%S')}{path.suffix}")
+    os.replace(path, aside)
+    log.warning("not resuming CLIP training from %s: %s; moved it to %s", path, why, aside)
+
+
+def resume_training(
+    checkpoint: str | os.PathLike | None,
+    fingerprint: dict,
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    rng: np.random.Generator,
+    epochs: int,
+) -> TrainProgress:
+    """Restore model, optimiser and RNGs from a matching checkpoint and return its progress;
+    a fresh TrainProgress when there is none."""
+    path = Path(checkpoint) if checkpoint else None
+    state = load_training(path, fingerprint) if path and path.exists() else None
+    if state is None:
+        return TrainProgress()
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["optimizer"])
+    rng.bit_generator.state = state["numpy_rng"]
+    torch.set_rng_state(state["torch_rng"])
+    if state["cuda_rng"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
+    progress = TrainProgress(**state["progress"])
+    for record in progress.history:  # the log file of this process starts empty
+        log_epoch(record, epochs, " (before resuming)")
+    log.info("resumed CLIP training at epoch %d of %d from %s", progress.epoch + 1, epochs, path)
+    return progress
+
+
+def remove_checkpoint(checkpoint: str | os.PathLike | None) -> None:
+    """Training is done: drop its checkpoint (and the folder when nothing else is in it)."""
+    if not checkpoint:
+        return
+    path = Path(checkpoint)
+    path.unlink(missing_ok=True)
+    try:
+        path.parent.rmdir()
+    except OSError:  # not empty (a set-aside checkpoint) or already gone
+        pass
 
 
 @torch.inference_mode()

@@ -1,6 +1,7 @@
-"""CLIP stage: train the tiny CLIP (shapes world, clip.pretrained = train), then extract pooled
-+ grid image features and text features into resumable shards under results/features/cache/
-(not a declared output, so a killed run keeps its finished shards)."""
+"""CLIP stage: train the tiny CLIP (shapes world, clip.pretrained = train), resumable from its
+epoch checkpoint under results/clip/checkpoints/, then extract pooled + grid image features and
+text features into resumable shards under results/features/cache/ (neither is a declared
+output, so a killed run keeps them)."""
 
 CLIP = config["clip"]
 TRAINED_CLIP = f"results/clip/{CLIP['arch']}.pt"
@@ -23,6 +24,10 @@ rule train_clip:
         train=CLIP["train"],
         seed=config["seed"],
         device=config["device"],
+        # not an output, so a killed job keeps it and the rerun resumes from its last epoch
+        checkpoint=lambda w, output: str(
+            Path(output.weights).parent / "checkpoints" / Path(output.weights).name
+        ),
     threads: 2  # the conv tower steps 1.55x faster on two threads than on one (2-core box)
     log:
         "logs/features/train_clip.log",

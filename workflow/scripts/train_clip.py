@@ -15,6 +15,7 @@ model, metrics = train_clip(
     TrainSettings(**snakemake.params.train),
     seed=snakemake.params.seed,
     device=snakemake.params.device,
+    checkpoint=snakemake.params.checkpoint,
 )
 save_weights(model, snakemake.output.weights)
 write_json(metrics, snakemake.output.retrieval)

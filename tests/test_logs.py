@@ -69,9 +69,17 @@ def snakemake_without_java(workdir: Path, tmp_path: Path, *args: str):
     return snakemake(workdir, *args, config=tiny_config(), env=env)
 
 
+def test_missing_java_stops_the_run_before_the_first_job(workdir, tmp_path):
+    done = snakemake_without_java(workdir, tmp_path)
+    assert done.returncode == 1
+    assert "need `java` on PATH" in done.stderr
+    assert "apt-get install openjdk-17-jre-headless" in done.stderr
+    assert not (workdir / "results").exists() and not (workdir / "logs").exists()
+
+
 def test_a_failing_job_logs_its_reason_and_traceback_in_the_rule_log(workdir, tmp_path):
     """device: cuda on a machine without a GPU: the CLIP training job fails. Its target needs
-    no evaluation, so a missing Java does not stop the run."""
+    no evaluation, so the missing Java does not stop the run."""
     config = tiny_config() | {"device": "cuda"}
     path = path_without("java", tmp_path)
     done = snakemake(workdir, "train_clip", config=config, env={**os.environ, "PATH": path})

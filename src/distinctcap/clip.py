@@ -42,6 +42,7 @@ from PIL import Image
 from torchvision.transforms import Compose, Normalize, PILToTensor, ToTensor
 from tqdm import tqdm
 
+from distinctcap.data.quality import decoding
 from distinctcap.errors import DistinctcapError
 from distinctcap.io import atomic_path
 
@@ -247,7 +248,7 @@ def load_images(files: Sequence[str], transform: Compose) -> torch.Tensor:
     """Every image through `transform` (PIL -> uint8), stacked: (N, 3, H, W)."""
     out = []
     for file in tqdm(files, desc="load images", unit="images"):
-        with Image.open(file) as image:
+        with decoding(file), Image.open(file) as image:
             out.append(transform(image))
     return torch.stack(out)
 

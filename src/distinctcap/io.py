@@ -1,9 +1,11 @@
-"""Atomic writes and schema-checked parquet tables (DESIGN.md, "Data contracts")."""
+"""Atomic writes and schema-checked parquet tables."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -41,17 +43,47 @@ SCHEMAS: dict[str, pa.Schema] = {
 
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path beside `path`; rename it to `path` only if the block succeeds."""
+    """Yield a temporary path beside `path`; rename it to `path` only if the block succeeds.
+
+    A failure on a full disk becomes a DistinctcapError naming `path`; the previous file at
+    `path` stays intact."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    tmp = Path(tmp)
+    tmp = None
     try:
+        tmp = _temp_beside(path)
         yield tmp
         os.replace(tmp, path)
+    except Exception as error:
+        if disk_full(error, path.parent):
+            raise DistinctcapError(
+                f"no space left on device writing {path} "
+                f"({shutil.disk_usage(path.parent).free} bytes free there; the temporary file "
+                f"is removed, any previous {path.name} is kept): {error}"
+            ) from error
+        raise
     finally:
-        tmp.unlink(missing_ok=True)
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+
+
+def _temp_beside(path: Path) -> Path:
+    """A new empty file next to `path`."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    return Path(tmp)
+
+
+def disk_full(error: BaseException, folder: Path) -> bool:
+    """Whether `error` came from a full disk: ENOSPC, or (libraries that hide the errno, e.g.
+    torch.save) any error while the disk of `folder` has (nearly) no free space left."""
+    if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+        return True
+    try:
+        usage = shutil.disk_usage(folder)
+    except OSError:
+        return False
+    return usage.free < min(1 << 20, usage.total // 100)
 
 
 def write_table(df: pd.DataFrame, path: str | os.PathLike, table: str | None = None) -> None:

@@ -1,6 +1,9 @@
-"""Atomic writes: a full disk is named with the path and the last good file survives."""
+"""Atomic writes: a full disk is named with the path, the last good file survives, and the
+written file has the mode the umask gives."""
 
+import os
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -8,7 +11,7 @@ import pytest
 import torch
 
 from distinctcap.errors import DistinctcapError
-from distinctcap.io import atomic_path, write_table
+from distinctcap.io import atomic_path, read_table, write_table
 
 
 @pytest.fixture
@@ -59,3 +62,17 @@ def test_other_errors_pass_unchanged(tmp_path):
     with pytest.raises(KeyError), atomic_path(tmp_path / "out.json"):
         raise KeyError("x")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600)])
+def test_results_follow_the_umask(tmp_path, umask, mode):
+    old = os.umask(umask)
+    try:
+        write_table(pd.DataFrame({"x": [1]}), tmp_path / "t.parquet")
+        with atomic_path(tmp_path / "m.pt") as tmp:
+            torch.save({}, tmp)
+    finally:
+        os.umask(old)
+    for name in ("t.parquet", "m.pt"):
+        assert Path(tmp_path / name).stat().st_mode & 0o777 == mode, name
+    assert read_table(tmp_path / "t.parquet").x.tolist() == [1]

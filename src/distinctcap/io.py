@@ -45,8 +45,8 @@ SCHEMAS: dict[str, pa.Schema] = {
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside `path`; rename it to `path` only if the block succeeds.
 
-    A failure on a full disk becomes a DistinctcapError naming `path`; the previous file at
-    `path` stays intact."""
+    The file gets the mode `open()` would give it (0o666 less the umask). A failure on a full
+    disk becomes a DistinctcapError naming `path`; the previous file at `path` stays intact."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = None
@@ -68,10 +68,27 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 
 
 def _temp_beside(path: Path) -> Path:
-    """A new empty file next to `path`."""
+    """A new empty file next to `path`, with the mode the umask gives new files."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    try:
+        os.fchmod(fd, 0o666 & ~current_umask())
+    finally:
+        os.close(fd)
     return Path(tmp)
+
+
+def current_umask() -> int:
+    """This process's umask, read from /proc on Linux (no window with another umask for other
+    threads), else by setting and restoring it."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
 
 
 def disk_full(error: BaseException, folder: Path) -> bool:

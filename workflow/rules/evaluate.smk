@@ -21,19 +21,6 @@ SHOWCASE = {"category": "Evaluation", "subcategory": "Caption gallery"}
 TRAINING = {"category": "Training"}
 
 
-def require_java(jobs):
-    """Stop before any job when one of `jobs` evaluates captions and `java` is missing: the
-    COCO metrics need it, and otherwise it is found only after every training run finished."""
-    from distinctcap.metrics.coco import check_java
-
-    if any(job.rule.name == "evaluate" for job in jobs):
-        try:
-            check_java()
-        except DistinctcapError as error:
-            sys.stderr.write(f"distinctcap: {error}\n")
-            sys.exit(1)
-
-
 rule evaluate:
     input:
         generated="results/generated/{run}/{split}-{decoding}.parquet",

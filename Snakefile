@@ -21,6 +21,11 @@ include: "workflow/rules/decode.smk"
 include: "workflow/rules/evaluate.smk"
 
 
+onstart:
+    # runs after the DAG is built, before the first job (not for dry runs)
+    require_java(workflow.dag.needrun_jobs())
+
+
 rule all:
     input:
         ALL_TARGETS,

@@ -31,12 +31,15 @@ def workdir(tmp_path) -> Path:
     return tmp_path
 
 
-def snakemake(workdir: Path, *args: str, config: dict | None = None, timeout: int = 1200):
-    """Run snakemake in `workdir` (with `config` written as its config.yaml); never hangs."""
+def snakemake(
+    workdir: Path, *args: str, config: dict | None = None, timeout: int = 1200, env=None
+):
+    """Run snakemake in `workdir` (with `config` written as its config.yaml, in environment
+    `env`, default ours); never hangs."""
     if config is not None:
         (workdir / "config.yaml").write_text(yaml.safe_dump(config))
     cmd = ["timeout", "-k", "10", str(timeout), SNAKEMAKE, "--cores", "2", *args]
-    return subprocess.run(cmd, cwd=workdir, capture_output=True, text=True)
+    return subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, env=env)
 
 
 def shrink_runs(runs: dict, tiny_train: dict) -> dict:

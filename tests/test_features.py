@@ -1,5 +1,7 @@
 """CLIP feature extraction: contents, resumable shards, manifest invalidation, bad embeddings."""
 
+import dataclasses
+import re
 import signal
 import subprocess
 import sys
@@ -10,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from distinctcap.clip import load_clip, save_weights
+from distinctcap.clip import byte_transform, load_clip, load_images, save_weights
 from distinctcap.data.prepare import prepare
 from distinctcap.errors import DistinctcapError
 from distinctcap.features import (
@@ -238,3 +240,25 @@ def test_a_tower_without_grid_tokens_stops_naming_clip_arch(run, world):
                          world / "nogrid/cache", SETTINGS, device="cpu")
     assert not (world / "nogrid/index.json").exists()
     assert not list((world / "nogrid/cache").glob("images/*.parquet"))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_image_broken_after_the_data_stage_stops_extraction_naming_it(
+    run, world, tmp_path, workers
+):
+    """A truncated file: the stage names it (in a DataLoader worker too) and how to quarantine
+    it; the features of the other images cannot go on without it (data/quality.decoding)."""
+    _, images, captions = run
+    data = (world / images.file[3]).read_bytes()
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(data[: len(data) // 2])
+    images = images.assign(file=[str(broken) if i == 3 else f for i, f in enumerate(images.file)])
+    clip = load_clip(ARCH, str(world / "clip0.pt"))
+    settings = dataclasses.replace(SETTINGS, workers=workers)
+    named = rf"^image {re.escape(str(broken))} is unreadable \(\w+Error: .*forcerun prepare_data"
+    with pytest.raises(DistinctcapError, match=named):
+        extract_features(images, captions, clip, tmp_path / "index.json", tmp_path / "cache",
+                         settings, device="cpu")
+    assert not (tmp_path / "index.json").exists()
+    with pytest.raises(DistinctcapError, match=named):
+        load_images([str(world / images.file[0]), str(broken)], byte_transform(clip.preprocess)[0])

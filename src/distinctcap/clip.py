@@ -24,6 +24,7 @@ contrastive training and retrieval recall.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import os
@@ -45,6 +46,7 @@ from PIL import Image
 from torchvision.transforms import Compose, Normalize, PILToTensor, ToTensor
 from tqdm import tqdm
 
+from distinctcap.data.quality import decoding
 from distinctcap.errors import DistinctcapError
 from distinctcap.io import atomic_path
 
@@ -240,7 +242,7 @@ def load_images(files: Sequence[str], transform: Compose) -> torch.Tensor:
     """Every image through `transform` (PIL -> uint8), stacked: (N, 3, H, W)."""
     out = []
     for file in tqdm(files, desc="load images", unit="images"):
-        with Image.open(file) as image:
+        with decoding(file), Image.open(file) as image:
             out.append(transform(image))
     return torch.stack(out)
 

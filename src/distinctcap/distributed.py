@@ -24,7 +24,8 @@ it its gradient hooks. One all-reduce of the flattened gradients per optimiser s
 arithmetic with `no_sync` during accumulation, without the overlap of communication and
 backward (negligible for this model size next to its step time).
 
-Rank 0 alone writes checkpoints, outputs and the log file and shows the progress bar; the
+Rank 0 alone writes checkpoints, outputs and log lines and shows the progress bar (any rank
+appends its warnings and the error that stops it to the log); the
 early-stopping decision is broadcast from rank 0 so the processes always stop together.
 """
 
@@ -217,7 +218,8 @@ def launch(cfg: dict, nproc: int, log_file: str | None = None, data_file: str | 
     if done.returncode != 0:
         raise DistinctcapError(
             f"run {cfg.get('name')}: distributed training over {nproc} processes failed "
-            f"(exit {done.returncode}); the first failing process's error is printed above"
+            f"(exit {done.returncode}); each failing process's error is in "
+            f"{log_file or 'the output above'}"
         )
 
 
@@ -233,15 +235,14 @@ def train_with_gpus(cfg: dict, gpus: int, log_file: str | None = None):
 
 
 def _worker_logging(log_file: str | None, env: DistEnv) -> None:
-    """Rank 0 appends to the rule's log and writes to stderr; the others report warnings."""
-    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
-    if log_file and env.is_main:
-        handlers.append(logging.FileHandler(log_file, mode="a"))
-    logging.basicConfig(
+    """Every rank appends to the rule's log and writes to stderr: rank 0 its log lines, the
+    others their warnings; an error that stops any rank lands in the log (logs.log_uncaught)."""
+    from distinctcap import logs
+
+    logs.setup_append(
+        log_file,
         level=logging.INFO if env.is_main else logging.WARNING,
-        handlers=handlers,
-        force=True,
-        format=f"%(asctime)s %(levelname)s rank{env.rank} %(name)s: %(message)s",
+        fmt=f"%(asctime)s %(levelname)s rank{env.rank} %(name)s: %(message)s",
     )
 
 

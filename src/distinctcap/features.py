@@ -42,6 +42,7 @@ from torchvision.transforms import CenterCrop, Compose, Resize
 from tqdm import tqdm
 
 from distinctcap.clip import LoadedClip, byte_transform, normalize, resolve_device
+from distinctcap.data.quality import decoding
 from distinctcap.errors import DistinctcapError
 from distinctcap.io import atomic_path, file_sha256, read_json, write_json
 
@@ -223,7 +224,7 @@ class ImageFiles(Dataset):
         return len(self.files)
 
     def __getitem__(self, i: int) -> torch.Tensor:
-        with Image.open(self.files[i]) as image:
+        with decoding(self.files[i]), Image.open(self.files[i]) as image:
             same = image.size[::-1] == self.size  # PIL gives (W, H)
             return (self.light if same else self.transform)(image)
 
@@ -248,10 +249,25 @@ def encode_images(
     """(pooled L2-normalised float32 (B, D), grid tokens (B, G, Dv)) per batch, on `device`."""
     amp = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
     with torch.inference_mode(), amp:
-        for batch in loader:
+        for batch in own_errors(loader):
             x = normalize(batch.to(device, non_blocking=True), mean, std)
             pooled, tokens = pooled_and_grid(clip.model.visual, x)
             yield F.normalize(pooled.float(), dim=-1), tokens
+
+
+def own_errors(loader: DataLoader) -> Iterator[torch.Tensor]:
+    """The loader's batches; a DistinctcapError from a worker process is raised with its own
+    message (the DataLoader puts the worker's traceback in front of it)."""
+    batches = iter(loader)
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except DistinctcapError as error:
+            last = str(error).strip().splitlines()[-1]
+            raise DistinctcapError(last.split("DistinctcapError: ", 1)[-1]) from error
+        yield batch
 
 
 def pooled_and_grid(visual: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,10 +1,12 @@
-"""Atomic writes and schema-checked parquet tables (DESIGN.md, "Data contracts")."""
+"""Atomic writes and schema-checked parquet tables."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -42,17 +44,64 @@ SCHEMAS: dict[str, pa.Schema] = {
 
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path beside `path`; rename it to `path` only if the block succeeds."""
+    """Yield a temporary path beside `path`; rename it to `path` only if the block succeeds.
+
+    The file gets the mode `open()` would give it (0o666 less the umask). A failure on a full
+    disk becomes a DistinctcapError naming `path`; the previous file at `path` stays intact."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    tmp = Path(tmp)
+    tmp = None
     try:
+        tmp = _temp_beside(path)
         yield tmp
         os.replace(tmp, path)
+    except Exception as error:
+        if disk_full(error, path.parent):
+            raise DistinctcapError(
+                f"no space left on device writing {path} "
+                f"({shutil.disk_usage(path.parent).free} bytes free there; the temporary file "
+                f"is removed, any previous {path.name} is kept): {error}"
+            ) from error
+        raise
     finally:
-        tmp.unlink(missing_ok=True)
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+
+
+def _temp_beside(path: Path) -> Path:
+    """A new empty file next to `path`, with the mode the umask gives new files."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o666 & ~current_umask())
+    finally:
+        os.close(fd)
+    return Path(tmp)
+
+
+def current_umask() -> int:
+    """This process's umask, read from /proc on Linux (no window with another umask for other
+    threads), else by setting and restoring it."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
+def disk_full(error: BaseException, folder: Path) -> bool:
+    """Whether `error` came from a full disk: ENOSPC, or (libraries that hide the errno, e.g.
+    torch.save) any error while the disk of `folder` has (nearly) no free space left."""
+    if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+        return True
+    try:
+        usage = shutil.disk_usage(folder)
+    except OSError:
+        return False
+    return usage.free < min(1 << 20, usage.total // 100)
 
 
 def write_table(df: pd.DataFrame, path: str | os.PathLike, table: str | None = None) -> None:

@@ -111,3 +111,18 @@ def decode_targets():
         for name, setting in DECODING.items()
         for split in setting["splits"]
     ]
+
+
+# --- Checks before the first job (the Snakefile's onstart) -----------------------------------
+
+def require_java(jobs):
+    """Stop before any job when one of `jobs` evaluates captions and `java` is missing: the
+    COCO metrics need it, and otherwise it is found only after every training run finished."""
+    from distinctcap.metrics.coco import check_java
+
+    if any(job.rule.name == "evaluate" for job in jobs):
+        try:
+            check_java()
+        except DistinctcapError as error:
+            sys.stderr.write(f"distinctcap: {error}\n")
+            sys.exit(1)

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
@@ -28,6 +30,23 @@ def image_problem(path: Path) -> str | None:
     except Exception as error:  # PIL raises many types for broken files
         return f"unreadable image: {type(error).__name__}: {error}"
     return None
+
+
+@contextmanager
+def decoding(path: str | os.PathLike) -> Iterator[None]:
+    """Decode the image at `path` in this block: a file broken after the data stage checked it
+    stops the stage naming it. Later stages cannot skip it: every table after the data stage
+    expects features of each of its images, so the data stage is where images are quarantined."""
+    try:
+        yield
+    except DistinctcapError:
+        raise
+    except Exception as error:  # PIL raises many types for broken files
+        raise DistinctcapError(
+            f"image {path} is unreadable ({type(error).__name__}: {error}); it changed after the "
+            "data stage checked it: replace it, or rerun that stage (snakemake --forcerun "
+            "prepare_data), which quarantines it (on_bad_input: skip) or stops naming it (fail)"
+        ) from error
 
 
 def _image_problems(paths: list[Path]) -> list[str | None]:

@@ -49,11 +49,30 @@ QUALITY_METRICS = ("bleu1", "bleu2", "bleu3", "bleu4", "meteor", "rouge_l", "cid
 _PUNCT = frozenset(ptbtokenizer.PUNCTUATIONS)
 
 
+JAVA_INSTALL = "install Java 17, e.g. `apt-get install openjdk-17-jre-headless`"
+
+
 def java_executable() -> str:
     """Path of `java`; the COCO tools need a JRE (8 or newer)."""
     java = shutil.which("java")
     if java is None:
-        raise DistinctcapError("the COCO caption metrics need `java` on PATH (a JRE 8 or newer)")
+        raise DistinctcapError(
+            f"the COCO caption metrics need `java` on PATH (a JRE 8 or newer); {JAVA_INSTALL}"
+        )
+    return java
+
+
+def check_java() -> str:
+    """Path of a `java` that starts (`java -version`), else a DistinctcapError saying how to
+    install one; the workflow calls it before any job when the run evaluates captions."""
+    java = java_executable()
+    try:
+        subprocess.run([java, "-version"], capture_output=True, check=True, timeout=120)
+    except (OSError, subprocess.SubprocessError) as error:
+        raise DistinctcapError(
+            f"`{java} -version` fails ({error}); the COCO caption metrics need a working "
+            f"JRE 8 or newer: {JAVA_INSTALL}"
+        ) from error
     return java
 
 

@@ -1,0 +1,112 @@
+"""A failing job tells what and where: a one-line reason on the console, the reason and the
+traceback in the rule's log; a missing Java stops the run before the first job."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import ROOT, snakemake, tiny_config
+
+
+def python(code: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True
+    )
+
+
+def test_an_uncaught_error_is_one_line_on_stderr_and_a_traceback_in_the_log(tmp_path):
+    code = (
+        "from distinctcap import logs\n"
+        "logs.setup('job.log')\n"
+        "def stage():\n"
+        "    raise OSError('image file is truncated')\n"
+        "stage()\n"
+    )
+    done = python(code, tmp_path)
+    assert done.returncode == 1
+    log = (tmp_path / "job.log").read_text()
+    assert "ERROR distinctcap: OSError: image file is truncated\nTraceback" in log
+    assert "in stage" in log
+    assert "OSError: image file is truncated" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_user_error_is_its_message(tmp_path):
+    code = (
+        "from distinctcap import logs\n"
+        "from distinctcap.errors import DistinctcapError\n"
+        "logs.setup('job.log')\n"
+        "raise DistinctcapError('data.coco.root = /nowhere does not exist')\n"
+    )
+    done = python(code, tmp_path)
+    assert "ERROR distinctcap: data.coco.root = /nowhere does not exist\n" in done.stderr
+    log = (tmp_path / "job.log").read_text()
+    assert "ERROR distinctcap: data.coco.root = /nowhere does not exist\nTraceback" in log
+
+
+def path_without(program: str, tmp_path: Path) -> str:
+    """PATH with each folder holding `program` replaced by links to everything else in it."""
+    folders = []
+    for i, folder in enumerate(os.environ["PATH"].split(os.pathsep)):
+        if folder and (Path(folder) / program).exists():
+            fake = tmp_path / f"bin{i}"
+            fake.mkdir()
+            for entry in Path(folder).iterdir():
+                if entry.name != program:
+                    (fake / entry.name).symlink_to(entry)
+            folder = str(fake)
+        folders.append(folder)
+    return os.pathsep.join([str(Path(sys.executable).parent), *folders])
+
+
+def snakemake_without_java(workdir: Path, tmp_path: Path, *args: str):
+    path = path_without("java", tmp_path)
+    assert shutil.which("java", path=path) is None
+    env = {**os.environ, "PATH": path}
+    return snakemake(workdir, *args, config=tiny_config(), env=env)
+
+
+def test_missing_java_stops_the_run_before_the_first_job(workdir, tmp_path):
+    done = snakemake_without_java(workdir, tmp_path)
+    assert done.returncode == 1
+    assert "need `java` on PATH" in done.stderr
+    assert "apt-get install openjdk-17-jre-headless" in done.stderr
+    assert not (workdir / "results").exists() and not (workdir / "logs").exists()
+
+
+def test_a_failing_job_logs_its_reason_and_traceback_in_the_rule_log(workdir, tmp_path):
+    """device: cuda on a machine without a GPU: the CLIP training job fails. Its target needs
+    no evaluation, so the missing Java does not stop the run."""
+    config = tiny_config() | {"device": "cuda"}
+    path = path_without("java", tmp_path)
+    done = snakemake(workdir, "train_clip", config=config, env={**os.environ, "PATH": path})
+    assert done.returncode != 0
+    assert (workdir / "results/data/images.parquet").exists()  # the data job ran
+    reason = "device = 'cuda' but no GPU is visible; use 'auto' or 'cpu'"
+    log = (workdir / "logs/features/train_clip.log").read_text()
+    assert f"ERROR distinctcap: {reason}\nTraceback" in log
+    assert "resolve_device" in log
+    assert reason in done.stderr
+
+
+def test_a_failing_torchrun_process_logs_its_error(tmp_path):
+    from distinctcap.distributed import launch
+    from distinctcap.errors import DistinctcapError
+
+    cfg = {"name": "ddp", "paths": {"out_dir": str(tmp_path / "run")}}
+    log = tmp_path / "train.log"
+    log.write_text("the job's own line\n")
+    try:
+        launch(cfg, 2, str(log), str(tmp_path / "no-such-data.pt"))
+    except DistinctcapError as error:
+        assert str(log) in str(error)
+    else:
+        raise AssertionError("launch succeeded without its data file")
+    text = log.read_text()
+    assert text.startswith("the job's own line\n")
+    for rank in (0, 1):
+        assert f"ERROR rank{rank} distinctcap: FileNotFoundError:" in text
+    assert "Traceback" in text and "no-such-data.pt" in text

@@ -9,10 +9,8 @@ from conftest import ROOT, snakemake, tiny_config
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory):
-    """One full run of the tiny DAG, shared by the checks below."""
-    workdir = tmp_path_factory.mktemp("pipeline")
+def run_tiny_dag(workdir):
+    """The whole tiny DAG in a fresh copy of the workflow at `workdir`."""
     for name in ("Snakefile", "workflow", "envs", "config.yaml"):
         src = ROOT / name
         (shutil.copytree if src.is_dir() else shutil.copy)(src, workdir / name)
@@ -20,6 +18,20 @@ def finished(tmp_path_factory):
     result = snakemake(workdir, config=config, timeout=1500)
     assert result.returncode == 0, result.stderr[-5000:]
     return workdir, config
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """One full run of the tiny DAG, shared by the checks below."""
+    return run_tiny_dag(tmp_path_factory.mktemp("pipeline"))
+
+
+def test_the_same_config_gives_the_same_numbers(finished, tmp_path):
+    """A second run of the whole DAG in another directory: every summary value is identical
+    (CPU; the CLIP trains on two threads, every other job on its rule's threads)."""
+    first = pd.read_csv(finished[0] / "results/metrics/summary.csv")
+    second = pd.read_csv(run_tiny_dag(tmp_path)[0] / "results/metrics/summary.csv")
+    pd.testing.assert_frame_equal(first, second, check_exact=True)
 
 
 def test_every_run_is_trained_decoded_and_evaluated(finished):
@@ -38,6 +50,15 @@ def test_every_run_is_trained_decoded_and_evaluated(finished):
     assert set(summary.decoding) == set(config["decoding"])
     for name in config["runs"]:
         assert (workdir / f"logs/train/{name}.log").stat().st_size > 0
+
+
+def test_a_deleted_metrics_table_is_regenerated(finished):
+    workdir, _ = finished
+    lost = workdir / "results/metrics/smile/test-greedy.parquet"
+    lost.unlink()
+    result = snakemake(workdir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert lost.exists()
 
 
 def test_rerun_does_nothing(finished):

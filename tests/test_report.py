@@ -2,31 +2,32 @@
 
 import json
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import snakemake
+from conftest import ROOT, snakemake
 from evaluate_world import build
 
 from distinctcap import published
 from distinctcap.errors import DistinctcapError
 from distinctcap.evaluate import KEYS, EvalSettings, metric_columns, read_metrics
 from distinctcap.io import read_table, write_table
-from distinctcap.report import (
+from distinctcap.report import summary
+from distinctcap.report.gallery import write_gallery
+from distinctcap.report.plots import plot_cider_vs_n, plot_metric_bars, plot_training_curves
+from distinctcap.report.summary import (
     SUMMARY_BASE,
     evaluation_keys,
-    plot_cider_vs_n,
-    plot_metric_bars,
-    plot_training_curves,
     reference_run,
     summary_columns,
     summary_table,
-    tables_html,
-    tables_markdown,
-    write_gallery,
     write_summary,
 )
+from distinctcap.report.tables import tables_html, tables_markdown
 
 SETTINGS = EvalSettings(oracle_ns=[20])
 SPICE_WHY = "SPICE needs Stanford CoreNLP 3.6.0 (jars absent)"
@@ -67,6 +68,21 @@ def test_evaluation_keys_follow_each_decodings_splits():
         ("a", "val", "sample20"),
         ("a", "test", "sample20"),
     ]
+
+
+def test_summary_keys_are_the_evaluation_keys_without_importing_torch():
+    """report.summary is imported at DAG-parse time, so it keeps its own copy of the keys
+    instead of importing distinctcap.evaluate (torch); the copy must not drift."""
+    assert summary.KEYS == KEYS
+    code = (
+        "import sys, distinctcap.report.summary; "
+        "print(sorted({'torch', 'matplotlib'} & set(sys.modules)))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+    )
+    assert out.stdout.strip() == "[]"
 
 
 def test_summary_has_one_row_per_key_and_exactly_the_named_columns(metrics, tmp_path):

@@ -1,7 +1,7 @@
 """Published numbers of the four papers, transcribed as printed, for the reference blocks of
-the report's tables (distinctcap.report). All of them are MS COCO (or Flickr30K) results of
-other models, other data and other retrieval systems: they frame our tables, they are never
-compared number for number with a shapes-world run.
+the report's tables (distinctcap.report.tables). All of them are MS COCO (or Flickr30K)
+results of other models, other data and other retrieval systems: they frame our tables, they
+are never compared number for number with a shapes-world run.
 
 Each `Published` keeps the paper's own column headers, units and row labels; None marks a
 "-" (not reported). `note` says what the numbers are and anything odd in the source.

@@ -3,7 +3,7 @@ table, the papers' table layouts with their published numbers, plots and a capti
 all wired into `snakemake --report` (captions in workflow/report/)."""
 
 from distinctcap.evaluate import metric_block
-from distinctcap.report import evaluation_keys, reference_run
+from distinctcap.report.summary import evaluation_keys, reference_run
 
 EVALUATE = config["evaluate"]
 EVALUATIONS = evaluation_keys(RUNS, DECODING)

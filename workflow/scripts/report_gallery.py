@@ -2,7 +2,7 @@
 
 from distinctcap import logs
 from distinctcap.io import read_table
-from distinctcap.report import write_gallery
+from distinctcap.report.gallery import write_gallery
 
 logs.setup(snakemake.log[0])
 write_gallery(

@@ -2,7 +2,7 @@
 
 from distinctcap import logs
 from distinctcap.evaluate import read_metrics
-from distinctcap.report import write_tables
+from distinctcap.report.tables import write_tables
 
 logs.setup(snakemake.log[0])
 write_tables(

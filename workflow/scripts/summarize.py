@@ -2,7 +2,7 @@
 
 from distinctcap import logs
 from distinctcap.evaluate import read_metrics
-from distinctcap.report import write_summary
+from distinctcap.report.summary import write_summary
 
 logs.setup(snakemake.log[0])
 write_summary(read_metrics(list(snakemake.input.metrics)), snakemake.output.summary)

@@ -1,5 +1,5 @@
-"""Side-by-side report of every run: the summary table, tables in the papers' layouts with
-their published numbers beside ours, plots and a caption gallery (for `snakemake --report`).
+"""Our runs in the papers' table layouts, each beside the paper's published numbers (rule
+`report_tables`: tables.md and tables.html), and how each run fares against the MLE reference.
 
 Tables follow UNKT Tables 1-3 (oracle quality, best-5 diversity, ablation layout), CL
 Tables 1 and 4 (self-retrieval; quality of one caption), SMILE Table 1 (length, lexical
@@ -7,93 +7,21 @@ diversity, self-retrieval, CLIPScore, PPL) and the specificity paper's Tables 1 
 (diversity, novelty, vocabulary, R@k, mean rank; standard metrics), each in the paper's units.
 Fractions of the metrics package (distinct, novelty, R@k, scene F1) are printed as %.
 A skipped metric is NaN in the data and "skipped [n]" in a table, with its reason below it.
+The published numbers themselves are transcribed in distinctcap.published.
 """
 
 from __future__ import annotations
 
-import base64
 import html
 import math
-import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from distinctcap import published as P
-from distinctcap.errors import DistinctcapError
-from distinctcap.evaluate import KEYS
-from distinctcap.io import atomic_path, read_table
-from distinctcap.metrics import DIVERSITY_METRICS, QUALITY_METRICS
-
-SUMMARY_BASE = (
-    *KEYS,
-    "bleu1",
-    "bleu2",
-    "bleu3",
-    "bleu4",
-    "meteor",
-    "rouge_l",
-    "cider",
-    "spice",
-    "div1",
-    "div2",
-    "mbleu4",
-    "self_cider",
-    "distinct",
-    "novelty",
-    "vocab",
-    "length",
-    "r_at_1",
-    "r_at_5",
-    "r_at_10",
-    "mean_rank",
-    "clipscore",
-)
-SUMMARY_TAIL = ("ppl", "scene_precision", "scene_recall", "scene_f1")
-CONSENSUS = tuple(f"consensus_{m}" for m in (*QUALITY_METRICS, *DIVERSITY_METRICS))
-
-
-def evaluation_keys(runs: Sequence[str], decoding: dict) -> list[tuple[str, str, str]]:
-    """(run, split, decoding) of every evaluation: each run under each decoding setting, for
-    each of the setting's splits (the decode stage's targets)."""
-    return [
-        (run, split, name)
-        for run in runs
-        for name, setting in decoding.items()
-        for split in setting.get("splits", ["test"])
-    ]
-
-
-def summary_columns(metrics: pd.DataFrame) -> list[str]:
-    """The summary's columns: the issue's named ones, the oracle columns present, consensus,
-    ppl and scene precision/recall/F1."""
-    oracle = [c for c in metrics.columns if c.startswith("oracle_")]
-    return [*SUMMARY_BASE, *oracle, *CONSENSUS, *SUMMARY_TAIL]
-
-
-def summary_table(metrics: pd.DataFrame) -> pd.DataFrame:
-    """One row per (run, split, decoding) with exactly `summary_columns`."""
-    dup = metrics.duplicated(list(KEYS))
-    if dup.any():
-        keys = metrics.loc[dup, list(KEYS)].to_dict("records")[:3]
-        raise DistinctcapError(f"several metrics rows for {keys}")
-    missing = [c for c in summary_columns(metrics) if c not in metrics.columns]
-    if missing:
-        raise DistinctcapError(f"metrics tables lack the columns {missing}")
-    return metrics[summary_columns(metrics)].reset_index(drop=True)
-
-
-def write_summary(metrics: pd.DataFrame, path: str | Path) -> pd.DataFrame:
-    table = summary_table(metrics)
-    with atomic_path(path) as tmp:
-        table.to_csv(tmp, index=False)
-    return table
-
-
-# ---------------------------------------------------------------- tables
+from distinctcap.io import atomic_path
 
 
 @dataclass(frozen=True)
@@ -390,14 +318,6 @@ VERSUS = (
 )  # fmt: skip
 
 
-def reference_run(runs: dict) -> str | None:
-    """The MLE reference: the run named `reference`, else the first mle run on all data."""
-    if "reference" in runs:
-        return "reference"
-    mle = [n for n, r in runs.items() if r.get("method") == "mle" and r.get("data", "all") == "all"]
-    return mle[0] if mle else None
-
-
 def _versus(row: pd.Series, ref: pd.Series, metrics: Sequence[str]) -> tuple[str, str]:
     better, worse = [], []
     for m in metrics:
@@ -524,240 +444,3 @@ def write_tables(
         tmp.write_text(tables_markdown(metrics, source, reference))
     with atomic_path(html_path) as tmp:
         tmp.write_text(tables_html(metrics, source, reference))
-
-
-# ---------------------------------------------------------------- plots
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig, path: str | Path, dpi: int = 110) -> None:
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=dpi, bbox_inches="tight")
-    _pyplot().close(fig)
-
-
-CURVE_SKIP = frozenset({"step", "epoch", "lr", "grad_norm", "tokens_per_s"})
-
-
-def plot_training_curves(curves: dict[str, str | Path], path: str | Path) -> None:
-    """Each run's curve.csv against the step: the training objective (`loss`), every
-    validation column and the objectives' own terms (e.g. UNKT's mle, pred, hid, att, lambda)."""
-    plt = _pyplot()
-    tables = {run: pd.read_csv(p) for run, p in curves.items()}
-    names = {c for t in tables.values() for c in t.columns if c not in CURVE_SKIP}
-    vals = sorted(c for c in names if c.startswith("val_"))
-    panels = ["loss", *vals, *sorted(names - {"loss", *vals})]
-    cols = min(4, len(panels))
-    rows = math.ceil(len(panels) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
-    colour = {run: f"C{k % 10}" for k, run in enumerate(tables)}  # one colour per run
-    for ax, panel in zip(axes.flat, panels, strict=False):
-        for run, t in tables.items():
-            if panel in t and t[panel].notna().any():
-                sub = t[["step", panel]].dropna()
-                marker = "." if len(sub) < 30 else None
-                ax.plot(sub.step, sub[panel], label=run, color=colour[run], marker=marker)
-        ax.set_title(panel if panel != "loss" else "loss (each run's objective)", fontsize=9)
-        ax.set_xlabel("optimiser step", fontsize=8)
-        ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(panels) :]:
-        ax.axis("off")
-    axes.flat[0].legend(fontsize=7)
-    fig.suptitle("Training curves (curve.csv of each run)")
-    fig.tight_layout()
-    _save(fig, path)
-
-
-BAR_METRICS = (
-    ("cider", "CIDEr-D", 1),
-    ("bleu4", "BLEU-4", 1),
-    ("meteor", "METEOR", 1),
-    ("spice", "SPICE", 1),
-    ("div1", "Div-1 (samples)", 1),
-    ("self_cider", "SelfCIDEr", 1),
-    ("distinct_corpus", "distinct captions %", 100),
-    ("novelty", "novelty %", 100),
-    ("vocab", "vocabulary", 1),
-    ("length", "length (words)", 1),
-    ("r_at_1", "CLIP R@1 %", 100),
-    ("mean_rank", "CLIP mean rank", 1),
-    ("clipscore", "CLIPScore x100", 100),
-    ("self_r_at_1", "model self-R@1 %", 100),
-    ("scene_f1", "scene F1 %", 100),
-    ("oracle_cider_20", "oracle CIDEr (20)", 1),
-)
-
-
-def plot_metric_bars(metrics: pd.DataFrame, path: str | Path) -> None:
-    """One panel per metric: a bar per run, grouped by decoding; skipped metrics left out."""
-    plt = _pyplot()
-    panels = [(m, t, s) for m, t, s in BAR_METRICS if m in metrics and metrics[m].notna().any()]
-    runs = list(dict.fromkeys(metrics.run))
-    decodings = list(dict.fromkeys(metrics.split + "/" + metrics.decoding))
-    cols = 4
-    rows = max(1, math.ceil(len(panels) / cols))
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 2.8 * rows), squeeze=False)
-    width = 0.8 / max(1, len(decodings))
-    x = np.arange(len(runs))
-    for ax, (metric, title, scale) in zip(axes.flat, panels, strict=False):
-        for j, dec in enumerate(decodings):
-            sub = metrics[metrics.split + "/" + metrics.decoding == dec].set_index("run")
-            values = [sub[metric].get(r, np.nan) * scale for r in runs]
-            ax.bar(x + j * width - 0.4 + width / 2, values, width, label=dec)
-        ax.set_xticks(x, runs, rotation=30, ha="right", fontsize=7)
-        ax.set_title(title, fontsize=9)
-        ax.grid(axis="y", alpha=0.3)
-    for ax in list(axes.flat)[len(panels) :]:
-        ax.axis("off")
-    axes.flat[0].legend(fontsize=7)
-    fig.suptitle("Metrics per run (bars: split/decoding)")
-    fig.tight_layout()
-    _save(fig, path)
-
-
-def plot_cider_vs_n(curve_paths: Sequence[str | Path], path: str | Path) -> None:
-    """Oracle CIDEr-D against the number of samples n, one line per run and decoding (UNKT
-    Fig. 2)."""
-    plt = _pyplot()
-    tables = [pd.read_csv(p) for p in curve_paths]
-    tables = [t for t in tables if len(t)]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ns = sorted({int(n) for t in tables for n in t.n})
-    for t in tables:
-        r = t.iloc[0]
-        ax.plot(t.n, t.cider, marker="o", label=f"{r.run} ({r.split}/{r.decoding})")
-    if ns:
-        ax.set_xscale("log")
-        ax.set_xticks(ns, [str(n) for n in ns])
-        ax.minorticks_off()
-    if not tables:
-        ax.text(0.5, 0.5, "no sampling decoding configured", ha="center", transform=ax.transAxes)
-    ax.set(
-        xlabel="samples per image n",
-        ylabel="oracle CIDEr-D",
-        title="CIDEr vs number of samples (UNKT Fig. 2)",
-    )
-    ax.grid(alpha=0.3)
-    if tables:
-        ax.legend(fontsize=7)
-    _save(fig, path)
-
-
-# ---------------------------------------------------------------- gallery
-
-
-def gallery_images(images: pd.DataFrame, split: str, count: int = 24) -> list[int]:
-    """`count` image ids of the split spread evenly over its sorted ids (deterministic)."""
-    ids = np.sort(images[images.split == split].image_id.to_numpy())
-    if len(ids) == 0:
-        raise DistinctcapError(f"no {split} images for the gallery")
-    pick = np.unique(np.linspace(0, len(ids) - 1, min(count, len(ids))).round().astype(int))
-    return [int(i) for i in ids[pick]]
-
-
-def gallery_captions(generated: Sequence[str | Path], image_ids: Sequence[int]) -> pd.DataFrame:
-    """run, decoding, image_id, text of sample 0 of each generated table for the images.
-
-    The decoding is the file name's part after the split ("test-greedy.parquet" -> greedy)."""
-    rows = []
-    for path in generated:
-        table = read_table(path, "generated")
-        table = table[table.image_id.isin(image_ids) & (table["sample"] == 0)]
-        decoding = Path(path).stem.split("-", 1)[-1]
-        rows += [(r.run, decoding, int(r.image_id), r.text) for r in table.itertuples()]
-    return pd.DataFrame(rows, columns=["run", "decoding", "image_id", "text"])
-
-
-def _gallery_lines(caps: pd.DataFrame, image_id: int, reference: str) -> list[tuple[str, str]]:
-    sub = caps[caps.image_id == image_id]
-    return [("reference", reference)] + [
-        (f"{r.run}/{r.decoding}", r.text) for r in sub.itertuples()
-    ]
-
-
-def write_gallery(
-    images: pd.DataFrame,
-    captions: pd.DataFrame,
-    generated: Sequence[str | Path],
-    split: str,
-    png_path: str | Path,
-    html_path: str | Path,
-    count: int = 24,
-) -> None:
-    """For `count` images of the split: the image, its longest reference caption and sample 0
-    of every run and decoding, as a PNG grid and an HTML table (images embedded)."""
-    ids = gallery_images(images, split, count)
-    caps = gallery_captions(generated, ids).sort_values(["run", "decoding"], kind="stable")
-    files = images.set_index("image_id").file
-    refs = captions[captions.image_id.isin(ids)]
-    refs = refs.assign(n=refs.text.str.len()).sort_values(["image_id", "n"], kind="stable")
-    refs = refs.groupby("image_id").text.last()  # the longest, usually the most specific
-    _gallery_png(ids, files, refs, caps, png_path)
-    rows = []
-    for i in ids:
-        data = base64.b64encode(Path(files[i]).read_bytes()).decode()
-        lines = "".join(
-            f"<div><b>{html.escape(who)}</b>: {html.escape(text)}</div>"
-            for who, text in _gallery_lines(caps, i, refs.get(i, ""))
-        )
-        rows.append(
-            f"<tr><td><img src='data:image/png;base64,{data}' width='128'><br>"
-            f"image {i}</td><td>{lines}</td></tr>"
-        )
-    with atomic_path(html_path) as tmp:
-        tmp.write_text(
-            f"<html><head><meta charset='utf-8'>{STYLE}</head><body>"
-            f"<h2>Caption gallery: {len(ids)} {split} images, every run</h2>"
-            f"<table>{''.join(rows)}</table></body></html>"
-        )
-
-
-def _gallery_png(
-    ids: list[int],
-    files: pd.Series,
-    refs: pd.Series,
-    caps: pd.DataFrame,
-    path: str | Path,
-    cols: int = 3,
-    width: int = 64,
-) -> None:
-    """Grid of (image, text) cells; each caption wrapped to `width` monospace characters."""
-    from PIL import Image
-
-    plt = _pyplot()
-    texts = {
-        i: "\n".join(
-            textwrap.fill(f"{who}: {t}", width, subsequent_indent="  ")
-            for who, t in _gallery_lines(caps, i, refs.get(i, ""))
-        )
-        for i in ids
-    }
-    lines = max(t.count("\n") + 1 for t in texts.values())
-    rows = math.ceil(len(ids) / cols)
-    fig, axes = plt.subplots(
-        rows,
-        2 * cols,
-        figsize=(7.0 * cols, max(1.3, 0.11 * lines + 0.3) * rows),
-        squeeze=False,
-        gridspec_kw={"width_ratios": [1, 4] * cols},
-    )
-    for ax in axes.flat:
-        ax.axis("off")
-    for k, i in enumerate(ids):
-        img_ax, txt_ax = axes[k // cols, 2 * (k % cols)], axes[k // cols, 2 * (k % cols) + 1]
-        with Image.open(files[i]) as image:
-            img_ax.imshow(image.convert("RGB"))
-        img_ax.set_title(f"image {i}", fontsize=7)
-        txt_ax.text(0, 1, texts[i], va="top", ha="left", fontsize=6, family="monospace",
-                    transform=txt_ax.transAxes)  # fmt: skip
-    fig.suptitle("Caption gallery: the longest reference and sample 0 of every run/decoding")
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.4 / fig.get_figheight()))
-    _save(fig, path, dpi=100)

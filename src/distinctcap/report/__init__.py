@@ -1,0 +1,12 @@
+"""Side-by-side report of every run, one module per report rule (workflow/rules/evaluate.smk),
+all wired into `snakemake --report`:
+
+- summary: the summary table (rule `summarize`) and the DAG-parse-time helpers
+  `evaluation_keys` and `reference_run`; light, no torch or matplotlib.
+- tables: our runs in the papers' table layouts beside their published numbers, and each run
+  against the MLE reference (rule `report_tables`: tables.md, tables.html).
+- plots: training curves, metric bars, CIDEr vs number of samples (rule `report_plots`).
+- gallery: images with every run's captions, PNG and HTML (rule `report_gallery`).
+
+Import from the module that owns a function; this package re-exports nothing.
+"""

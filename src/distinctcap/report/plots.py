@@ -33,6 +33,16 @@ def save_png(fig, path: str | Path, dpi: int = 110) -> None:
     pyplot().close(fig)
 
 
+def _finish_panels(fig, axes, used: int, title: str, path: str | Path) -> None:
+    """A grid of panels: blank the unused axes, legend on the first, title, save as PNG."""
+    for ax in list(axes.flat)[used:]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    save_png(fig, path)
+
+
 CURVE_SKIP = frozenset({"step", "epoch", "lr", "grad_norm", "tokens_per_s"})
 
 
@@ -57,12 +67,7 @@ def plot_training_curves(curves: dict[str, str | Path], path: str | Path) -> Non
         ax.set_title(panel if panel != "loss" else "loss (each run's objective)", fontsize=9)
         ax.set_xlabel("optimiser step", fontsize=8)
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(panels) :]:
-        ax.axis("off")
-    axes.flat[0].legend(fontsize=7)
-    fig.suptitle("Training curves (curve.csv of each run)")
-    fig.tight_layout()
-    save_png(fig, path)
+    _finish_panels(fig, axes, len(panels), "Training curves (curve.csv of each run)", path)
 
 
 BAR_METRICS = (
@@ -104,12 +109,7 @@ def plot_metric_bars(metrics: pd.DataFrame, path: str | Path) -> None:
         ax.set_xticks(x, runs, rotation=30, ha="right", fontsize=7)
         ax.set_title(title, fontsize=9)
         ax.grid(axis="y", alpha=0.3)
-    for ax in list(axes.flat)[len(panels) :]:
-        ax.axis("off")
-    axes.flat[0].legend(fontsize=7)
-    fig.suptitle("Metrics per run (bars: split/decoding)")
-    fig.tight_layout()
-    save_png(fig, path)
+    _finish_panels(fig, axes, len(panels), "Metrics per run (bars: split/decoding)", path)
 
 
 def plot_cider_vs_n(curve_paths: Sequence[str | Path], path: str | Path) -> None:

@@ -78,6 +78,20 @@ def published_block(table: P.Published) -> Block:
     return Block(title, ["Method", *table.columns], table.formatted(), notes, labels=1)
 
 
+def paper_section(
+    title: str,
+    intro: str,
+    rows: pd.DataFrame,
+    cols: Sequence[Col],
+    published: Sequence[P.Published] = (),
+    ours: str = "Ours",
+) -> Section:
+    """A paper's layout: our `rows` in `cols` (block titled `ours`), then its published tables."""
+    return Section(
+        title, intro, ours_block(ours, rows, cols), [published_block(t) for t in published]
+    )
+
+
 def comparability(source: str) -> str:
     if source == "shapes":
         return (
@@ -92,8 +106,9 @@ def comparability(source: str) -> str:
     )
 
 
-def _oracle_ns(metrics: pd.DataFrame) -> list[int]:
-    return sorted({int(c.rsplit("_", 1)[1]) for c in metrics.columns if c.startswith("oracle_")})
+def _suffix_ns(metrics: pd.DataFrame, prefix: str) -> list[int]:
+    """The numbers n that end the columns named prefix..._n (oracle_cider_20, self_r_at_5)."""
+    return sorted({int(c.rsplit("_", 1)[1]) for c in metrics.columns if c.startswith(prefix)})
 
 
 def _multi(metrics: pd.DataFrame) -> pd.DataFrame:
@@ -109,6 +124,7 @@ def _first_caption(metrics: pd.DataFrame) -> pd.DataFrame:
 def unkt_sections(metrics: pd.DataFrame) -> list[Section]:
     """UNKT Table 1 per oracle n, Table 2 (consensus best-k diversity), Table 3 layout."""
     out = []
+    ns = _suffix_ns(metrics, "oracle_")
     q = [
         ("BLEU-4", "bleu4"),
         ("BLEU-3", "bleu3"),
@@ -119,18 +135,20 @@ def unkt_sections(metrics: pd.DataFrame) -> list[Section]:
         ("METEOR", "meteor"),
         ("SPICE", "spice"),
     ]
-    for n in _oracle_ns(metrics):
+    for n in ns:
         rows = _multi(metrics)
         rows = rows[rows.n_samples >= n]
         cols = [Col(h, f"oracle_{m}_{n}", 100) for h, m in q]
         ref = [P.UNKT_TABLE1[n]] if n in P.UNKT_TABLE1 else list(P.UNKT_TABLE1.values())
         out.append(
-            Section(
+            paper_section(
                 f"UNKT Table 1 layout: oracle quality over {n} samples",
                 "Per image the best score "
                 f"of each metric among its first {n} samples, averaged over images (x100).",
-                ours_block(f"Ours, oracle over {n} samples", rows, cols),
-                [published_block(t) for t in ref],
+                rows,
+                cols,
+                ref,
+                ours=f"Ours, oracle over {n} samples",
             )
         )
     div = [
@@ -140,15 +158,16 @@ def unkt_sections(metrics: pd.DataFrame) -> list[Section]:
         Col("mB. (lower is better)", "consensus_mbleu4", 1, 2),
     ]
     out.append(
-        Section(
+        paper_section(
             "UNKT Table 2 layout: diversity of the best-5 after consensus re-ranking",
             "Samples re-ranked by their mean CIDEr-D against the captions of the image's nearest "
             "training images (CLIP image embedding); diversity of the best ones.",
-            ours_block("Ours, consensus best-k", _multi(metrics), div),
-            [published_block(P.UNKT_TABLE2)],
+            _multi(metrics),
+            div,
+            [P.UNKT_TABLE2],
+            ours="Ours, consensus best-k",
         )
     )
-    ns = _oracle_ns(metrics)
     n = 20 if 20 in ns else (max(ns) if ns else 20)
     abl = [
         Col("B-4", f"oracle_bleu4_{n}", 100),
@@ -159,20 +178,22 @@ def unkt_sections(metrics: pd.DataFrame) -> list[Section]:
         div[3],
     ]
     out.append(
-        Section(
+        paper_section(
             "UNKT Table 3 layout (ablations; also Tables 4-6, 8)",
             f"Oracle B-4 / METEOR / CIDEr over {n} samples (x100) and the consensus best-k "
             "diversity; every run is a row, so the teachers on D- / D+ (Table 4) and UNKT "
             "variants (Tables 3, 5, 6, 8) appear here when configured.",
-            ours_block(f"Ours (oracle n = {n})", _multi(metrics), abl),
-            [published_block(t) for t in P.UNKT_ABLATIONS],
+            _multi(metrics),
+            abl,
+            P.UNKT_ABLATIONS,
+            ours=f"Ours (oracle n = {n})",
         )
     )
     return out
 
 
 def cl_sections(metrics: pd.DataFrame) -> list[Section]:
-    ks = sorted(int(c.rsplit("_", 1)[1]) for c in metrics.columns if c.startswith("self_r_at_"))
+    ks = _suffix_ns(metrics, "self_r_at_")
     retrieval = [Col(f"Self retrieval R@{k} (%)", f"self_r_at_{k}", 100, 2) for k in ks]
     t1 = [
         *retrieval,
@@ -190,20 +211,22 @@ def cl_sections(metrics: pd.DataFrame) -> list[Section]:
         Col("CIDEr", "cider", 1, 3),
     ]
     return [
-        Section(
+        paper_section(
             "CL Table 1 layout: self retrieval with the captioner itself",
             "Each caption (sample 0) ranks the images of a pool (its own image plus "
             "`evaluate.self_retrieval_pool` - 1 others of the split) by the run's own log "
             "p(c | I) (CL §4.1). The paper's pool is all 5,000 test images.",
-            ours_block("Ours", metrics, t1),
-            [published_block(P.CL_TABLE1)],
+            metrics,
+            t1,
+            [P.CL_TABLE1],
         ),
-        Section(
+        paper_section(
             "CL Table 4 layout: quality of one caption per image",
             "Sample 0 of each image: the greedy / best-beam caption (for a sampling "
             "decoding, its first sample).",
-            ours_block("Ours", metrics, t4),
-            [published_block(P.CL_TABLE4)],
+            metrics,
+            t4,
+            [P.CL_TABLE4],
         ),
     ]
 
@@ -224,13 +247,14 @@ def smile_sections(metrics: pd.DataFrame) -> list[Section]:
         Col("PPL", "ppl", 1, 1),
     ]
     return [
-        Section(
+        paper_section(
             "SMILE Table 1 layout: descriptiveness, accuracy, fluency",
             f"CLIP self-retrieval of sample 0 in {pool}; CLIPScore = 100 x 2.5 max(cos, 0) with "
             "the prefix 'A photo depicts '; GPT-2 perplexity where local weights are configured. "
             "Lexical diversity is our vocabulary in words (the paper's unit is not stated).",
-            ours_block("Ours", _first_caption(metrics), cols),
-            [published_block(t) for t in P.SMILE_TABLE1],
+            _first_caption(metrics),
+            cols,
+            P.SMILE_TABLE1,
         )
     ]
 
@@ -260,19 +284,21 @@ def specificity_sections(metrics: pd.DataFrame) -> list[Section]:
     ]
     single = _first_caption(metrics)
     return [
-        Section(
+        paper_section(
             "Specificity Table 1 layout: diversity and specificity",
             "Diversity = share of distinct captions among sample 0 of all images, novelty "
             "= share not found verbatim among the training captions; R@k / mean rank by "
             "CLIP self-retrieval among the split's images.",
-            ours_block("Ours", single, t1),
-            [published_block(P.SPECIFICITY_TABLE1)],
+            single,
+            t1,
+            [P.SPECIFICITY_TABLE1],
         ),
-        Section(
+        paper_section(
             "Specificity Table 3 layout: standard text metrics",
             "One caption per image.",
-            ours_block("Ours", single, t3),
-            [published_block(P.SPECIFICITY_TABLE3)],
+            single,
+            t3,
+            [P.SPECIFICITY_TABLE3],
         ),
     ]
 
@@ -287,13 +313,13 @@ def scene_section(metrics: pd.DataFrame) -> list[Section]:
         Col("Caption Length", "length", 1, 1),
     ]
     return [
-        Section(
+        paper_section(
             "Shapes world ground truth: talks much, errs much",
             "Each caption (sample 0) parsed into objects, attributes, relations and background, "
             "scored against the true scene graph: precision = correct claims / claims, recall = "
             "scene facts covered / facts (micro-averaged). No published counterpart exists.",
-            ours_block("Ours", metrics, cols),
-            [],
+            metrics,
+            cols,
         )
     ]
 

@@ -4,7 +4,7 @@ A setting is an entry of the `decoding:` config (schema: workflow/schemas/sectio
 kind greedy | beam (k, length_penalty) | sample (n, temperature, top_k, top_p), plus no_repeat
 (specificity paper §4) and batch_size. The result is the `generated` table (DESIGN.md): run,
 image_id, sample (0 for greedy/beam, 0..n-1 for sampling), text and logprob = log p(c | I)
-under the run's model (distinctcap.decode). Sampling draws from a generator seeded with `seed`,
+under the run's model (distinctcap.search). Sampling draws from a generator seeded with `seed`,
 so a rerun writes the same captions.
 """
 
@@ -18,14 +18,14 @@ import pandas as pd
 import torch
 
 from distinctcap.data.batches import ImageFeatures
-from distinctcap.decode import generate
 from distinctcap.errors import DistinctcapError
 from distinctcap.io import read_table, write_table
 from distinctcap.model import Captioner
+from distinctcap.search import generate
 
 log = logging.getLogger(__name__)
 
-OPTIONS = {  # decoding options each kind passes on to distinctcap.decode
+OPTIONS = {  # decoding options each kind passes on to distinctcap.search
     "greedy": ("no_repeat",),
     "beam": ("k", "length_penalty", "no_repeat"),
     "sample": ("n", "temperature", "top_k", "top_p", "no_repeat"),
@@ -33,7 +33,7 @@ OPTIONS = {  # decoding options each kind passes on to distinctcap.decode
 
 
 def decode_options(setting: dict, device: torch.device, seed: int) -> dict:
-    """The keyword arguments of distinctcap.decode.generate for a decoding setting."""
+    """The keyword arguments of distinctcap.search.generate for a decoding setting."""
     kind = setting.get("kind")
     if kind not in OPTIONS:
         raise DistinctcapError(f"decoding kind = {kind!r}: choose one of {sorted(OPTIONS)}")

@@ -410,7 +410,7 @@ def self_retrieval(
     """Model-based self-retrieval R@1 (CL §4.1, with the captioner as the retrieval model):
     greedy-decode a caption for each of the first `images` validation images and count how
     often log p(c_i | I_j) is largest for its own image j = i among those images."""
-    from distinctcap.decode import greedy, sequence_logprob
+    from distinctcap.search import greedy, sequence_logprob
 
     rows = torch.unique(val.image_rows, sorted=True)[:images]
     grid, pooled = val.features.grid[rows].float(), val.features.pooled[rows]

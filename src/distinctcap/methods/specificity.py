@@ -3,7 +3,7 @@
 Per micro-batch:
 
 1. The captioner generates a caption for each image, left to right without gradient and
-   without dropout (argmax by default, as `decode.greedy`; `sampling: gumbel` draws
+   without dropout (argmax by default, as `search.greedy`; `sampling: gumbel` draws
    Gumbel-max samples, i.e. exact samples of p(y_t | ...), and keeps the noise for step 3).
    Images repeated in a batch (several captions of one image) are decoded once when sampling
    is argmax: their captions would be identical.
@@ -39,11 +39,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from distinctcap.data.batches import encode_batch
-from distinctcap.decode import greedy
 from distinctcap.errors import DistinctcapError
 from distinctcap.losses import SPECIFICITY_KINDS, mle_loss, specificity_loss
 from distinctcap.model import BOS, EOS, PAD, Captioner
 from distinctcap.neighbours import NeighbourTable
+from distinctcap.search import greedy
 
 if TYPE_CHECKING:
     from distinctcap.data.batches import Batch, CaptionData
@@ -177,7 +177,7 @@ class ClipTextEncoder(nn.Module):
 
 
 def _ban_specials(logp: Tensor) -> Tensor:
-    """Pad and bos are never generated (as in decode.py)."""
+    """Pad and bos are never generated (as in search.py)."""
     return logp.index_fill(-1, torch.tensor([PAD, BOS], device=logp.device), float("-inf"))
 
 
@@ -201,7 +201,7 @@ def generate_ids(
     """Captions of B images, left to right with the model's key/value cache, without gradient
     and in eval mode: ids (B, T) incl. eos, pad after it, and for Gumbel the noise g (B, T, V)
     added to the log-probabilities at each step (hard token = argmax(log p + g), an exact
-    sample of p). Argmax decoding equals `decode.greedy`."""
+    sample of p). Argmax decoding equals `search.greedy`."""
     was_training = model.training
     model.eval()
     try:

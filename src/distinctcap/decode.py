@@ -2,10 +2,11 @@
 
 A setting is an entry of the `decoding:` config (schema: workflow/schemas/sections/decoding.yaml):
 kind greedy | beam (k, length_penalty) | sample (n, temperature, top_k, top_p), plus no_repeat
-(specificity paper §4) and batch_size. The result is the `generated` table (DESIGN.md): run,
-image_id, sample (0 for greedy/beam, 0..n-1 for sampling), text and logprob = log p(c | I)
-under the run's model (distinctcap.search). Sampling draws from a generator seeded with `seed`,
-so a rerun writes the same captions.
+(specificity paper §4) and batch_size. The result is the `generated` table (ARCHITECTURE.md,
+data contracts): run, image_id, sample (0 for greedy/beam, 0..n-1 for sampling), text and
+logprob = log p(c | I) under the run's model. The search itself (greedy, beam, sampling) is
+distinctcap.search. Sampling draws from a generator seeded with `seed`, so a rerun writes the
+same captions. Rule `decode` runs this module's `decode_run` (workflow/scripts/decode.py).
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ captioner (for its own self-retrieval) and, on the shapes world, the scene graph
 computes with `distinctcap.metrics`:
 
 - quality, diversity, novelty, oracle best-of-n and consensus re-ranking (UNKT §4.1-4.3,
-  specificity paper §4) in one `evaluate_captions` call, so each Java tool starts once;
+  specificity paper §4) in one `evaluate_captions` call (metrics/text.py), so each Java tool
+  starts once;
 - CLIP self-retrieval R@k and mean rank of the first caption of every image among the split's
   images, optionally in a harder pool with each image's nearest training images (SMILE §3.1,
   after CapEnrich), and CLIPScore (Hessel et al. 2021 eq. 1);

@@ -26,12 +26,12 @@ from distinctcap.clip import (
     load_training,
     lr_at,
     normalize,
-    resolve_device,
     retrieval_recall,
     save_weights,
     train_clip,
 )
 from distinctcap.data import shapes
+from distinctcap.devices import resolve_device
 from distinctcap.errors import DistinctcapError
 
 ARCH = "shapes-vit-tiny"
@@ -126,6 +126,16 @@ def test_lr_schedule_and_device():
         assert resolve_device("auto").type == "cpu"
         with pytest.raises(DistinctcapError, match="no GPU"):
             resolve_device("cuda")
+
+
+def test_one_resolve_device_for_every_stage():
+    """devices.resolve_device is the union of the two it replaced (clip's and the trainer's)."""
+    assert resolve_device(None) == resolve_device("auto") == resolve_device()
+    assert resolve_device(torch.device("cpu")) == torch.device("cpu")
+    if not torch.cuda.is_available():
+        for cuda in ("cuda:1", torch.device("cuda")):
+            with pytest.raises(DistinctcapError, match=r"device = 'cuda(:1)?' but no GPU"):
+                resolve_device(cuda)
 
 
 # ---------------------------------------------------------------- training resumes after a kill

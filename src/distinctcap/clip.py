@@ -47,6 +47,7 @@ from torchvision.transforms import Compose, Normalize, PILToTensor, ToTensor
 from tqdm import tqdm
 
 from distinctcap.data.quality import decoding
+from distinctcap.devices import resolve_device
 from distinctcap.errors import DistinctcapError
 from distinctcap.io import atomic_path
 
@@ -56,15 +57,6 @@ MODEL_CONFIGS = Path(__file__).parent / "model_configs"
 open_clip.add_model_config(MODEL_CONFIGS)
 LOCAL_DIR = "local-dir:"
 CHECKPOINT_SUFFIXES = (".safetensors", ".bin", ".pth", ".pt")
-
-
-def resolve_device(device: str = "auto") -> torch.device:
-    """`auto` -> the GPU when one is visible, else the CPU; `cuda` without a GPU is an error."""
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise DistinctcapError("device = 'cuda' but no GPU is visible; use 'auto' or 'cpu'")
-    return torch.device(device)
 
 
 # ---------------------------------------------------------------- where the weights come from

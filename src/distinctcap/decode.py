@@ -19,6 +19,7 @@ import pandas as pd
 import torch
 
 from distinctcap.data.batches import ImageFeatures
+from distinctcap.devices import resolve_device
 from distinctcap.errors import DistinctcapError
 from distinctcap.io import read_table, write_table
 from distinctcap.model import Captioner
@@ -87,7 +88,6 @@ def decode_run(
     """Decode the images of `split` with the run's model and write the `generated` table."""
     from distinctcap.data.tokenizer import CaptionTokenizer
     from distinctcap.features import load_image_features
-    from distinctcap.train import resolve_device
 
     dev = resolve_device(device)
     model = Captioner.load(model_path, map_location=dev).eval()

@@ -549,7 +549,7 @@ def evaluate_stage(
 ) -> Evaluation:
     """The evaluate rule: named inputs (generated, images, captions, vocab, features, model)
     -> outputs metrics (parquet) and curve (csv). `block` is the `evaluate:` config."""
-    from distinctcap.clip import resolve_device
+    from distinctcap.devices import resolve_device
 
     settings = EvalSettings.from_config(block, seed=seed, device=str(resolve_device(device)))
     names = ("generated", "images", "captions", "vocab", "features", "model")

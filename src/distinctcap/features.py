@@ -41,8 +41,9 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import CenterCrop, Compose, Resize
 from tqdm import tqdm
 
-from distinctcap.clip import LoadedClip, byte_transform, normalize, resolve_device
+from distinctcap.clip import LoadedClip, byte_transform, normalize
 from distinctcap.data.quality import decoding
+from distinctcap.devices import resolve_device
 from distinctcap.errors import DistinctcapError
 from distinctcap.io import atomic_path, file_sha256, read_json, write_json
 

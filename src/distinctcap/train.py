@@ -62,6 +62,7 @@ from distinctcap.data.batches import (
     encode_batch,
     select_captions,
 )
+from distinctcap.devices import resolve_device
 from distinctcap.distributed import (
     DistEnv,
     all_reduce_gradients,
@@ -335,15 +336,6 @@ def make_optimizer(model: torch.nn.Module, tc: TrainConfig) -> torch.optim.AdamW
         {"params": no_decay, "weight_decay": 0.0},
     ]
     return torch.optim.AdamW(groups, lr=tc.lr, betas=tc.betas)
-
-
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    if device in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise DistinctcapError("device = 'cuda' but no GPU is visible; use device: auto or cpu")
-    return device
 
 
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:

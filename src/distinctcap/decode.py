@@ -87,7 +87,6 @@ def decode_run(
 ) -> pd.DataFrame:
     """Decode the images of `split` with the run's model and write the `generated` table."""
     from distinctcap.data.tokenizer import CaptionTokenizer
-    from distinctcap.features import load_image_features
 
     dev = resolve_device(device)
     model = Captioner.load(model_path, map_location=dev).eval()
@@ -95,12 +94,9 @@ def decode_run(
     ids = np.sort(images.image_id[images.split == split].to_numpy())
     if len(ids) == 0:
         raise DistinctcapError(f"no images in split {split!r} to decode for run {run}")
-    image_ids, pooled, grid = load_image_features(features_index)
-    all_features = ImageFeatures(
-        np.asarray(image_ids, dtype=np.int64), torch.as_tensor(pooled), torch.as_tensor(grid)
-    )
+    features = ImageFeatures.load(features_index, ids)
     tokenizer = CaptionTokenizer.load(vocab_path)
-    table = generate_table(model, all_features.subset(ids), setting, run, tokenizer.decode, seed)
+    table = generate_table(model, features, setting, run, tokenizer.decode, seed)
     write_table(table, out_path, "generated")
     log.info(
         "run %s, %s, %s: %d captions of %d images, mean logprob %.3f",

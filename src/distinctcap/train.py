@@ -280,14 +280,10 @@ def load_run_data(cfg: dict) -> RunData:
     """Training captions of the run's data selection and all validation captions, with their
     image features, from the files in `cfg["paths"]` (captions, vocab, features, subset)."""
     from distinctcap.data.tokenizer import CaptionTokenizer
-    from distinctcap.features import load_image_features
 
     paths = cfg["paths"]
     captions = read_table(paths["captions"], "captions")
-    image_ids, pooled, grid = load_image_features(paths["features"])
-    features = ImageFeatures(
-        np.asarray(image_ids, dtype=np.int64), torch.as_tensor(pooled), torch.as_tensor(grid)
-    )
+    features = ImageFeatures.load(paths["features"])
     max_len = cfg["captioner"]["max_len"]
     chosen = select_captions(captions, "train", cfg.get("data", "all"), paths.get("subset"))
     val = select_captions(captions, "val")

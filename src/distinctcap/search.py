@@ -8,6 +8,10 @@ caption returns its `logprob`. A caption that hits `max_len` without eos has no 
 is also what `sequence_logprob` computes for it when `max_len` is the model's (`make_batch`
 truncates the same way). Pad and bos are never generated.
 
+All of them, and the specificity objective's argmax / Gumbel-max captions (`decode_ids`), run
+one left-to-right loop; what differs is the hook that turns each step's log-probabilities into
+the next token (`NextToken`). Beam search keeps its own loop (it reorders rows).
+
 `no_repeat` follows the specificity paper §4: after decoding, any token equal to the
 immediately previous token is removed ("such duplicates were an issue in our non-contrastive
 models"). The decoding itself is unchanged; the cleaned caption is then rescored so `logprob`
@@ -26,6 +30,8 @@ from tqdm import tqdm
 
 from distinctcap.errors import DistinctcapError
 from distinctcap.model import BOS, EOS, PAD, Captioner, label_logprobs, make_batch
+
+NextToken = Callable[[Tensor], Tensor]  # log-probs (B, V), pad/bos banned -> next ids (B,)
 
 
 @dataclass
@@ -102,7 +108,7 @@ def _finish(
     return caps
 
 
-def _ban_specials(logp: Tensor) -> Tensor:
+def ban_specials(logp: Tensor) -> Tensor:
     """Pad and bos are never generated: they are not caption tokens (the loss never asks for
     them). Only the choice is restricted; reported log-probs stay the model's own."""
     return logp.index_fill(-1, torch.tensor([PAD, BOS], device=logp.device), float("-inf"))
@@ -113,11 +119,13 @@ def _generate(
     memory: Tensor,
     group: int,
     max_len: int,
-    choose: Callable[[Tensor], Tensor],
+    choose: NextToken,
 ) -> tuple[Tensor, Tensor]:
-    """Left-to-right decoding of `group` rows per image of memory (B, M, W), one token per row
-    and step chosen by `choose(log-probs (B*group, V))`. Returns ids (B*group, T) (pad after
-    eos) and log p of each row's tokens up to eos (B*group,)."""
+    """The decoding loop: left to right with the key/value cache, `group` rows per image of
+    memory (B, M, W), one token per row and step chosen by the hook `choose(log-probs
+    (B*group, V))` (model log-probs in float32, pad and bos at -inf). Rows that emitted eos get
+    pad; the loop stops when every row has. Returns ids (B*group, T) (pad after eos) and log p
+    of each row's tokens up to eos (B*group,)."""
     b = memory.shape[0] * group
     cache = model.init_cache(memory, group)
     tok = torch.full((b, 1), BOS, dtype=torch.long, device=memory.device)
@@ -127,7 +135,7 @@ def _generate(
     for _ in range(max_len):
         logits, cache = model.decode_step(tok, cache)
         logp = logits[:, -1].float().log_softmax(dim=-1)  # (B, V)
-        nxt = choose(_ban_specials(logp)).masked_fill(done, PAD)  # (B,)
+        nxt = choose(ban_specials(logp)).masked_fill(done, PAD)  # (B,)
         logprob += logp.gather(1, nxt[:, None]).squeeze(1).masked_fill(done, 0.0)
         out.append(nxt)
         done |= nxt == EOS
@@ -144,6 +152,21 @@ def _draw(probs: Tensor, generator: torch.Generator | None) -> Tensor:
     cdf = probs.cumsum(dim=-1)
     u = torch.rand(len(probs), 1, generator=generator, device=probs.device) * cdf[:, -1:]
     return torch.searchsorted(cdf, u, right=True).clamp(max=probs.shape[-1] - 1).squeeze(1)
+
+
+def decode_ids(
+    model: Captioner,
+    grid: Tensor,
+    pooled: Tensor,
+    choose: NextToken,
+    max_len: int | None = None,
+) -> tuple[Tensor, Tensor]:
+    """One caption per image, each token chosen by the hook `choose` (see `_generate`), in
+    eval mode without gradient: ids (B, T) with eos, pad after it, and their log p (B,). The
+    entry point for objectives that pick tokens their own way (specificity's Gumbel-max)."""
+    with _inference(model):
+        memory = _memory(model, grid, pooled)
+        return _generate(model, memory, 1, _max_len(model, max_len), choose)
 
 
 def greedy(
@@ -237,7 +260,7 @@ def beam_search_all(
         finished_lp[0] = 0.0
         for _ in range(_max_len(model, max_len)):
             logits, cache = model.decode_step(tok, cache)
-            logp = _ban_specials(logits[:, -1].float().log_softmax(dim=-1)).view(b, k, v)
+            logp = ban_specials(logits[:, -1].float().log_softmax(dim=-1)).view(b, k, v)
             # The best k continuations of each beam contain the best k overall.
             cand_lp, cand_tok = logp.topk(k, dim=-1)  # (B, k, k)
             cand_lp = torch.where(done[..., None], finished_lp, cand_lp)

@@ -43,7 +43,7 @@ from distinctcap.errors import DistinctcapError
 from distinctcap.losses import SPECIFICITY_KINDS, mle_loss, specificity_loss
 from distinctcap.model import BOS, EOS, PAD, Captioner
 from distinctcap.neighbours import NeighbourTable
-from distinctcap.search import greedy
+from distinctcap.search import ban_specials, decode_ids, greedy
 
 if TYPE_CHECKING:
     from distinctcap.data.batches import Batch, CaptionData
@@ -176,11 +176,6 @@ class ClipTextEncoder(nn.Module):
         return self.forward_embeddings(x, tok)
 
 
-def _ban_specials(logp: Tensor) -> Tensor:
-    """Pad and bos are never generated (as in search.py)."""
-    return logp.index_fill(-1, torch.tensor([PAD, BOS], device=logp.device), float("-inf"))
-
-
 def _is_causal(mask: Tensor | None, n: int) -> bool:
     """Is `mask` open_clip's additive causal mask (-inf above the diagonal, 0 elsewhere)?"""
     if mask is None or tuple(mask.shape) != (n, n):
@@ -189,7 +184,6 @@ def _is_causal(mask: Tensor | None, n: int) -> bool:
     return bool(torch.isneginf(mask[above]).all() and (mask[~above] == 0).all())
 
 
-@torch.no_grad()
 def generate_ids(
     model: Captioner,
     grid: Tensor,
@@ -198,35 +192,21 @@ def generate_ids(
     generator: torch.Generator | None = None,
     max_len: int | None = None,
 ) -> tuple[Tensor, Tensor | None]:
-    """Captions of B images, left to right with the model's key/value cache, without gradient
-    and in eval mode: ids (B, T) incl. eos, pad after it, and for Gumbel the noise g (B, T, V)
-    added to the log-probabilities at each step (hard token = argmax(log p + g), an exact
-    sample of p). Argmax decoding equals `search.greedy`."""
-    was_training = model.training
-    model.eval()
-    try:
-        memory = model.encode(grid, pooled)
-        cache = model.init_cache(memory)
-        b, dev = memory.shape[0], memory.device
-        tok = torch.full((b, 1), BOS, dtype=torch.long, device=dev)
-        done = torch.zeros(b, dtype=torch.bool, device=dev)
-        out, noise = [], []
-        for _ in range(max_len or model.cfg.max_len):
-            logits, cache = model.decode_step(tok, cache)
-            logp = _ban_specials(logits[:, -1].float().log_softmax(dim=-1))  # (B, V)
-            if sampling == "gumbel":
-                u = torch.rand(logp.shape, generator=generator, device=dev)
-                noise.append(-(-u.clamp_min(1e-20).log()).clamp_min(1e-20).log())  # Gumbel(0, 1)
-                logp = logp + noise[-1]
-            nxt = logp.argmax(dim=-1).masked_fill(done, PAD)  # (B,)
-            out.append(nxt)
-            done |= nxt == EOS
-            if done.all():
-                break
-            tok = nxt[:, None]
-    finally:
-        model.train(was_training)
-    return torch.stack(out, dim=1), torch.stack(noise, dim=1) if noise else None
+    """Captions of B images through the decoding loop of `search` (key/value cache, without
+    gradient, in eval mode): ids (B, T) incl. eos, pad after it, and for Gumbel the noise g
+    (B, T, V) added to the log-probabilities at each step (hard token = argmax(log p + g), an
+    exact sample of p). Argmax decoding equals `search.greedy`. The soft one-hots of the
+    straight-through estimator come later, from `output_probs` with gradient."""
+    noise: list[Tensor] = []
+
+    def gumbel_max(logp: Tensor) -> Tensor:
+        u = torch.rand(logp.shape, generator=generator, device=logp.device)
+        noise.append(-(-u.clamp_min(1e-20).log()).clamp_min(1e-20).log())  # Gumbel(0, 1)
+        return (logp + noise[-1]).argmax(dim=-1)
+
+    choose = gumbel_max if sampling == "gumbel" else (lambda logp: logp.argmax(dim=-1))
+    seqs, _ = decode_ids(model, grid, pooled, choose, max_len)
+    return seqs, torch.stack(noise, dim=1) if noise else None
 
 
 def output_probs(
@@ -244,7 +224,7 @@ def output_probs(
     logp = logits.float().log_softmax(dim=-1)
     if noise is None:
         return logp.exp()
-    return ((_ban_specials(logp) + noise) / temperature).softmax(dim=-1)
+    return ((ban_specials(logp) + noise) / temperature).softmax(dim=-1)
 
 
 def _step_generator(seed: int, step: int, micro: int, device: torch.device) -> torch.Generator:

@@ -292,3 +292,17 @@ def test_clip_fingerprint_names_what_differs_and_unreadable_checkpoints_go_aside
             pd.Series([0]),
         )["settings"]
     )
+
+
+@pytest.mark.parametrize("arch", ["shapes-vit-tiny", "shapes-rn-tiny"])
+def test_encode_text_is_open_clips_bit_for_bit(arch):
+    """clip.encode_text (the TextTower the specificity objective shares) gives open_clip's
+    numbers exactly, and leaves the model's mode and requires_grad alone."""
+    torch.manual_seed(0)
+    model = open_clip.create_model(arch).train()
+    tokens = open_clip.get_tokenizer(arch)(["a red circle", "two blue squares left of a star"])
+    with torch.no_grad():
+        for normalize in (False, True):
+            ours = clip_module.encode_text(model, tokens, normalize=normalize)
+            assert torch.equal(ours, model.encode_text(tokens, normalize=normalize))
+    assert model.training and all(p.requires_grad for p in model.parameters())

@@ -189,12 +189,14 @@ def timed(timings: dict[str, list[float]] | None, part: str) -> Iterator[None]:
 
 def encode_texts(clip, texts: Sequence[str], batch_size: int = 256) -> np.ndarray:
     """CLIP text embeddings (N, D), L2-normalised, float32."""
+    from distinctcap.clip import encode_text
+
     device = next(clip.model.parameters()).device
     out = []
     with torch.inference_mode():
         for s in range(0, len(texts), batch_size):
             tokens = clip.tokenizer(list(texts[s : s + batch_size])).to(device)
-            out.append(clip.model.encode_text(tokens, normalize=True).float().cpu())
+            out.append(encode_text(clip.model, tokens, normalize=True).float().cpu())
     return torch.cat(out).numpy() if out else np.zeros((0, 0), np.float32)
 
 

@@ -41,7 +41,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import CenterCrop, Compose, Resize
 from tqdm import tqdm
 
-from distinctcap.clip import LoadedClip, byte_transform, normalize
+from distinctcap.clip import LoadedClip, byte_transform, encode_text, normalize
 from distinctcap.data.quality import decoding
 from distinctcap.devices import resolve_device
 from distinctcap.errors import DistinctcapError
@@ -366,7 +366,7 @@ def extract_texts(
             for b in range(0, len(shard.rows), settings.batch_size):
                 rows = shard.rows[b : b + settings.batch_size]
                 tokens = clip.tokenizer([texts[r] for r in rows]).to(device)
-                out.append(F.normalize(clip.model.encode_text(tokens).float(), dim=-1).cpu())
+                out.append(F.normalize(encode_text(clip.model, tokens).float(), dim=-1).cpu())
                 bar.update(len(rows))
             emb = torch.cat(out)
             check_finite(ids[shard.rows], "caption", emb)

@@ -1,4 +1,4 @@
-"""CLIP features of every image and caption, in resumable shards (DESIGN.md, data contracts).
+"""CLIP features of every image and caption, in resumable shards (ARCHITECTURE.md, data contracts).
 
 Per image: the pooled embedding (L2-normalised, float32) and the grid tokens (float16, G x Dv),
 the captioner's input: for a ViT the last layer's tokens after its final LayerNorm

@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 import torch
 
-from distinctcap.decode import beam_search, greedy, sample
 from distinctcap.model import Captioner, CaptionerConfig
+from distinctcap.search import beam_search, greedy, sample
 
 
 def measure(

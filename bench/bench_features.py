@@ -27,10 +27,10 @@ from distinctcap.clip import (
     load_clip,
     load_images,
     normalize,
-    resolve_device,
     save_weights,
 )
 from distinctcap.data.prepare import prepare
+from distinctcap.devices import resolve_device
 from distinctcap.features import (
     FeatureSettings,
     compute_dtype,

@@ -20,9 +20,10 @@ import numpy as np
 import torch
 
 from distinctcap.data.batches import BatchOrder, CaptionData, ImageFeatures, encode_batch
+from distinctcap.devices import resolve_device
 from distinctcap.losses import mle_loss
 from distinctcap.model import Captioner, CaptionerConfig
-from distinctcap.train import RunData, TrainConfig, make_optimizer, resolve_device, train
+from distinctcap.train import RunData, TrainConfig, make_optimizer, train
 
 CAPTIONER = {
     "vocab_size": 69,

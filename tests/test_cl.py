@@ -13,12 +13,12 @@ from conftest import ROOT, shrink_runs
 
 from distinctcap.config import load_schema, validate
 from distinctcap.data.batches import CaptionData, ImageFeatures
-from distinctcap.decode import sequence_logprob
 from distinctcap.errors import DistinctcapError
 from distinctcap.losses import contrastive_loss
 from distinctcap.methods import METHODS, TrainContext
 from distinctcap.methods.cl import ContrastiveLearning, sample_negatives, step_generator
 from distinctcap.model import Captioner, CaptionerConfig
+from distinctcap.search import sequence_logprob
 from distinctcap.train import RunData, Trainer, effective_run_config, train
 
 V, DV, DP, G = 20, 6, 5, 7
@@ -70,7 +70,7 @@ def frozen(model: Captioner) -> Captioner:
 
 
 def hand_logprobs(model, batch, tokens, neg):
-    """log p(c|I) of the positives (B,) and negatives (B, K), scored one by one by decode.py."""
+    """log p(c|I) of the positives (B,) and negatives (B, K), scored one by one by search.py."""
     pos = sequence_logprob(model, batch.grid, batch.pooled, [tokens[i] for i in ROWS])
     k = neg.shape[1]
     neg_lp = sequence_logprob(

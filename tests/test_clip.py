@@ -26,12 +26,12 @@ from distinctcap.clip import (
     load_training,
     lr_at,
     normalize,
-    resolve_device,
     retrieval_recall,
     save_weights,
     train_clip,
 )
 from distinctcap.data import shapes
+from distinctcap.devices import resolve_device
 from distinctcap.errors import DistinctcapError
 
 ARCH = "shapes-vit-tiny"
@@ -126,6 +126,16 @@ def test_lr_schedule_and_device():
         assert resolve_device("auto").type == "cpu"
         with pytest.raises(DistinctcapError, match="no GPU"):
             resolve_device("cuda")
+
+
+def test_one_resolve_device_for_every_stage():
+    """devices.resolve_device is the union of the two it replaced (clip's and the trainer's)."""
+    assert resolve_device(None) == resolve_device("auto") == resolve_device()
+    assert resolve_device(torch.device("cpu")) == torch.device("cpu")
+    if not torch.cuda.is_available():
+        for cuda in ("cuda:1", torch.device("cuda")):
+            with pytest.raises(DistinctcapError, match=r"device = 'cuda(:1)?' but no GPU"):
+                resolve_device(cuda)
 
 
 # ---------------------------------------------------------------- training resumes after a kill
@@ -282,3 +292,17 @@ def test_clip_fingerprint_names_what_differs_and_unreadable_checkpoints_go_aside
             pd.Series([0]),
         )["settings"]
     )
+
+
+@pytest.mark.parametrize("arch", ["shapes-vit-tiny", "shapes-rn-tiny"])
+def test_encode_text_is_open_clips_bit_for_bit(arch):
+    """clip.encode_text (the TextTower the specificity objective shares) gives open_clip's
+    numbers exactly, and leaves the model's mode and requires_grad alone."""
+    torch.manual_seed(0)
+    model = open_clip.create_model(arch).train()
+    tokens = open_clip.get_tokenizer(arch)(["a red circle", "two blue squares left of a star"])
+    with torch.no_grad():
+        for normalize in (False, True):
+            ours = clip_module.encode_text(model, tokens, normalize=normalize)
+            assert torch.equal(ours, model.encode_text(tokens, normalize=normalize))
+    assert model.training and all(p.requires_grad for p in model.parameters())

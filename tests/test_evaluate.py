@@ -161,9 +161,9 @@ def test_metric_block_leaves_report_only_keys_out():
 
 def test_block_logprobs_match_the_decoders_sequence_logprob(world):
     from distinctcap.data.tokenizer import CaptionTokenizer
-    from distinctcap.decode import sequence_logprob
     from distinctcap.features import load_image_features
     from distinctcap.model import Captioner
+    from distinctcap.search import sequence_logprob
 
     _, pooled, grid = load_image_features(world.features)
     grid, pooled = torch.from_numpy(grid[:3].astype(np.float32)), torch.from_numpy(pooled[:3])

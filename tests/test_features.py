@@ -13,6 +13,7 @@ import torch
 from PIL import Image
 
 from distinctcap.clip import byte_transform, load_clip, load_images, save_weights
+from distinctcap.data.batches import ImageFeatures
 from distinctcap.data.prepare import prepare
 from distinctcap.errors import DistinctcapError
 from distinctcap.features import (
@@ -92,6 +93,19 @@ def test_features_match_the_model_and_the_contract(run, world):
         want = clip.model.encode_image(x, normalize=True).numpy()
     np.testing.assert_allclose(pooled[:3], want, atol=1e-5)
     assert load_image_features(world / "contents/index.json", grid=False)[2] is None
+
+    # ImageFeatures.load, what training and decoding read: the same arrays, or a selection
+    features = ImageFeatures.load(world / "contents/index.json")
+    assert features.image_ids.dtype == np.int64 and features.image_ids.tolist() == ids.tolist()
+    assert torch.equal(features.pooled, torch.as_tensor(pooled))
+    assert torch.equal(features.grid, torch.as_tensor(grid))
+    some = ids[[5, 1, 3]]
+    chosen = ImageFeatures.load(world / "contents/index.json", some)
+    assert chosen.image_ids.tolist() == some.tolist()
+    assert torch.equal(chosen.pooled, features.pooled[[5, 1, 3]])
+    assert torch.equal(chosen.grid, features.grid[[5, 1, 3]])
+    with pytest.raises(DistinctcapError, match="no image features for image ids \\[999999\\]"):
+        ImageFeatures.load(world / "contents/index.json", [int(ids[0]), 999999])
 
     cap_ids, text = load_text_features(world / "contents/index.json")
     assert cap_ids.tolist() == sorted(captions.caption_id.tolist())

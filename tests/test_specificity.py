@@ -16,7 +16,6 @@ import distinctcap.clip  # registers the tiny `shapes-vit-tiny` architecture
 from distinctcap.config import load_schema, validate
 from distinctcap.data.batches import CaptionData, ImageFeatures
 from distinctcap.data.tokenizer import CaptionTokenizer
-from distinctcap.decode import greedy
 from distinctcap.errors import DistinctcapError
 from distinctcap.losses import specificity_loss
 from distinctcap.methods import METHODS, TrainContext
@@ -37,6 +36,7 @@ from distinctcap.neighbours import (
     top_neighbours,
     write_neighbours,
 )
+from distinctcap.search import greedy
 from distinctcap.train import RunData, effective_run_config, train
 
 ARCH = "shapes-vit-tiny"

@@ -645,7 +645,7 @@ def test_subset_selection_reads_the_subset_shards(tmp_path):
 
 
 def test_generated_table_has_one_row_per_caption_and_reproducible_samples():
-    from distinctcap.generated import generate_table
+    from distinctcap.decode import generate_table
 
     data = tiny_data()
     cfg = CaptionerConfig(V, 4, 6, width=16, enc_layers=1, dec_layers=1, heads=2, ffn=32)

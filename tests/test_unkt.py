@@ -12,7 +12,6 @@ import torch
 import yaml
 
 from distinctcap.data.batches import CaptionData, ImageFeatures
-from distinctcap.decode import greedy
 from distinctcap.errors import DistinctcapError
 from distinctcap.losses import mle_loss, soft_unlikelihood_loss
 from distinctcap.methods import METHODS, TrainContext
@@ -24,6 +23,7 @@ from distinctcap.methods.unkt import (
     steps_per_epoch,
 )
 from distinctcap.model import EOS, PAD, Captioner, CaptionerConfig
+from distinctcap.search import greedy
 
 ROOT = Path(__file__).resolve().parents[1]
 G, DV, DP, V, W, H, L, MAXLEN = 5, 6, 4, 24, 16, 2, 2, 9

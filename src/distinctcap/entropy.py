@@ -125,7 +125,7 @@ def score_captions(
     `logit_scale` None uses the CLIP's own exp(t), recorded in the features index.
     Returns caption_id, image_id, entropy (float32), sorted by caption_id.
     """
-    from distinctcap.clip import resolve_device
+    from distinctcap.devices import resolve_device
     from distinctcap.features import check_finite, load_image_features, load_text_features
 
     dev = resolve_device(device)

@@ -6,7 +6,8 @@ captioner (for its own self-retrieval) and, on the shapes world, the scene graph
 computes with `distinctcap.metrics`:
 
 - quality, diversity, novelty, oracle best-of-n and consensus re-ranking (UNKT §4.1-4.3,
-  specificity paper §4) in one `evaluate_captions` call, so each Java tool starts once;
+  specificity paper §4) in one `evaluate_captions` call (metrics/text.py), so each Java tool
+  starts once;
 - CLIP self-retrieval R@k and mean rank of the first caption of every image among the split's
   images, optionally in a harder pool with each image's nearest training images (SMILE §3.1,
   after CapEnrich), and CLIPScore (Hessel et al. 2021 eq. 1);
@@ -188,12 +189,14 @@ def timed(timings: dict[str, list[float]] | None, part: str) -> Iterator[None]:
 
 def encode_texts(clip, texts: Sequence[str], batch_size: int = 256) -> np.ndarray:
     """CLIP text embeddings (N, D), L2-normalised, float32."""
+    from distinctcap.clip import encode_text
+
     device = next(clip.model.parameters()).device
     out = []
     with torch.inference_mode():
         for s in range(0, len(texts), batch_size):
             tokens = clip.tokenizer(list(texts[s : s + batch_size])).to(device)
-            out.append(clip.model.encode_text(tokens, normalize=True).float().cpu())
+            out.append(encode_text(clip.model, tokens, normalize=True).float().cpu())
     return torch.cat(out).numpy() if out else np.zeros((0, 0), np.float32)
 
 
@@ -548,7 +551,7 @@ def evaluate_stage(
 ) -> Evaluation:
     """The evaluate rule: named inputs (generated, images, captions, vocab, features, model)
     -> outputs metrics (parquet) and curve (csv). `block` is the `evaluate:` config."""
-    from distinctcap.clip import resolve_device
+    from distinctcap.devices import resolve_device
 
     settings = EvalSettings.from_config(block, seed=seed, device=str(resolve_device(device)))
     names = ("generated", "images", "captions", "vocab", "features", "model")

@@ -1,4 +1,4 @@
-"""CLIP features of every image and caption, in resumable shards (DESIGN.md, data contracts).
+"""CLIP features of every image and caption, in resumable shards (ARCHITECTURE.md, data contracts).
 
 Per image: the pooled embedding (L2-normalised, float32) and the grid tokens (float16, G x Dv),
 the captioner's input: for a ViT the last layer's tokens after its final LayerNorm
@@ -41,8 +41,9 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import CenterCrop, Compose, Resize
 from tqdm import tqdm
 
-from distinctcap.clip import LoadedClip, byte_transform, normalize, resolve_device
+from distinctcap.clip import LoadedClip, byte_transform, encode_text, normalize
 from distinctcap.data.quality import decoding
+from distinctcap.devices import resolve_device
 from distinctcap.errors import DistinctcapError
 from distinctcap.io import atomic_path, file_sha256, read_json, write_json
 
@@ -365,7 +366,7 @@ def extract_texts(
             for b in range(0, len(shard.rows), settings.batch_size):
                 rows = shard.rows[b : b + settings.batch_size]
                 tokens = clip.tokenizer([texts[r] for r in rows]).to(device)
-                out.append(F.normalize(clip.model.encode_text(tokens).float(), dim=-1).cpu())
+                out.append(F.normalize(encode_text(clip.model, tokens).float(), dim=-1).cpu())
                 bar.update(len(rows))
             emb = torch.cat(out)
             check_finite(ids[shard.rows], "caption", emb)

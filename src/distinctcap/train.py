@@ -62,6 +62,7 @@ from distinctcap.data.batches import (
     encode_batch,
     select_captions,
 )
+from distinctcap.devices import resolve_device
 from distinctcap.distributed import (
     DistEnv,
     all_reduce_gradients,
@@ -279,14 +280,10 @@ def load_run_data(cfg: dict) -> RunData:
     """Training captions of the run's data selection and all validation captions, with their
     image features, from the files in `cfg["paths"]` (captions, vocab, features, subset)."""
     from distinctcap.data.tokenizer import CaptionTokenizer
-    from distinctcap.features import load_image_features
 
     paths = cfg["paths"]
     captions = read_table(paths["captions"], "captions")
-    image_ids, pooled, grid = load_image_features(paths["features"])
-    features = ImageFeatures(
-        np.asarray(image_ids, dtype=np.int64), torch.as_tensor(pooled), torch.as_tensor(grid)
-    )
+    features = ImageFeatures.load(paths["features"])
     max_len = cfg["captioner"]["max_len"]
     chosen = select_captions(captions, "train", cfg.get("data", "all"), paths.get("subset"))
     val = select_captions(captions, "val")
@@ -335,15 +332,6 @@ def make_optimizer(model: torch.nn.Module, tc: TrainConfig) -> torch.optim.AdamW
         {"params": no_decay, "weight_decay": 0.0},
     ]
     return torch.optim.AdamW(groups, lr=tc.lr, betas=tc.betas)
-
-
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    if device in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise DistinctcapError("device = 'cuda' but no GPU is visible; use device: auto or cpu")
-    return device
 
 
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
@@ -410,7 +398,7 @@ def self_retrieval(
     """Model-based self-retrieval R@1 (CL §4.1, with the captioner as the retrieval model):
     greedy-decode a caption for each of the first `images` validation images and count how
     often log p(c_i | I_j) is largest for its own image j = i among those images."""
-    from distinctcap.decode import greedy, sequence_logprob
+    from distinctcap.search import greedy, sequence_logprob
 
     rows = torch.unique(val.image_rows, sorted=True)[:images]
     grid, pooled = val.features.grid[rows].float(), val.features.pooled[rows]

@@ -1,9 +1,9 @@
-"""Decode a split's images with a run's model under one decoding setting (distinctcap.generated)."""
+"""Decode a split's images with a run's model under one decoding setting (distinctcap.decode)."""
 
 import torch
 
 from distinctcap import logs
-from distinctcap.generated import decode_run
+from distinctcap.decode import decode_run
 
 logs.setup(snakemake.log[0])
 torch.set_num_threads(snakemake.threads)

@@ -1,7 +1,8 @@
 """Training data of a run: (image features, caption tokens) pairs and a resumable batch order.
 
 - `ImageFeatures` holds CLIP features of a set of images (pooled (N, Dp) float32, grid
-  (N, G, Dv) float16), looked up by image id.
+  (N, G, Dv) float16), looked up by image id. `ImageFeatures.load` is the one way to read them
+  from a features index (training, decoding).
 - `CaptionData` pairs captions with the row of their image and pre-tokenises every caption once
   (inputs = [bos] + tokens, labels = tokens + [eos], right-padded; `make_batch` semantics), so a
   batch is a gather of rows, not a Python loop.
@@ -37,6 +38,21 @@ class ImageFeatures:
     image_ids: np.ndarray  # (N,) int64
     pooled: Tensor  # (N, Dp) float32, L2-normalised
     grid: Tensor  # (N, G, Dv) float16
+
+    @classmethod
+    def load(
+        cls, index_path: str | os.PathLike, image_ids: Sequence[int] | np.ndarray | None = None
+    ) -> ImageFeatures:
+        """The image features of a features index (distinctcap.features): every image, sorted
+        by image id, or those of `image_ids` in that order (a DistinctcapError names ids that
+        have none)."""
+        from distinctcap.features import load_image_features
+
+        ids, pooled, grid = load_image_features(index_path)
+        features = cls(
+            np.asarray(ids, dtype=np.int64), torch.as_tensor(pooled), torch.as_tensor(grid)
+        )
+        return features if image_ids is None else features.subset(image_ids)
 
     def rows(self, image_ids: Sequence[int] | np.ndarray) -> np.ndarray:
         """Row of each image id; a DistinctcapError names the ids that have no features."""

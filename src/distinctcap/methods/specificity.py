@@ -3,7 +3,7 @@
 Per micro-batch:
 
 1. The captioner generates a caption for each image, left to right without gradient and
-   without dropout (argmax by default, as `decode.greedy`; `sampling: gumbel` draws
+   without dropout (argmax by default, as `search.greedy`; `sampling: gumbel` draws
    Gumbel-max samples, i.e. exact samples of p(y_t | ...), and keeps the noise for step 3).
    Images repeated in a batch (several captions of one image) are decoded once when sampling
    is argmax: their captions would be identical.
@@ -14,11 +14,11 @@ Per micro-batch:
    tokens, and the gradient w.r.t. the one-hot is used as the gradient w.r.t. p_t:
    onehot + p - p.detach(). For Gumbel, p_t = softmax((log p_t + g_t) / tau) (Jang et al.
    2017) with the noise g_t of step 1, so the hard token is argmax of the same perturbed scores.
-4. The frozen CLIP text encoder embeds the caption (`ClipTextEncoder`, which reproduces
-   open_clip's `encode_text` from token embeddings), and `specificity_loss` (eq. 2-5) compares
-   it with the true image's and, for cdp/ccos, a contrastive image's CLIP embedding. The
-   contrastive image is drawn uniformly from the image's top-1% most similar training images
-   (`distinctcap.neighbours`), reproducibly per (seed, step, micro-batch).
+4. The frozen CLIP text encoder embeds the caption (`distinctcap.clip.ClipTextEncoder`, the
+   project's one CLIP text encoding, run from token embeddings), and `specificity_loss`
+   (eq. 2-5) compares it with the true image's and, for cdp/ccos, a contrastive image's CLIP
+   embedding. The contrastive image is drawn uniformly from the image's top-1% most similar
+   training images (`distinctcap.neighbours`), reproducibly per (seed, step, micro-batch).
 
 The paper replaces MLE by this loss (§4: mle_weight 0, the default); `mle_weight` = lambda
 in (0, 1] mixes in the MLE loss of the batch's reference captions as SMILE's eq. 4 does,
@@ -39,18 +39,30 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from distinctcap.data.batches import encode_batch
-from distinctcap.decode import greedy
 from distinctcap.errors import DistinctcapError
 from distinctcap.losses import SPECIFICITY_KINDS, mle_loss, specificity_loss
 from distinctcap.model import BOS, EOS, PAD, Captioner
 from distinctcap.neighbours import NeighbourTable
+from distinctcap.search import ban_specials, decode_ids, greedy
 
 if TYPE_CHECKING:
+    from distinctcap.clip import ClipTextEncoder
     from distinctcap.data.batches import Batch, CaptionData
     from distinctcap.methods import TrainContext
 
 SAMPLINGS = ("argmax", "gumbel")
-POOL_TYPES = ("argmax", "eos", "first", "last")
+
+
+def __getattr__(name: str):
+    """`ClipTextEncoder` lives in distinctcap.clip, imported on first use: importing it loads
+    open_clip, which training without this objective does not need."""
+    if name == "ClipTextEncoder":
+        from distinctcap.clip import ClipTextEncoder
+
+        return ClipTextEncoder
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 DEFAULTS = {
     "loss": "ccos",
     "sampling": "argmax",
@@ -60,136 +72,6 @@ DEFAULTS = {
 }
 
 
-class ClipTextEncoder(nn.Module):
-    """open_clip's text tower, fed with token embeddings so one-hot tokens can carry gradient.
-
-    Reproduces `CLIP.encode_text` (and `TextTransformer.forward` of a CustomTextCLIP without a
-    CLS token or pad mask): token embeddings + positional embedding, the transformer with its
-    causal mask, ln_final, pooling at the eot position (open_clip's default `argmax` pooling:
-    eot has the largest id), text_projection, then L2 normalisation. The tower is frozen.
-
-    Captioner ids map to CLIP ids through `clip_ids` (data/tokenizer.py). A one-hot over CLIP's
-    vocabulary (V_clip = 49408) times the token-embedding matrix E equals a one-hot over the
-    captioner's vocabulary times E[clip_ids] (V_cap rows), and so do their gradients; the
-    second is what runs, so memory is (B, T, V_cap), not (B, T, 49408).
-    """
-
-    def __init__(self, clip: nn.Module, clip_ids: Sequence[int]):
-        super().__init__()
-        clip = getattr(clip, "model", clip)  # distinctcap.clip.LoadedClip or the model
-        tower = clip.text if hasattr(clip, "text") else clip  # CustomTextCLIP or CLIP
-        needed = ("token_embedding", "positional_embedding", "transformer", "ln_final")
-        missing = [a for a in needed if not hasattr(tower, a)]
-        if (
-            missing
-            or getattr(tower, "cls_emb", None) is not None
-            or getattr(tower, "use_pad_mask", False)
-        ):
-            raise DistinctcapError(
-                f"CLIP text tower {type(tower).__name__} is not a plain open_clip text "
-                "transformer (token embedding, causal transformer, eot pooling); "
-                f"missing {missing or 'nothing, but it has a CLS token or pad mask'}"
-            )
-        self.pool = getattr(tower, "text_pool_type", None) or getattr(tower, "pool_type", "argmax")
-        if self.pool not in POOL_TYPES:
-            raise DistinctcapError(f"CLIP text pooling {self.pool!r}: supported {POOL_TYPES}")
-        self.eos_id = getattr(tower, "text_eos_id", None) or getattr(tower, "eos_id", None)
-        self.tower = tower
-        self.context_length = tower.positional_embedding.shape[0]
-        self.causal = _is_causal(tower.attn_mask, self.context_length)
-        self.register_buffer(
-            "clip_ids", torch.as_tensor(list(clip_ids), dtype=torch.long), persistent=False
-        )
-        self.sot, self.eot = int(self.clip_ids[BOS]), int(self.clip_ids[EOS])
-        self.requires_grad_(False).eval()
-
-    def train(self, mode: bool = True) -> ClipTextEncoder:
-        return super().train(False)  # frozen: always eval (no dropout)
-
-    def clip_tokens(self, seqs: Tensor) -> Tensor:
-        """Captioner ids (B, T) of generated captions (pad after eos; eos may be missing when
-        the caption hit max_len) -> CLIP ids (B, context_length): [sot] + caption + [eot],
-        pad 0. Too long a caption keeps its first context_length - 2 tokens and ends with eot,
-        as open_clip's tokenizer truncates."""
-        b, t = seqs.shape
-        ctx = self.context_length
-        n_fit = min(t, ctx - 1)
-        is_tok = (seqs != PAD) & (seqs != EOS)
-        first_end = torch.where(is_tok, t, torch.arange(t, device=seqs.device)).min(dim=1).values
-        eot_pos = (first_end + 1).clamp(max=ctx - 1)  # (B,)
-        tok = seqs.new_zeros(b, ctx)
-        tok[:, 0] = self.sot
-        tok[:, 1 : 1 + n_fit] = self.clip_ids[seqs[:, :n_fit]]
-        pos = torch.arange(ctx, device=seqs.device)
-        tok = tok.masked_fill(pos > eot_pos[:, None], 0)
-        return tok.scatter(1, eot_pos[:, None], self.eot)
-
-    def pool_index(self, tok: Tensor) -> Tensor:
-        """Row position whose features are the text embedding, from the hard ids (B, L)."""
-        if self.pool == "argmax":
-            return tok.argmax(dim=-1)
-        if self.pool == "eos":
-            return (tok == self.eos_id).int().argmax(dim=-1)
-        return torch.full_like(tok[:, 0], 0 if self.pool == "first" else tok.shape[1] - 1)
-
-    def forward_embeddings(self, x: Tensor, tok: Tensor) -> Tensor:
-        """Token embeddings x (B, L, W) of CLIP ids tok (B, L) -> L2-normalised (B, E).
-
-        Under the causal mask no position sees later ones, so the positions after the last
-        pooled one are cut: the same numbers as the full context, at a fraction of the cost
-        (captions of ~20 tokens in CLIP's 77)."""
-        tw = self.tower
-        n, mask = x.shape[1], tw.attn_mask
-        if self.causal and self.pool != "last":
-            n = int(self.pool_index(tok).max()) + 1
-            x, tok, mask = x[:, :n], tok[:, :n], mask[:n, :n]
-        x = x.to(tw.transformer.get_cast_dtype()) + tw.positional_embedding[:n].to(x.dtype)
-        x = tw.transformer(x, attn_mask=mask)
-        x = tw.ln_final(x)
-        x = x[torch.arange(x.shape[0], device=x.device), self.pool_index(tok)]  # (B, W)
-        proj = tw.text_projection
-        if proj is not None:
-            x = proj(x) if isinstance(proj, nn.Linear) else x @ proj
-        return F.normalize(x.float(), dim=-1)
-
-    def encode_ids(self, tok: Tensor) -> Tensor:
-        """CLIP ids (B, context_length) -> L2-normalised text embeddings (B, E), as
-        `encode_text(tok, normalize=True)`."""
-        return self.forward_embeddings(self.tower.token_embedding(tok), tok)
-
-    def forward(self, seqs: Tensor, probs: Tensor | None = None) -> Tensor:
-        """Generated captioner ids (B, T) -> L2-normalised CLIP text embeddings (B, E).
-
-        With `probs` (B, T, V_cap), the captioner's (differentiable) output probabilities at
-        those positions, the forward pass is unchanged (hard tokens) and the gradient w.r.t.
-        each one-hot input token flows to probs (straight-through)."""
-        tok = self.clip_tokens(seqs)
-        x = self.tower.token_embedding(tok)  # (B, L, W): the hard one-hot times E
-        if probs is not None:
-            n_fit = min(seqs.shape[1], self.context_length - 1)
-            kept = tok[:, 1 : 1 + n_fit] == self.clip_ids[seqs[:, :n_fit]]
-            kept &= seqs[:, :n_fit] != PAD  # positions whose CLIP token is the generated one
-            residual = (probs - probs.detach())[:, :n_fit] * kept[..., None]  # value 0
-            emb = self.tower.token_embedding.weight[self.clip_ids]  # (V_cap, W)
-            delta = residual.to(emb.dtype) @ emb  # (B, n_fit, W)
-            x = x + F.pad(delta, (0, 0, 1, self.context_length - 1 - n_fit))
-        return self.forward_embeddings(x, tok)
-
-
-def _ban_specials(logp: Tensor) -> Tensor:
-    """Pad and bos are never generated (as in decode.py)."""
-    return logp.index_fill(-1, torch.tensor([PAD, BOS], device=logp.device), float("-inf"))
-
-
-def _is_causal(mask: Tensor | None, n: int) -> bool:
-    """Is `mask` open_clip's additive causal mask (-inf above the diagonal, 0 elsewhere)?"""
-    if mask is None or tuple(mask.shape) != (n, n):
-        return False
-    above = torch.ones(n, n, dtype=torch.bool, device=mask.device).triu(1)
-    return bool(torch.isneginf(mask[above]).all() and (mask[~above] == 0).all())
-
-
-@torch.no_grad()
 def generate_ids(
     model: Captioner,
     grid: Tensor,
@@ -198,35 +80,21 @@ def generate_ids(
     generator: torch.Generator | None = None,
     max_len: int | None = None,
 ) -> tuple[Tensor, Tensor | None]:
-    """Captions of B images, left to right with the model's key/value cache, without gradient
-    and in eval mode: ids (B, T) incl. eos, pad after it, and for Gumbel the noise g (B, T, V)
-    added to the log-probabilities at each step (hard token = argmax(log p + g), an exact
-    sample of p). Argmax decoding equals `decode.greedy`."""
-    was_training = model.training
-    model.eval()
-    try:
-        memory = model.encode(grid, pooled)
-        cache = model.init_cache(memory)
-        b, dev = memory.shape[0], memory.device
-        tok = torch.full((b, 1), BOS, dtype=torch.long, device=dev)
-        done = torch.zeros(b, dtype=torch.bool, device=dev)
-        out, noise = [], []
-        for _ in range(max_len or model.cfg.max_len):
-            logits, cache = model.decode_step(tok, cache)
-            logp = _ban_specials(logits[:, -1].float().log_softmax(dim=-1))  # (B, V)
-            if sampling == "gumbel":
-                u = torch.rand(logp.shape, generator=generator, device=dev)
-                noise.append(-(-u.clamp_min(1e-20).log()).clamp_min(1e-20).log())  # Gumbel(0, 1)
-                logp = logp + noise[-1]
-            nxt = logp.argmax(dim=-1).masked_fill(done, PAD)  # (B,)
-            out.append(nxt)
-            done |= nxt == EOS
-            if done.all():
-                break
-            tok = nxt[:, None]
-    finally:
-        model.train(was_training)
-    return torch.stack(out, dim=1), torch.stack(noise, dim=1) if noise else None
+    """Captions of B images through the decoding loop of `search` (key/value cache, without
+    gradient, in eval mode): ids (B, T) incl. eos, pad after it, and for Gumbel the noise g
+    (B, T, V) added to the log-probabilities at each step (hard token = argmax(log p + g), an
+    exact sample of p). Argmax decoding equals `search.greedy`. The soft one-hots of the
+    straight-through estimator come later, from `output_probs` with gradient."""
+    noise: list[Tensor] = []
+
+    def gumbel_max(logp: Tensor) -> Tensor:
+        u = torch.rand(logp.shape, generator=generator, device=logp.device)
+        noise.append(-(-u.clamp_min(1e-20).log()).clamp_min(1e-20).log())  # Gumbel(0, 1)
+        return (logp + noise[-1]).argmax(dim=-1)
+
+    choose = gumbel_max if sampling == "gumbel" else (lambda logp: logp.argmax(dim=-1))
+    seqs, _ = decode_ids(model, grid, pooled, choose, max_len)
+    return seqs, torch.stack(noise, dim=1) if noise else None
 
 
 def output_probs(
@@ -244,7 +112,7 @@ def output_probs(
     logp = logits.float().log_softmax(dim=-1)
     if noise is None:
         return logp.exp()
-    return ((_ban_specials(logp) + noise) / temperature).softmax(dim=-1)
+    return ((ban_specials(logp) + noise) / temperature).softmax(dim=-1)
 
 
 def _step_generator(seed: int, step: int, micro: int, device: torch.device) -> torch.Generator:
@@ -311,6 +179,8 @@ class Specificity:
             clip = getattr(ctx, "clip", None)
         if clip is None:
             clip = _load_clip_model(paths)
+        from distinctcap.clip import ClipTextEncoder
+
         self.encoder = ClipTextEncoder(clip, ctx.tokenizer.clip_ids).to(ctx.device)
         self.features = ctx.train_data.features
         self.neighbours = None

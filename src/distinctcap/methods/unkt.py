@@ -51,7 +51,6 @@ import torch
 from torch import Tensor
 
 from distinctcap.data.batches import encode_batch
-from distinctcap.decode import greedy
 from distinctcap.errors import DistinctcapError
 from distinctcap.losses import (
     hidden_distribution,
@@ -63,6 +62,7 @@ from distinctcap.losses import (
     unkt_objective,
 )
 from distinctcap.model import EOS
+from distinctcap.search import greedy
 
 if TYPE_CHECKING:
     from distinctcap.data.batches import Batch, CaptionData, ImageFeatures
@@ -165,7 +165,7 @@ def align_negatives(negatives: Tensor, labels: Tensor, pad_id: int) -> Tensor:
 
 class GreedyCaptions:
     """The frozen teacher's greedy caption of each image as labels (tokens + [eos]), for the hard
-    targets of Table 6. An image is decoded (distinctcap.decode.greedy, no grad) the first time
+    targets of Table 6. An image is decoded (distinctcap.search.greedy, no grad) the first time
     a batch holds it and then kept: greedy decoding of a frozen model in eval mode is
     deterministic, so later batches would decode the same caption again."""
 

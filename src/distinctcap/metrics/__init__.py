@@ -20,7 +20,6 @@ from distinctcap.metrics.diversity import (
     self_cider,
     vocab_size,
 )
-from distinctcap.metrics.evaluate import DIVERSITY_METRICS, diversity_scores, evaluate_captions
 from distinctcap.metrics.fluency import gpt2_perplexity
 from distinctcap.metrics.multisample import (
     ORACLE_METRICS,
@@ -40,6 +39,7 @@ from distinctcap.metrics.retrieval import (
     retrieval_ranks,
     retrieval_scores,
 )
+from distinctcap.metrics.text import DIVERSITY_METRICS, diversity_scores, evaluate_captions
 
 __all__ = [
     "CLIPSCORE_PREFIX",

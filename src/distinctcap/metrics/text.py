@@ -1,4 +1,6 @@
-"""All text-only metrics of one decoding of one run, each Java tool launched once."""
+"""All text-only metrics of one decoding of one run, each Java tool launched once (the
+evaluation stage, distinctcap.evaluate, calls `evaluate_captions`; CLIP and model metrics are
+its own)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,9 @@ import itertools
 import pytest
 import torch
 
-from distinctcap.decode import (
+from distinctcap.errors import DistinctcapError
+from distinctcap.model import BOS, EOS, PAD, Captioner, CaptionerConfig, make_batch
+from distinctcap.search import (
     Caption,
     beam_search,
     beam_search_all,
@@ -15,8 +17,6 @@ from distinctcap.decode import (
     sample,
     sequence_logprob,
 )
-from distinctcap.errors import DistinctcapError
-from distinctcap.model import BOS, EOS, PAD, Captioner, CaptionerConfig, make_batch
 
 G, DV, DP = 5, 6, 4
 

@@ -52,10 +52,10 @@ from distinctcap.metrics import (
     model_self_retrieval,
     retrieval_scores,
 )
+from distinctcap.metrics.result import KEYS
 
 log = logging.getLogger(__name__)
 
-KEYS = ("run", "split", "decoding")
 TEXT_METRICS = (
     *QUALITY_METRICS,
     "length",

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+KEYS = ("run", "split", "decoding")  # one metrics-table row per evaluation
+
 
 @dataclass
 class MetricResult:

@@ -16,10 +16,8 @@ import pandas as pd
 from distinctcap.errors import DistinctcapError
 from distinctcap.io import atomic_path
 from distinctcap.metrics import DIVERSITY_METRICS, QUALITY_METRICS
+from distinctcap.metrics.result import KEYS
 
-# The key of an evaluation. The same tuple as distinctcap.evaluate.KEYS, which is not imported
-# here because that module imports torch (tests/test_report.py checks the two agree).
-KEYS = ("run", "split", "decoding")
 SUMMARY_BASE = (
     *KEYS,
     "bleu1",

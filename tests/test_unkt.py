@@ -15,7 +15,8 @@ from distinctcap.data.batches import CaptionData, ImageFeatures
 from distinctcap.decode import greedy
 from distinctcap.errors import DistinctcapError
 from distinctcap.losses import mle_loss, soft_unlikelihood_loss
-from distinctcap.methods import METHODS, TrainContext
+from distinctcap.methods import METHODS
+from distinctcap.methods.base import TrainContext
 from distinctcap.methods.unkt import (
     UNKT,
     GreedyCaptions,

@@ -21,7 +21,7 @@ ALL_TARGETS = []  # each stage file appends its final outputs
 # --- Runs: training and decoding (train.smk, decode.smk) -------------------------------------
 import re
 
-from distinctcap.train import effective_run_config
+from distinctcap.config import effective_run_config
 
 RUNS = config["runs"]
 DECODING = config["decoding"]

@@ -24,7 +24,8 @@ import numpy as np
 import torch
 
 from distinctcap.data.batches import CaptionData, ImageFeatures
-from distinctcap.methods import METHODS, TrainContext
+from distinctcap.methods import METHODS
+from distinctcap.methods.base import TrainContext
 from distinctcap.model import Captioner, CaptionerConfig
 
 

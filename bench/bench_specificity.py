@@ -23,7 +23,8 @@ import torch
 import distinctcap.clip  # noqa: F401  (registers shapes-vit-tiny)
 from distinctcap.data.batches import CaptionData, ImageFeatures
 from distinctcap.data.tokenizer import CaptionTokenizer
-from distinctcap.methods import METHODS, TrainContext
+from distinctcap.methods import METHODS
+from distinctcap.methods.base import TrainContext
 from distinctcap.methods.specificity import generate_ids, output_probs
 from distinctcap.model import Captioner, CaptionerConfig
 from distinctcap.neighbours import NeighbourTable, top_neighbours

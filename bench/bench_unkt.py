@@ -33,7 +33,8 @@ import torch
 
 from distinctcap.data.batches import BatchOrder, CaptionData, ImageFeatures
 from distinctcap.losses import mle_loss
-from distinctcap.methods import METHODS, TrainContext
+from distinctcap.methods import METHODS
+from distinctcap.methods.base import TrainContext
 from distinctcap.methods.unkt import run_decoder
 from distinctcap.model import Captioner, CaptionerConfig
 from distinctcap.train import TrainConfig, autocast_dtype, make_optimizer

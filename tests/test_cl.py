@@ -11,15 +11,16 @@ import torch
 import yaml
 from conftest import ROOT, shrink_runs
 
-from distinctcap.config import load_schema, validate
+from distinctcap.config import effective_run_config, load_schema, validate
 from distinctcap.data.batches import CaptionData, ImageFeatures
 from distinctcap.errors import DistinctcapError
 from distinctcap.losses import contrastive_loss
-from distinctcap.methods import METHODS, TrainContext
+from distinctcap.methods import METHODS
+from distinctcap.methods.base import TrainContext
 from distinctcap.methods.cl import ContrastiveLearning, sample_negatives, step_generator
 from distinctcap.model import Captioner, CaptionerConfig
 from distinctcap.search import sequence_logprob
-from distinctcap.train import RunData, Trainer, effective_run_config, train
+from distinctcap.train import RunData, Trainer, train
 
 V, DV, DP, G = 20, 6, 5, 7
 IMAGES, PER_IMAGE = 6, 3

@@ -1,4 +1,10 @@
-"""Config errors stop before any job runs, with one clear message naming the key."""
+"""Config errors stop before any job runs, with one clear message naming the key; the methods'
+facts, which the config checks read, have one home and agree with the schema."""
+
+import dataclasses
+import os
+import subprocess
+import sys
 
 import pytest
 from conftest import ROOT, snakemake
@@ -92,3 +98,74 @@ def _merge(base: dict, extra: dict) -> dict:
         both_dicts = isinstance(value, dict) and isinstance(base.get(key), dict)
         out[key] = _merge(base[key], value) if both_dicts else value
     return out
+
+
+# --- One home per method: its facts class (distinctcap.methods.facts) ----------------------
+
+
+def test_schema_run_options_and_defaults_agree_with_the_method_facts():
+    """runs.yaml cannot name a method fact in code, so this is its link to the facts: every
+    method's options are properties of a run block with the facts' defaults, the `method`
+    enum lists the methods, and no other property is there."""
+    from distinctcap.config import RUN_KEYS
+    from distinctcap.methods.facts import FACTS
+
+    block = SCHEMA["properties"]["runs"]["additionalProperties"]["properties"]
+    assert block["method"]["enum"] == list(FACTS)
+    declared = {}
+    for method, facts in FACTS.items():
+        for option, default in facts.options.items():
+            assert option in block, f"{method} option {option} is missing from runs.yaml"
+            schema_default = block[option].get("default", "<no default>")
+            assert schema_default == default and type(schema_default) in (
+                type(default),
+                *((int, float) if isinstance(default, int | float) else ()),
+            ), f"runs.yaml {option} default {schema_default!r}, {method} facts say {default!r}"
+            declared.setdefault(option, default)
+            assert declared[option] == default, f"{option}: two methods, two defaults"
+    assert set(block) == RUN_KEYS | set(declared)
+
+
+def test_each_method_declares_its_facts_once():
+    """The trainable class of a method subclasses its facts class and repeats none of them."""
+    from distinctcap.methods import METHODS
+    from distinctcap.methods.facts import FACTS
+    from distinctcap.methods.unkt import UNKTConfig
+
+    facts_names = ("edges", "needs", "options", "mean_over", "val_metrics", "extra_inputs")
+    assert set(METHODS) == set(FACTS)
+    for method, cls in METHODS.items():
+        assert issubclass(cls, FACTS[method]), method
+        assert not set(facts_names) & set(vars(cls)), f"{method} redeclares a fact"
+        facts = FACTS[method]
+        assert set(facts.needs) <= set(facts.edges) <= {"init", "teacher", "reference"}
+        assert facts.mean_over in ("tokens", "captions")
+        assert set(facts.val_metrics.values()) <= {"min", "max"}
+    assert [f.name for f in dataclasses.fields(UNKTConfig)] == list(FACTS["unkt"].options)
+
+
+def test_the_method_facts_name_the_extra_inputs_of_a_run():
+    from distinctcap.methods.facts import FACTS
+
+    assert FACTS["unkt"].extra_inputs({"targets": "soft"}) == {}
+    assert FACTS["unkt"].extra_inputs({"targets": "random"}) == {"d_minus": "D-"}
+    spec = FACTS["specificity"]
+    assert spec.extra_inputs({"loss": "cos"}) == {"clip": None}
+    assert spec.extra_inputs({"loss": "ccos", "contrastive_top_pct": 5}) == {
+        "clip": None,
+        "neighbours": 5,
+    }
+    assert spec.extra_inputs({}) == {"clip": None, "neighbours": 1}  # the defaults
+
+
+def test_the_config_checker_imports_no_torch():
+    """The workflow validates the config while Snakemake parses it: that must stay light."""
+    code = (
+        "import sys, distinctcap.config, distinctcap.methods.facts; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+    )
+    assert done.stdout.strip() == "[]", done.stdout

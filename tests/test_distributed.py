@@ -1,5 +1,5 @@
-"""Data-parallel training (distinctcap.distributed): sharding arithmetic by hand, and real
-2-process runs under torchrun on CPU with the gloo backend."""
+"""Data-parallel training (distinctcap.distributed, distinctcap.launch): sharding arithmetic by
+hand, and real 2-process runs under torchrun on CPU with the gloo backend."""
 
 from __future__ import annotations
 
@@ -12,14 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from distinctcap.distributed import (
-    DistEnv,
-    all_reduce_gradients,
-    shard,
-    shard_weight,
-    torchrun_command,
-)
+from distinctcap.distributed import DistEnv, all_reduce_gradients, shard, shard_weight
 from distinctcap.errors import DistinctcapError
+from distinctcap.launch import torchrun_command
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -71,7 +66,7 @@ def test_torchrun_command_runs_this_module_in_n_local_processes() -> None:
     cmd = torchrun_command(2, "cfg.json")
     assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
     assert "--nproc-per-node=2" in cmd and "--standalone" in cmd
-    assert cmd[-3:] == ["-m", "distinctcap.distributed", "cfg.json"]
+    assert cmd[-3:] == ["-m", "distinctcap.launch", "cfg.json"]
 
 
 # A worker for torchrun: token-weighted shard losses, gradients summed over 2 gloo processes.
@@ -189,7 +184,7 @@ def run_config(out_dir: Path) -> dict:
 def test_two_gloo_processes_give_the_one_process_loss_curve(tmp_path: Path) -> None:
     import pandas as pd
 
-    from distinctcap.distributed import launch
+    from distinctcap.launch import launch
     from distinctcap.model import Captioner
     from distinctcap.train import train
 

@@ -93,8 +93,8 @@ def test_a_failing_job_logs_its_reason_and_traceback_in_the_rule_log(workdir, tm
 
 
 def test_a_failing_torchrun_process_logs_its_error(tmp_path):
-    from distinctcap.distributed import launch
     from distinctcap.errors import DistinctcapError
+    from distinctcap.launch import launch
 
     cfg = {"name": "ddp", "paths": {"out_dir": str(tmp_path / "run")}}
     log = tmp_path / "train.log"

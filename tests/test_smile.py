@@ -8,7 +8,8 @@ import torch
 from distinctcap.data.batches import CaptionData, ImageFeatures
 from distinctcap.errors import DistinctcapError
 from distinctcap.losses import mle_loss, smile_loss
-from distinctcap.methods import METHODS, TrainContext
+from distinctcap.methods import METHODS
+from distinctcap.methods.base import TrainContext
 from distinctcap.methods.cl import step_generator
 from distinctcap.model import Captioner, CaptionerConfig
 

@@ -13,12 +13,13 @@ import yaml
 from conftest import ROOT, shrink_runs
 
 import distinctcap.clip  # registers the tiny `shapes-vit-tiny` architecture
-from distinctcap.config import load_schema, validate
+from distinctcap.config import effective_run_config, load_schema, validate
 from distinctcap.data.batches import CaptionData, ImageFeatures
 from distinctcap.data.tokenizer import CaptionTokenizer
 from distinctcap.errors import DistinctcapError
 from distinctcap.losses import specificity_loss
-from distinctcap.methods import METHODS, TrainContext
+from distinctcap.methods import METHODS
+from distinctcap.methods.base import TrainContext
 from distinctcap.methods.specificity import (
     ClipTextEncoder,
     Specificity,
@@ -37,7 +38,7 @@ from distinctcap.neighbours import (
     write_neighbours,
 )
 from distinctcap.search import greedy
-from distinctcap.train import RunData, effective_run_config, train
+from distinctcap.train import RunData, train
 
 ARCH = "shapes-vit-tiny"
 TEXTS = [

@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 import torch
 
-from distinctcap.config import load_schema, validate
+from distinctcap.config import OPTIONS, RUN_KEYS, effective_run_config, load_schema, validate
 from distinctcap.data.batches import (
     BatchOrder,
     CaptionData,
@@ -30,7 +30,8 @@ from distinctcap.data.batches import (
 from distinctcap.errors import DistinctcapError
 from distinctcap.io import read_table, write_table
 from distinctcap.losses import mle_loss
-from distinctcap.methods import METHODS, OPTIONS, RUN_KEYS
+from distinctcap.methods import METHODS
+from distinctcap.methods.base import Objective
 from distinctcap.model import Captioner, CaptionerConfig
 from distinctcap.train import (
     VAL_METRICS,
@@ -40,7 +41,6 @@ from distinctcap.train import (
     TrainConfig,
     Trainer,
     ValMetric,
-    effective_run_config,
     fingerprint,
     lr_factor,
     train,
@@ -164,7 +164,7 @@ def test_grad_accumulation_equals_a_larger_batch():
         torch.testing.assert_close(v, big[k], atol=1e-5, rtol=1e-4)  # float sum order
 
 
-class NaNAtStep:
+class NaNAtStep(Objective):
     """MLE that turns into NaN at optimiser step 3 (0-based), i.e. the 4th step."""
 
     needs: tuple[str, ...] = ()

@@ -14,7 +14,8 @@ import yaml
 from distinctcap.data.batches import CaptionData, ImageFeatures
 from distinctcap.errors import DistinctcapError
 from distinctcap.losses import mle_loss, soft_unlikelihood_loss
-from distinctcap.methods import METHODS, TrainContext
+from distinctcap.methods import METHODS
+from distinctcap.methods.base import TrainContext
 from distinctcap.methods.unkt import (
     UNKT,
     GreedyCaptions,

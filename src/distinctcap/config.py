@@ -1,8 +1,14 @@
-"""Config validation: JSON schema with defaults, then the run graph (DESIGN.md, "Runs are data").
+"""Config validation: JSON schema with defaults, then the run graph (ARCHITECTURE.md, "Runs are
+data"), and each run's effective config.
 
 `validate(config, schema_path)` fills defaults from the schema and raises one DistinctcapError
 that names the key and what is allowed: a wrong type, an unknown key, an unknown run method,
 a run naming a missing `init`/`teacher`/`reference`, or a cycle among runs.
+`effective_run_config(config, name, schema)` is what determines one run's result.
+
+What a method requires (its edges, its options) is read from its facts class
+(distinctcap.methods.facts). Nothing here imports torch: the workflow calls this module while
+Snakemake parses it.
 """
 
 from __future__ import annotations
@@ -10,16 +16,21 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import jsonschema
 import yaml
 
 from distinctcap.errors import DistinctcapError
+from distinctcap.methods.facts import FACTS
 
 RUN_EDGES = ("init", "teacher", "reference")
-REQUIRED_EDGES = {"mle": (), "unkt": ("teacher",), "cl": ("init", "reference"),
-                  "smile": ("init",), "specificity": ("init",)}
+REQUIRED_EDGES = {method: facts.edges for method, facts in FACTS.items()}
+# Keys every run block may carry; the schema (sections/runs.yaml) fills every method's
+# options into every block, so a run keeps only these and its own method's options.
+RUN_KEYS = frozenset({"method", "data", *RUN_EDGES, "train"})
+OPTIONS = {method: frozenset(facts.options) for method, facts in FACTS.items()}
 
 
 def _fill_defaults(validator_class):
@@ -135,6 +146,117 @@ def check_values(config: dict) -> None:
         raise DistinctcapError(
             f"entropy.fraction = {fraction} leaves D- or D+ empty; choose 0 < fraction < 1"
         )
+
+
+# ---------------------------------------------------------------------------------------------
+# The `train` section
+
+SCHEDULES = ("linear", "cosine", "constant")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+
+
+@dataclass
+class TrainConfig:
+    """The `train` config section (schema: workflow/schemas/sections/train.yaml)."""
+
+    steps: int = 1500  # optimiser steps
+    batch_size: int = 64  # captions per micro-batch
+    grad_accum: int = 1  # micro-batches per optimiser step
+    group_by_image: bool = True  # an image's captions together in a batch (BatchOrder)
+    lr: float = 1e-3  # peak learning rate (papers: 3e-4 for the 512-wide model)
+    warmup_steps: int = 100  # linear warm-up from 0 (papers: 3,000)
+    schedule: str = "linear"  # decay after warm-up: linear | cosine | constant
+    final_lr_ratio: float = 0.0  # lr at the last step as a fraction of lr
+    weight_decay: float = 0.01  # AdamW, on matrices and embeddings only
+    betas: tuple[float, float] = (0.9, 0.98)
+    grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping
+    precision: str = "auto"  # auto: bf16 (or fp16) on CUDA, fp32 on CPU
+    val_every: int = 250  # steps between validations; 0 = only at the end
+    val_captions: int = 1000  # validation captions used (a fixed seeded subset); 0 = all
+    val_batch_size: int = 256
+    select_metric: str = "val_loss"  # selection: VAL_METRICS or the objective's val_metrics
+    patience: int = 0  # validations without improvement before stopping; 0 = never stop
+    checkpoint_every: int = 250  # steps between resume checkpoints; 0 = none
+    log_every: int = 25  # steps between curve rows / progress-bar updates
+
+    def __post_init__(self) -> None:
+        self.betas = tuple(self.betas)
+        for key in ("steps", "batch_size", "grad_accum", "log_every", "val_batch_size"):
+            if getattr(self, key) < 1:
+                raise DistinctcapError(f"train.{key} = {getattr(self, key)}: allowed >= 1")
+        if self.schedule not in SCHEDULES:
+            raise DistinctcapError(f"train.schedule = {self.schedule!r}: choose one of {SCHEDULES}")
+        if self.precision not in PRECISIONS:
+            raise DistinctcapError(
+                f"train.precision = {self.precision!r}: choose one of {PRECISIONS}"
+            )
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "train") -> TrainConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise DistinctcapError(
+                f"unknown key {where}.{unknown[0]}; allowed keys here: {', '.join(sorted(known))}"
+            )
+        return cls(**d)
+
+
+# ---------------------------------------------------------------------------------------------
+# Config of a run
+
+
+def effective_run_config(config: dict, name: str, schema: dict | None = None) -> dict:
+    """The config that determines run `name`'s result: its block from `runs:` with `train`
+    merged over the top-level `train` defaults, plus `seed` and `captioner`. Snakemake passes
+    it as a rule param, so editing it reruns exactly this run and the runs that depend on it.
+    With the merged config `schema`, the run's `train` overrides are checked against the
+    `train` section (unknown keys, wrong types) with a DistinctcapError naming the key."""
+    if name not in config.get("runs", {}):
+        raise DistinctcapError(
+            f"no run named {name!r}; defined runs: {', '.join(sorted(config.get('runs', {})))}"
+        )
+    block = config["runs"][name]
+    overrides = block.get("train", {}) or {}
+    train = {**config.get("train", {}), **overrides}
+    if schema is not None:
+        _check_section(train, schema, ["runs", name, "train"])
+        _check_foreign_options(block, schema, name)
+    TrainConfig.from_dict(train, where=f"runs.{name}.train")
+    keep = RUN_KEYS | OPTIONS.get(block.get("method"), frozenset())
+    run = {k: copy.deepcopy(v) for k, v in block.items() if k in keep and k != "train"}
+    return {
+        "name": name,
+        **run,
+        "seed": config.get("seed", 0),
+        "captioner": copy.deepcopy(config.get("captioner", {})),
+        "train": train,
+    }
+
+
+def _check_foreign_options(block: dict, schema: dict, name: str) -> None:
+    """Another method's option set away from its schema default would be silently ignored:
+    name it instead. (Defaults are filled into every block by the schema.)"""
+    options = schema["properties"]["runs"]["additionalProperties"]["properties"]
+    method = block["method"]
+    for key, value in block.items():
+        if key in RUN_KEYS or key in OPTIONS[method] or value == options[key].get("default"):
+            continue
+        owners = [m for m, keys in OPTIONS.items() if key in keys]
+        raise DistinctcapError(
+            f"runs.{name}.{key} is an option of {' / '.join(owners)} runs; run {name!r} has "
+            f"method {method!r}, whose options are: {', '.join(sorted(OPTIONS[method])) or 'none'}"
+        )
+
+
+def _check_section(values: dict, schema: dict, path: list[str]) -> None:
+    """Validate `values` against the section of `schema` at `path` (run blocks use the
+    top-level section of their last key), with the error naming the full dotted key."""
+    section = {**schema["properties"][path[-1]], "definitions": schema.get("definitions", {})}
+    errors = sorted(jsonschema.Draft7Validator(section).iter_errors(values), key=str)
+    if errors:
+        errors[0].path.extendleft(reversed(path))
+        raise DistinctcapError(describe(errors[0]))
 
 
 def load(config_path: str | os.PathLike, schema_path: str | os.PathLike) -> dict:

@@ -1,11 +1,9 @@
-"""Multi-GPU training: one run over the W processes torchrun starts, with DDP's arithmetic.
+"""Multi-GPU training: the collective pieces the trainer uses, with DDP's arithmetic.
 
-A run whose job holds W > 1 GPUs (the `gpu` resource of `train_run`, set by the profile) is
-trained by `launch(cfg, W)`: it writes the run config to a JSON job file and starts
-`python -m torch.distributed.run --standalone --nproc-per-node W -m distinctcap.distributed
-JOB.json`; each of the W processes calls `distinctcap.train.train(cfg)`, which reads its rank
-from the environment torchrun sets (`DistEnv.from_env`) and uses GPU `LOCAL_RANK` (gloo on
-CPU, NCCL on GPUs).
+A run whose job holds W > 1 GPUs is started in W torchrun processes by distinctcap.launch;
+each calls `distinctcap.train.train(cfg)`, which reads its rank from the environment torchrun
+sets (`DistEnv.from_env`) and uses GPU `LOCAL_RANK` (gloo on CPU, NCCL on GPUs). This module
+imports nothing of the project but its errors, so the trainer imports it without a cycle.
 
 The global batch does not depend on W: micro-batch j of `train.batch_size` captions (the same
 captions as in a one-process run, data/batches.py) is cut into W slices (`shard`), each rank
@@ -31,23 +29,15 @@ early-stopping decision is broadcast from rank 0 so the processes always stop to
 
 from __future__ import annotations
 
-import json
-import logging
 import os
-import subprocess
-import sys
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from distinctcap.errors import DistinctcapError
-
-log = logging.getLogger(__name__)
 
 MEAN_OVER = ("tokens", "captions")
 
@@ -175,91 +165,3 @@ def broadcast_parameters(model: torch.nn.Module, env: DistEnv) -> None:
         return
     for t in [*model.parameters(), *model.buffers()]:
         dist.broadcast(t.data, src=0)
-
-
-# ---------------------------------------------------------------------------------------------
-# Launching
-
-
-def torchrun_command(nproc: int, *args: str) -> list[str]:
-    """`python -m torch.distributed.run` with `nproc` processes on this node, running
-    `python -m distinctcap.distributed ARGS` in each (the rendezvous uses a free local port)."""
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        "-m",
-        "distinctcap.distributed",
-        *args,
-    ]
-
-
-def launch(cfg: dict, nproc: int, log_file: str | None = None, data_file: str | None = None):
-    """Train run `cfg` in `nproc` torchrun processes and wait; a failed process raises
-    DistinctcapError. `log_file` (the rule's log) gets rank 0's log lines appended.
-    `data_file`: a `torch.save`d RunData to train on instead of loading `cfg["paths"]`.
-
-    The processes get one argument, a JSON job file ({"cfg", "log", "data"}): options after
-    the module name would be parsed (as abbreviations) by torchrun itself."""
-    if nproc < 2:
-        raise DistinctcapError(f"launch needs >= 2 processes, got {nproc}; call train() instead")
-    out_dir = Path(cfg.get("paths", {}).get("out_dir") or tempfile.gettempdir())
-    out_dir.mkdir(parents=True, exist_ok=True)
-    job = {"cfg": cfg, "log": log_file and str(log_file), "data": data_file and str(data_file)}
-    with tempfile.NamedTemporaryFile("w", suffix=".json", dir=out_dir, delete=False) as f:
-        json.dump(job, f)
-    log.info("run %s: training in %d torchrun processes (%s)", cfg.get("name"), nproc, f.name)
-    try:
-        done = subprocess.run(torchrun_command(nproc, f.name), check=False)
-    finally:
-        Path(f.name).unlink(missing_ok=True)
-    if done.returncode != 0:
-        raise DistinctcapError(
-            f"run {cfg.get('name')}: distributed training over {nproc} processes failed "
-            f"(exit {done.returncode}); each failing process's error is in "
-            f"{log_file or 'the output above'}"
-        )
-
-
-def train_with_gpus(cfg: dict, gpus: int, log_file: str | None = None):
-    """The train rule's entry: `gpus` > 1 trains in that many torchrun processes (one per
-    GPU), otherwise in this process. Returns the TrainResult of an in-process run, else None."""
-    if gpus > 1:
-        launch(cfg, gpus, log_file)
-        return None
-    from distinctcap.train import train
-
-    return train(cfg)
-
-
-def _worker_logging(log_file: str | None, env: DistEnv) -> None:
-    """Every rank appends to the rule's log and writes to stderr: rank 0 its log lines, the
-    others their warnings; an error that stops any rank lands in the log (logs.log_uncaught)."""
-    from distinctcap import logs
-
-    logs.setup_append(
-        log_file,
-        level=logging.INFO if env.is_main else logging.WARNING,
-        fmt=f"%(asctime)s %(levelname)s rank{env.rank} %(name)s: %(message)s",
-    )
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    """Entry of each torchrun process: `python -m distinctcap.distributed JOB.json`, the job
-    file `launch` writes: {"cfg": run config, "log": rule log or null, "data": RunData file
-    or null (then the data is loaded from cfg["paths"])}."""
-    from distinctcap.train import train
-
-    args = sys.argv[1:] if argv is None else list(argv)
-    if len(args) != 1:
-        raise SystemExit("usage: python -m distinctcap.distributed JOB.json (written by launch)")
-    job = json.loads(Path(args[0]).read_text())
-    _worker_logging(job.get("log"), DistEnv.from_env())
-    data = torch.load(job["data"], weights_only=False) if job.get("data") else None
-    train(job["cfg"], data)
-
-
-if __name__ == "__main__":
-    main()

@@ -2,9 +2,10 @@
 
 `train(cfg, data=None) -> TrainResult` is the whole stage, callable from tests (the Snakemake
 rule's script only fills `cfg["paths"]`). `cfg` is a run's effective config
-(`effective_run_config`): its `runs:` block (method, data, init/teacher/reference, method
-options), `seed`, `captioner` (architecture, CaptionerConfig fields) and `train` (the
-TrainConfig fields: the top-level `train` block with the run's `train` overrides on top).
+(`distinctcap.config.effective_run_config`): its `runs:` block (method, data,
+init/teacher/reference, method options), `seed`, `captioner` (architecture, CaptionerConfig
+fields) and `train` (the config.TrainConfig fields: the top-level `train` block with the run's
+`train` overrides on top).
 
 The loop, per optimiser step: gather `grad_accum` micro-batches (the data order is a pure
 function of (seed, epoch), with an image's captions together by default so each image is
@@ -18,8 +19,8 @@ validations without improvement stop the run (early stopping).
 
 Resume: every `checkpoint_every` steps `<out_dir>/checkpoints/last.pt` is replaced atomically
 with the model, optimiser, scheduler, scaler, RNG states (torch, CUDA, numpy, python), the data
-position, the best weights so far, the curve, the objective's own state if it has one, and the
-run's fingerprint: content hashes of its effective config and of every input `cfg["paths"]`
+position, the best weights so far, the curve, the objective's own state (its state_dict), and
+the run's fingerprint: content hashes of its effective config and of every input `cfg["paths"]`
 names (captions, vocab, the features index and its shards, the D-/D+ subset folder, the
 init/teacher/reference models, a method's own files such as the CLIP or the neighbours table).
 A rerun whose fingerprint matches continues from it and ends with the same weights as an
@@ -45,7 +46,7 @@ import math
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
@@ -54,6 +55,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
+from distinctcap.config import TrainConfig
 from distinctcap.data.batches import (
     Batch,
     BatchOrder,
@@ -74,122 +76,11 @@ from distinctcap.distributed import (
 )
 from distinctcap.errors import DistinctcapError
 from distinctcap.io import atomic_path, file_sha256, read_json, read_table, write_json
-from distinctcap.methods import METHODS, OPTIONS, RUN_KEYS, TrainContext
+from distinctcap.methods import METHODS
+from distinctcap.methods.base import TrainContext
 from distinctcap.model import PAD, Captioner, CaptionerConfig
 
 log = logging.getLogger(__name__)
-
-SCHEDULES = ("linear", "cosine", "constant")
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
-
-
-@dataclass
-class TrainConfig:
-    """The `train` config section (schema: workflow/schemas/sections/train.yaml)."""
-
-    steps: int = 1500  # optimiser steps
-    batch_size: int = 64  # captions per micro-batch
-    grad_accum: int = 1  # micro-batches per optimiser step
-    group_by_image: bool = True  # an image's captions together in a batch (BatchOrder)
-    lr: float = 1e-3  # peak learning rate (papers: 3e-4 for the 512-wide model)
-    warmup_steps: int = 100  # linear warm-up from 0 (papers: 3,000)
-    schedule: str = "linear"  # decay after warm-up: linear | cosine | constant
-    final_lr_ratio: float = 0.0  # lr at the last step as a fraction of lr
-    weight_decay: float = 0.01  # AdamW, on matrices and embeddings only
-    betas: tuple[float, float] = (0.9, 0.98)
-    grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping
-    precision: str = "auto"  # auto: bf16 (or fp16) on CUDA, fp32 on CPU
-    val_every: int = 250  # steps between validations; 0 = only at the end
-    val_captions: int = 1000  # validation captions used (a fixed seeded subset); 0 = all
-    val_batch_size: int = 256
-    select_metric: str = "val_loss"  # selection: VAL_METRICS or the objective's val_metrics
-    patience: int = 0  # validations without improvement before stopping; 0 = never stop
-    checkpoint_every: int = 250  # steps between resume checkpoints; 0 = none
-    log_every: int = 25  # steps between curve rows / progress-bar updates
-
-    def __post_init__(self) -> None:
-        self.betas = tuple(self.betas)
-        for key in ("steps", "batch_size", "grad_accum", "log_every", "val_batch_size"):
-            if getattr(self, key) < 1:
-                raise DistinctcapError(f"train.{key} = {getattr(self, key)}: allowed >= 1")
-        if self.schedule not in SCHEDULES:
-            raise DistinctcapError(f"train.schedule = {self.schedule!r}: choose one of {SCHEDULES}")
-        if self.precision not in PRECISIONS:
-            raise DistinctcapError(
-                f"train.precision = {self.precision!r}: choose one of {PRECISIONS}"
-            )
-
-    @classmethod
-    def from_dict(cls, d: dict, where: str = "train") -> TrainConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise DistinctcapError(
-                f"unknown key {where}.{unknown[0]}; allowed keys here: {', '.join(sorted(known))}"
-            )
-        return cls(**d)
-
-
-# ---------------------------------------------------------------------------------------------
-# Config of a run
-
-
-def effective_run_config(config: dict, name: str, schema: dict | None = None) -> dict:
-    """The config that determines run `name`'s result: its block from `runs:` with `train`
-    merged over the top-level `train` defaults, plus `seed` and `captioner`. Snakemake passes
-    it as a rule param, so editing it reruns exactly this run and the runs that depend on it.
-    With the merged config `schema`, the run's `train` overrides are checked against the
-    `train` section (unknown keys, wrong types) with a DistinctcapError naming the key."""
-    if name not in config.get("runs", {}):
-        raise DistinctcapError(
-            f"no run named {name!r}; defined runs: {', '.join(sorted(config.get('runs', {})))}"
-        )
-    block = config["runs"][name]
-    overrides = block.get("train", {}) or {}
-    train = {**config.get("train", {}), **overrides}
-    if schema is not None:
-        _check_section(train, schema, ["runs", name, "train"])
-        _check_foreign_options(block, schema, name)
-    TrainConfig.from_dict(train, where=f"runs.{name}.train")
-    keep = RUN_KEYS | OPTIONS.get(block.get("method"), frozenset())
-    run = {k: copy.deepcopy(v) for k, v in block.items() if k in keep and k != "train"}
-    return {
-        "name": name,
-        **run,
-        "seed": config.get("seed", 0),
-        "captioner": copy.deepcopy(config.get("captioner", {})),
-        "train": train,
-    }
-
-
-def _check_foreign_options(block: dict, schema: dict, name: str) -> None:
-    """Another method's option set away from its schema default would be silently ignored:
-    name it instead. (Defaults are filled into every block by the schema.)"""
-    options = schema["properties"]["runs"]["additionalProperties"]["properties"]
-    method = block["method"]
-    for key, value in block.items():
-        if key in RUN_KEYS or key in OPTIONS[method] or value == options[key].get("default"):
-            continue
-        owners = [m for m, keys in OPTIONS.items() if key in keys]
-        raise DistinctcapError(
-            f"runs.{name}.{key} is an option of {' / '.join(owners)} runs; run {name!r} has "
-            f"method {method!r}, whose options are: {', '.join(sorted(OPTIONS[method])) or 'none'}"
-        )
-
-
-def _check_section(values: dict, schema: dict, path: list[str]) -> None:
-    """Validate `values` against the section of `schema` at `path` (run blocks use the
-    top-level section of their last key), with the error naming the full dotted key."""
-    import jsonschema
-
-    from distinctcap.config import describe
-
-    section = {**schema["properties"][path[-1]], "definitions": schema.get("definitions", {})}
-    errors = sorted(jsonschema.Draft7Validator(section).iter_errors(values), key=str)
-    if errors:
-        errors[0].path.extendleft(reversed(path))
-        raise DistinctcapError(describe(errors[0]))
-
 
 # ---------------------------------------------------------------------------------------------
 # Fingerprint: what a run's result depends on
@@ -542,10 +433,10 @@ class Trainer:
         self.model = self._build_model().to(self.device)
         broadcast_parameters(self.model, self.dist)
         objective_cls = METHODS[method]
-        frozen = {edge: self._load_frozen(edge) for edge in getattr(objective_cls, "needs", ())}
+        frozen = {edge: self._load_frozen(edge) for edge in objective_cls.needs}
         self.ctx = TrainContext(self.device, data.train, frozen, data.tokenizer, PAD)
         self.objective = objective_cls(cfg, self.ctx)
-        self.mean_over = getattr(self.objective, "mean_over", "tokens")  # for shard weights
+        self.mean_over = self.objective.mean_over  # for shard weights
         self.selection = self._selection_metric(self.tc.select_metric)
         self.optimizer = make_optimizer(self.model, self.tc)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -612,7 +503,7 @@ class Trainer:
     def _selection_metric(self, name: str) -> ValMetric:
         """The selection metric: a VAL_METRICS entry or one the objective computes itself (its
         `val_metrics`: name -> mode, and `val_metric(name, ...)`)."""
-        own = getattr(self.objective, "val_metrics", {})
+        own = self.objective.val_metrics
         if name in VAL_METRICS:
             return VAL_METRICS[name]
         if name in own:
@@ -664,10 +555,8 @@ class Trainer:
             },
             "curve": s.curve,
             "window": s.window,
-            # an objective with state beyond the model (e.g. CL's replaced reference)
-            "objective": (
-                self.objective.state_dict() if hasattr(self.objective, "state_dict") else None
-            ),
+            # an objective's state beyond the model (e.g. CL's replaced reference), {} if none
+            "objective": self.objective.state_dict(),
         }
         with atomic_path(self.checkpoint_path) as tmp:
             torch.save(ckpt, tmp)

@@ -1,10 +1,16 @@
-"""Config validation, wildcard constraints and input functions shared by every stage."""
+"""Config validation, wildcard constraints and input functions shared by every stage.
 
+Everything imported here (and by the other rule files) while Snakemake parses the workflow and
+builds its DAG stays free of torch: config checks and method facts come from distinctcap.config
+and distinctcap.methods.facts; the jobs' scripts import the heavy modules."""
+
+import re
 import sys
 from pathlib import Path
 
-from distinctcap.config import load_schema, validate
+from distinctcap.config import effective_run_config, load_schema, validate
 from distinctcap.errors import DistinctcapError
+from distinctcap.methods.facts import FACTS
 
 SCHEMA = Path(workflow.basedir) / "workflow" / "schemas" / "config.schema.yaml"
 
@@ -18,16 +24,27 @@ DATA = "results/data"
 ALL_TARGETS = []  # each stage file appends its final outputs
 
 
-# --- Runs: training and decoding (train.smk, decode.smk) -------------------------------------
-import re
+# --- CLIP: trained or named (features.smk), read by feature extraction and specificity runs --
 
-from distinctcap.train import effective_run_config
+CLIP = config["clip"]
+TRAINED_CLIP = f"results/clip/{CLIP['arch']}.pt"
+TRAIN_CLIP = CLIP["pretrained"] == "train"
+# the weights file or local-dir folder extraction depends on (none for a tag)
+CLIP_FILES = [TRAINED_CLIP] if TRAIN_CLIP else [
+    p for p in [CLIP["pretrained"].removeprefix("local-dir:")] if Path(p).exists()
+]
+
+
+# --- Runs: training and decoding (train.smk, decode.smk) -------------------------------------
 
 RUNS = config["runs"]
 DECODING = config["decoding"]
 RUN_DIR = "results/runs"
 FEATURES_INDEX = "results/features/index.json"  # extract_features (features.smk)
 ENTROPY_SUBSETS = {"D-": "results/entropy/D-", "D+": "results/entropy/D+"}  # split_entropy
+# the neighbours rule's table of the top {pct} percent (neighbours.smk; the same name as
+# distinctcap.neighbours.table_path, which imports torch)
+NEIGHBOURS_TABLE = "results/neighbours/train_top{pct}pct.parquet"
 try:  # every run's effective block, checked now so a bad override fails before any job runs
     RUN_CONFIGS = {
         name: effective_run_config(config, name, load_schema(SCHEMA)) for name in RUNS
@@ -48,31 +65,30 @@ wildcard_constraints:
     split="val|test",
 
 
-# Extra files (and non-file settings) a method needs, as entries of the trainer's
-# cfg["paths"]: method -> function(run block) -> dict. A new method registers here.
-METHOD_INPUTS = {
-    "unkt": lambda run: (
-        {"d_minus": ENTROPY_SUBSETS["D-"]} if run.get("targets") == "random" else {}
-    ),
-    "specificity": lambda run: (
-        ({"clip": TRAINED_CLIP} if TRAIN_CLIP else {"clip_files": CLIP_FILES})
-        | (
-            {"neighbours": neighbours_table(run.get("contrastive_top_pct", 1))}
-            if run.get("loss", "ccos") in ("cdp", "ccos")
-            else {}
-        )
-    ),
-}
-METHOD_PATHS = {
-    "specificity": lambda run: {"clip_arch": config["clip"]["arch"]}
-    | ({} if TRAIN_CLIP else {"clip": config["clip"]["pretrained"]}),
-}
-
-
 def neighbours_table(pct):
-    from distinctcap.neighbours import table_path
+    return NEIGHBOURS_TABLE.format(pct=f"{float(pct):g}")
 
-    return table_path(pct)
+
+# What a method's named need (its facts' extra_inputs, distinctcap.methods.facts) becomes in
+# the trainer's cfg["paths"]: need -> function(parameter) -> (input files, other entries).
+NEED_PATHS = {
+    "d_minus": lambda subset: ({"d_minus": ENTROPY_SUBSETS[subset]}, {}),
+    "clip": lambda _: (
+        {"clip": TRAINED_CLIP} if TRAIN_CLIP else {"clip_files": CLIP_FILES},
+        {"clip_arch": CLIP["arch"]} | ({} if TRAIN_CLIP else {"clip": CLIP["pretrained"]}),
+    ),
+    "neighbours": lambda pct: ({"neighbours": neighbours_table(pct)}, {}),
+}
+
+
+def method_paths(run):
+    """(input files, other cfg["paths"] entries) that run block `run`'s method needs."""
+    files, values = {}, {}
+    for need, parameter in FACTS[run["method"]].extra_inputs(run).items():
+        need_files, need_values = NEED_PATHS[need](parameter)
+        files |= need_files
+        values |= need_values
+    return files, values
 
 
 def run_model(name):
@@ -93,14 +109,13 @@ def train_inputs(wildcards):
     for edge in ("init", "teacher", "reference"):
         if run.get(edge):
             inputs[edge] = run_model(run[edge])
-    extra = METHOD_INPUTS.get(run["method"], lambda run: {})(run)
+    extra, _ = method_paths(run)
     return inputs | {k: v for k, v in extra.items() if v}
 
 
 def train_paths(wildcards):
     """Non-file entries of the trainer's cfg["paths"] (e.g. a CLIP tag and architecture)."""
-    run = RUNS[wildcards.run]
-    return METHOD_PATHS.get(run["method"], lambda run: {})(run)
+    return method_paths(RUNS[wildcards.run])[1]
 
 
 def decode_targets():

@@ -1,5 +1,5 @@
 """Decoding stage: each run's captions of a split under each named `decoding:` setting, as the
-`generated` table (DESIGN.md)."""
+`generated` table (ARCHITECTURE.md, "Data contracts")."""
 
 
 rule decode:

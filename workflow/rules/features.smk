@@ -3,13 +3,8 @@ epoch checkpoint under results/clip/checkpoints/, then extract pooled + grid ima
 text features into resumable shards under results/features/cache/ (neither is a declared
 output, so a killed run keeps them)."""
 
-CLIP = config["clip"]
-TRAINED_CLIP = f"results/clip/{CLIP['arch']}.pt"
-TRAIN_CLIP = CLIP["pretrained"] == "train"
-# the weights file or local-dir folder extraction depends on (none for a tag)
-CLIP_FILES = [TRAINED_CLIP] if TRAIN_CLIP else [
-    p for p in [CLIP["pretrained"].removeprefix("local-dir:")] if Path(p).exists()
-]
+# CLIP, TRAINED_CLIP, TRAIN_CLIP and CLIP_FILES are defined in common.smk: a specificity
+# run reads the CLIP too (its train_run inputs).
 
 
 rule train_clip:

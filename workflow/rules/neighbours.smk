@@ -1,7 +1,7 @@
 """Neighbours stage: the contrastive images of the specificity method (specificity paper §3.2),
 each training image's top {pct} percent most similar training images by CLIP image embedding.
 One cached table per percentage; a specificity run asks for
-distinctcap.neighbours.table_path(runs.<name>.contrastive_top_pct)."""
+neighbours_table(runs.<name>.contrastive_top_pct) (common.smk)."""
 
 
 rule neighbours:
@@ -9,7 +9,7 @@ rule neighbours:
         features=rules.extract_features.output.index,
         images=f"{DATA}/images.parquet",
     output:
-        table="results/neighbours/train_top{pct}pct.parquet",
+        table=NEIGHBOURS_TABLE,
     wildcard_constraints:
         pct=r"[0-9]+(\.[0-9]+)?",
     params:

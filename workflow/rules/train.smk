@@ -1,4 +1,4 @@
-"""Training stage: one generic rule trains any entry of `runs:` (DESIGN.md, "Runs are data").
+"""Training stage: one generic rule trains any entry of `runs:` (ARCHITECTURE.md, "Runs are data").
 The run's effective config is a param, so editing its block reruns that run and its dependents.
 Resume checkpoints live in results/runs/{run}/checkpoints/, not a declared output, so a killed
 or failed job keeps them and the rerun continues from the last one if the run's config and

@@ -1,11 +1,12 @@
-"""Train one run: the rule's inputs become the trainer's paths (distinctcap.train.train)."""
+"""Train one run: the rule's inputs become the trainer's paths (distinctcap.launch, which
+calls distinctcap.train.train here or in torchrun processes)."""
 
 from pathlib import Path
 
 import torch
 
 from distinctcap import logs
-from distinctcap.distributed import train_with_gpus
+from distinctcap.launch import train_with_gpus
 
 logs.setup(snakemake.log[0])
 torch.set_num_threads(snakemake.threads)

@@ -46,20 +46,14 @@ from torch import Tensor
 from distinctcap.data.batches import encode_batch
 from distinctcap.errors import DistinctcapError
 from distinctcap.losses import contrastive_loss
+from distinctcap.methods import facts
 
 if TYPE_CHECKING:
     from distinctcap.data.batches import Batch
-    from distinctcap.methods import TrainContext
+    from distinctcap.methods.base import TrainContext
     from distinctcap.model import Captioner
 
 CONSTRAINTS = ("both", "positive", "negative")
-DEFAULTS = {
-    "negatives": 5,
-    "nu": 1.0,
-    "nu_in_sigmoid": True,
-    "constraints": "both",
-    "replace_reference_every": 0,
-}
 
 
 def step_generator(
@@ -116,14 +110,12 @@ def _pad_to(x: Tensor, width: int, pad_id: int) -> Tensor:
     return F.pad(x, (0, width - x.shape[-1]), value=pad_id)
 
 
-class ContrastiveLearning:
-    """CL objective, loss = -J(theta) of eq. 10 (see the module doc)."""
-
-    needs: tuple[str, ...] = ("reference",)
-    mean_over = "captions"  # eq. 10 averages over captions: multi-GPU shards weigh by count
+class ContrastiveLearning(facts.CL):
+    """CL objective, loss = -J(theta) of eq. 10 (see the module doc; options and their
+    defaults: facts.CL)."""
 
     def __init__(self, run_cfg: dict, ctx: TrainContext):
-        opts = {key: run_cfg.get(key, default) for key, default in DEFAULTS.items()}
+        opts = {key: run_cfg.get(key, default) for key, default in self.options.items()}
         where = f"runs.{run_cfg.get('name', '<cl run>')}"
         if opts["constraints"] not in CONSTRAINTS:
             raise DistinctcapError(

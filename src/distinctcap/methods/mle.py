@@ -8,17 +8,16 @@ from torch import Tensor
 
 from distinctcap.data.batches import encode_batch
 from distinctcap.losses import mle_loss
+from distinctcap.methods import facts
 
 if TYPE_CHECKING:
     from distinctcap.data.batches import Batch
-    from distinctcap.methods import TrainContext
+    from distinctcap.methods.base import TrainContext
     from distinctcap.model import Captioner
 
 
-class MLE:
+class MLE(facts.MLE):
     """L = -1/|y| sum_i log p(y_i | y_<i, I), mean over the batch's non-pad tokens (eq. 1)."""
-
-    needs: tuple[str, ...] = ()
 
     def __init__(self, run_cfg: dict, ctx: TrainContext):
         self.pad_id = ctx.pad_id

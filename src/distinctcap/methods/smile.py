@@ -26,23 +26,19 @@ from torch import Tensor
 from distinctcap.data.batches import encode_batch
 from distinctcap.errors import DistinctcapError
 from distinctcap.losses import SMILE_SUBSETS, mle_loss, smile_loss, smile_objective
+from distinctcap.methods import facts
 from distinctcap.methods.cl import step_generator
 
 if TYPE_CHECKING:
     from distinctcap.data.batches import Batch
-    from distinctcap.methods import TrainContext
+    from distinctcap.methods.base import TrainContext
     from distinctcap.model import Captioner
 
-DEFAULTS = {"subset": "smile", "first_token_mle": True, "mle_weight": 0.0}
-
-
-class SMILE:
+class SMILE(facts.SMILE):
     """L = lambda L_MLE + (1 - lambda) L_SMILE (eq. 4), token means over non-pad labels."""
 
-    needs: tuple[str, ...] = ()
-
     def __init__(self, run_cfg: dict, ctx: TrainContext):
-        opts = {key: run_cfg.get(key, default) for key, default in DEFAULTS.items()}
+        opts = {key: run_cfg.get(key, default) for key, default in self.options.items()}
         where = f"runs.{run_cfg.get('name', '<smile run>')}"
         if opts["subset"] not in SMILE_SUBSETS:
             raise DistinctcapError(

@@ -41,6 +41,7 @@ from torch import Tensor, nn
 from distinctcap.data.batches import encode_batch
 from distinctcap.errors import DistinctcapError
 from distinctcap.losses import SPECIFICITY_KINDS, mle_loss, specificity_loss
+from distinctcap.methods import facts
 from distinctcap.model import BOS, EOS, PAD, Captioner
 from distinctcap.neighbours import NeighbourTable
 from distinctcap.search import ban_specials, decode_ids, greedy
@@ -48,28 +49,10 @@ from distinctcap.search import ban_specials, decode_ids, greedy
 if TYPE_CHECKING:
     from distinctcap.clip import ClipTextEncoder
     from distinctcap.data.batches import Batch, CaptionData
-    from distinctcap.methods import TrainContext
+    from distinctcap.methods.base import TrainContext
 
 SAMPLINGS = ("argmax", "gumbel")
 
-
-def __getattr__(name: str):
-    """`ClipTextEncoder` lives in distinctcap.clip, imported on first use: importing it loads
-    open_clip, which training without this objective does not need."""
-    if name == "ClipTextEncoder":
-        from distinctcap.clip import ClipTextEncoder
-
-        return ClipTextEncoder
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-DEFAULTS = {
-    "loss": "ccos",
-    "sampling": "argmax",
-    "gumbel_temperature": 1.0,
-    "mle_weight": 0.0,
-    "rank_images": 0,
-}
 
 
 def generate_ids(
@@ -130,17 +113,13 @@ def _load_clip_model(paths: dict) -> nn.Module:
     return load_clip(paths["clip_arch"], str(paths["clip"])).model
 
 
-class Specificity:
+class Specificity(facts.Specificity):
     """Specificity loss of the captioner's own captions through frozen CLIP (eq. 2-5).
 
-    Run options (config `runs.<name>`): loss dp|cos|cdp|ccos (default ccos), sampling
-    argmax|gumbel, gumbel_temperature (> 0), mle_weight (lambda in [0, 1], 0 = the paper),
-    rank_images (validation images for the mean rank, 0 = all)."""
-
-    needs: tuple[str, ...] = ()
-    # eq. 5 averages over captions, so multi-GPU shards weigh by caption count (with
-    # mle_weight > 0 the token-mean MLE term is then weighted by captions, a close approximation)
-    mean_over = "captions"
+    Run options (config `runs.<name>`; defaults, mean_over, val_metrics: facts.Specificity):
+    loss dp|cos|cdp|ccos (default ccos), sampling argmax|gumbel, gumbel_temperature (> 0),
+    mle_weight (lambda in [0, 1], 0 = the paper), rank_images (validation images for the mean
+    rank, 0 = all)."""
 
     def __init__(
         self,
@@ -149,7 +128,7 @@ class Specificity:
         clip: nn.Module | None = None,
         neighbours: NeighbourTable | str | os.PathLike | None = None,
     ):
-        opts = {k: run_cfg.get(k, v) for k, v in DEFAULTS.items()}
+        opts = {k: run_cfg.get(k, v) for k, v in self.options.items()}
         name = run_cfg.get("name", "specificity")
         if opts["loss"] not in SPECIFICITY_KINDS:
             raise DistinctcapError(
@@ -250,10 +229,6 @@ class Specificity:
             loss = self.mle_weight * mle + (1 - self.mle_weight) * spec
             extras["mle"] = float(mle.detach())
         return loss, extras
-
-    # Validation metrics this objective computes itself (it holds the CLIP text encoder), for
-    # the trainer's checkpoint selection: name -> "min" | "max" (which way is better).
-    val_metrics = {"mean_rank": "min"}
 
     def val_metric(
         self,

@@ -61,12 +61,13 @@ from distinctcap.losses import (
     token_unlikelihood_loss,
     unkt_objective,
 )
+from distinctcap.methods import facts
 from distinctcap.model import EOS
 from distinctcap.search import greedy
 
 if TYPE_CHECKING:
     from distinctcap.data.batches import Batch, CaptionData, ImageFeatures
-    from distinctcap.methods import TrainContext
+    from distinctcap.methods.base import TrainContext
     from distinctcap.model import Captioner
 
 TARGETS = ("soft", "hard", "random")
@@ -76,18 +77,18 @@ LAMBDA_SCHEDULES = ("progressive", "fixed")
 
 @dataclass
 class UNKTConfig:
-    """The unkt options of a run block (schema: workflow/schemas/sections/runs.yaml, # unkt)."""
+    """The unkt options of a run block, checked; their meaning and defaults: facts.UNKT."""
 
-    w_pred: float = 1.0  # weight of L_pred in eq. 9 (0: Table 3 "w/o L_pred")
-    w_hid: float = 1.0  # weight of sum_l L_hid^l (0: "w/o L_hid")
-    w_att: float = 1.0  # weight of sum_l L_att^l (0: "w/o L_att")
-    attention: str = "both"  # decoder attention maps in L_att: self | cross | both
-    targets: str = "soft"  # prediction-layer targets: soft | hard | random (Table 6)
-    lambda_schedule: str = "progressive"  # progressive (§3.3, eq. 10) | fixed (Table 8)
-    lambda_value: float = 0.5  # lam of the fixed schedule
-    warmup_epochs: float = 5.0  # progressive warm-up (paper: 5 epochs)
-    warmup_steps: int | None = None  # progressive warm-up in optimiser steps; overrides epochs
-    temperature: float = 1.0  # t in p = softmax(logits / t), eq. 5 (paper: 1)
+    w_pred: float
+    w_hid: float
+    w_att: float
+    attention: str
+    targets: str
+    lambda_schedule: str
+    lambda_value: float
+    warmup_epochs: float
+    warmup_steps: int | None
+    temperature: float
 
     def __post_init__(self) -> None:
         for key, allowed in (
@@ -111,8 +112,10 @@ class UNKTConfig:
 
     @classmethod
     def from_run(cls, run_cfg: dict) -> UNKTConfig:
-        """The unkt keys of a run's effective config; other keys belong to the trainer."""
-        return cls(**{f.name: run_cfg[f.name] for f in fields(cls) if f.name in run_cfg})
+        """The unkt keys of a run's effective config (their defaults where missing); other
+        keys belong to the trainer."""
+        defaults = facts.UNKT.options
+        return cls(**{f.name: run_cfg.get(f.name, defaults[f.name]) for f in fields(cls)})
 
     @property
     def any_negative(self) -> bool:
@@ -203,10 +206,8 @@ def run_decoder(
     return out if internals else (out, None)
 
 
-class UNKT:
+class UNKT(facts.UNKT):
     """UNKT eq. 9 against the frozen negative teacher `ctx.frozen["teacher"]` (module doc)."""
-
-    needs: tuple[str, ...] = ("teacher",)
 
     def __init__(self, run_cfg: dict, ctx: TrainContext):
         self.cfg = UNKTConfig.from_run(run_cfg)

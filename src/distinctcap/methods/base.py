@@ -1,0 +1,111 @@
+"""The contract between the trainer and a training method (ARCHITECTURE.md, "Runs are data").
+
+The trainer (distinctcap.train) owns the loop: data order, optimiser, schedule, precision,
+accumulation, validation, checkpoints. An objective only turns a batch into a loss. A method is
+one `Objective` subclass; everything the config checker, the workflow and the trainer need to
+know about it is a class attribute declared here with its default:
+
+    edges        run edges a run of this method must name, among "init", "teacher",
+                 "reference" (config.check_runs); e.g. cl: ("init", "reference")
+    needs        the edges whose final models the trainer loads frozen into ctx.frozen
+    options      its own run options -> their defaults (the schema, runs.yaml, must agree:
+                 tests/test_config.py); other methods' options are refused in its block
+    mean_over    "tokens" | "captions": what its loss averages over, so multi-GPU shards are
+                 weighted right (distinctcap.distributed.shard_weight)
+    val_metrics  {name: "min" | "max"} selection metrics it computes itself (`val_metric`)
+    extra_inputs(run)  named inputs a run block needs beyond data, features and edge models,
+                 {need: parameter}: "d_minus" (an entropy subset, "D-"), "clip" (None: the
+                 configured CLIP), "neighbours" (the table's percentage). The workflow
+                 (workflow/rules/common.smk) maps each need to files in the trainer's
+                 cfg["paths"].
+
+and, per instance:
+
+    __init__(run_cfg, ctx)    run_cfg is the run's effective config
+                              (distinctcap.config.effective_run_config)
+    loss(model, batch, step, total_steps) -> (scalar loss of one micro-batch, extras for the
+                              curve, e.g. {"lambda": 0.3}); `step` counts optimiser steps
+                              from 0 to total_steps - 1; the trainer scales the loss for
+                              accumulation and runs backward
+    val_metric(name, model, val_data, val_batches, autocast) -> float, for `val_metrics`
+    state_dict() / load_state_dict(state)   state beyond the model that an exact resume needs
+                              (e.g. CL's replaced reference): tensors, numbers, strings, lists
+                              and dicts; the trainer keeps it in its checkpoints
+
+- `ctx.frozen[edge]` is the final model of the run named by `run_cfg[edge]` for each edge in
+  `needs`, in eval mode, with requires_grad False, on `ctx.device`.
+- `batch` is a distinctcap.data.batches.Batch already on the device; the objective runs the
+  model itself (under the trainer's autocast), so it can ask for internals (UNKT eq. 7-8) or
+  score other captions (CL). `ctx.train_data` gives access to every training pair, e.g. to
+  draw mismatched images for CL's negatives.
+
+This module imports no torch, so the facts can be read while Snakemake parses the workflow;
+the methods' facts are declared in distinctcap.methods.facts for the same reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar
+
+from distinctcap.errors import DistinctcapError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import torch
+    from torch import Tensor
+
+    from distinctcap.data.batches import Batch, CaptionData
+    from distinctcap.model import Captioner
+
+@dataclass
+class TrainContext:
+    device: torch.device
+    train_data: CaptionData
+    frozen: dict[str, Captioner] = field(default_factory=dict)  # "teacher"/"reference" -> model
+    tokenizer: object | None = None  # distinctcap.data.tokenizer.CaptionTokenizer when known
+    pad_id: int = 0
+
+
+class Objective:
+    """A training method: its facts (class attributes, see the module doc) and its loss."""
+
+    edges: ClassVar[tuple[str, ...]] = ()
+    needs: ClassVar[tuple[str, ...]] = ()
+    options: ClassVar[Mapping[str, object]] = {}
+    mean_over: ClassVar[str] = "tokens"
+    val_metrics: ClassVar[Mapping[str, str]] = {}
+
+    @classmethod
+    def extra_inputs(cls, run: dict) -> dict[str, str | float | None]:
+        """Named inputs run block `run` (schema defaults filled) needs: {need: parameter}."""
+        return {}
+
+    def __init__(self, run_cfg: dict, ctx: TrainContext) -> None:
+        pass
+
+    def loss(
+        self, model: Captioner, batch: Batch, step: int, total_steps: int
+    ) -> tuple[Tensor, dict[str, float]]:
+        raise NotImplementedError
+
+    def val_metric(
+        self,
+        name: str,
+        model: Captioner,
+        val: CaptionData,
+        batches: list | None = None,
+        autocast: Callable | None = None,
+    ) -> float:
+        raise DistinctcapError(
+            f"{type(self).__name__} computes {sorted(self.val_metrics) or 'no metric'}, "
+            f"not {name!r}"
+        )
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass

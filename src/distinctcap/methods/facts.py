@@ -1,0 +1,110 @@
+"""What each training method is, in one place per method, readable without torch.
+
+Each class here declares one method's facts (the attributes of distinctcap.methods.base.
+Objective: required run edges, options with their defaults, frozen runs the trainer loads,
+what the loss averages over, its own selection metrics, and the extra inputs a run needs).
+The method's module subclasses it with the loss, e.g. `class UNKT(facts.UNKT)` in
+distinctcap.methods.unkt, and declares none of these attributes itself (tests/test_config.py).
+
+Why not declare them on the loss classes: those modules import torch, and the facts are read
+while Snakemake parses the workflow (config.validate, config.effective_run_config,
+workflow/rules/common.smk), which must stay light (a torch import costs seconds per dry run).
+Importing this module imports no torch; `FACTS` maps each run `method` to its class, and
+distinctcap.methods.METHODS to the trainable subclass.
+"""
+
+from __future__ import annotations
+
+from distinctcap.methods.base import Objective
+
+
+class MLE(Objective):
+    """Maximum likelihood (UNKT eq. 1): the reference of every other method."""
+
+
+class UNKT(Objective):
+    """UNKT eq. 9 against the frozen negative teacher (UNKT §3.2-3.3)."""
+
+    edges = ("teacher",)
+    needs = ("teacher",)
+    options = {
+        "w_pred": 1.0,  # weight of L_pred in eq. 9 (0: Table 3 "w/o L_pred")
+        "w_hid": 1.0,  # weight of sum_l L_hid^l (0: "w/o L_hid")
+        "w_att": 1.0,  # weight of sum_l L_att^l (0: "w/o L_att")
+        "attention": "both",  # decoder attention maps in L_att: self | cross | both
+        "targets": "soft",  # prediction-layer targets: soft | hard | random (Table 6)
+        "lambda_schedule": "progressive",  # progressive (§3.3, eq. 10) | fixed (Table 8)
+        "lambda_value": 0.5,  # lam of the fixed schedule
+        "warmup_epochs": 5.0,  # progressive warm-up (paper: 5 epochs)
+        "warmup_steps": None,  # progressive warm-up in optimiser steps; overrides epochs
+        "temperature": 1.0,  # t in p = softmax(logits / t), eq. 5 (paper: 1)
+    }
+
+    @classmethod
+    def extra_inputs(cls, run: dict) -> dict[str, str | float | None]:
+        """Random targets (Table 6) draw from the D- captions."""
+        return {"d_minus": "D-"} if run.get("targets") == "random" else {}
+
+
+class CL(Objective):
+    """Contrastive Learning (Dai & Lin 2017, §4.2, eq. 7-10): a target initialised from, and
+    compared with, a frozen reference run."""
+
+    edges = ("init", "reference")
+    needs = ("reference",)
+    options = {
+        "negatives": 5,  # K captions of other images per caption (§4.2)
+        "nu": 1.0,  # nu of r_nu(G) = 1 / (1 + nu exp(-G)), eq. 3 and 8
+        "nu_in_sigmoid": True,  # false: h = sigmoid(G), as the authors' Lua code
+        "constraints": "both",  # both (CL) | positive (CL(P)) | negative (CL(N)), Table 4
+        "replace_reference_every": 0,  # N > 0: copy the target into the reference (§4.3)
+    }
+    mean_over = "captions"  # eq. 10 averages over captions: multi-GPU shards weigh by count
+
+
+class SMILE(Objective):
+    """Semipermeable MLE (Yue et al. 2023, §2.2, eq. 2-4) from an initial MLE run."""
+
+    edges = ("init",)
+    options = {
+        "subset": "smile",  # smile (V_D) | random | reverse: the ablations of §3.4 / Fig. 4a
+        "first_token_mle": True,  # the first position uses the full vocabulary (§3.3)
+        "mle_weight": 0.0,  # lambda of eq. 4, L = lambda L_MLE + (1 - lambda) L_SMILE
+    }
+
+
+class Specificity(Objective):
+    """Retrieval-guided specificity (specificity paper §3.2-3.3, eq. 2-5, §4) through a frozen
+    CLIP, from an initial MLE run."""
+
+    edges = ("init",)
+    options = {
+        "loss": "ccos",  # eq. 2-5: dp | cos | cdp | ccos
+        "sampling": "argmax",  # argmax (the paper) | gumbel (§3.3)
+        "gumbel_temperature": 1.0,  # tau of the Gumbel softmax
+        "mle_weight": 0.0,  # lambda of L = lambda L_MLE + (1 - lambda) L_spec (0 = the paper)
+        "rank_images": 0,  # validation images for the mean rank (0 = all)
+        "contrastive_top_pct": 1,  # cdp/ccos: contrastive image among the top pct % (§3.2)
+    }
+    # eq. 5 averages over captions, so multi-GPU shards weigh by caption count (with
+    # mle_weight > 0 the token-mean MLE term is then weighted by captions, a close approximation)
+    mean_over = "captions"
+    # the validation mean rank through its CLIP (§4, "early stopping ... lowest mean rank")
+    val_metrics = {"mean_rank": "min"}
+
+    @classmethod
+    def extra_inputs(cls, run: dict) -> dict[str, str | float | None]:
+        """The CLIP (text tower) always; the neighbours table for the contrastive losses."""
+        needs: dict[str, str | float | None] = {"clip": None}
+        if run.get("loss", cls.options["loss"]) in ("cdp", "ccos"):
+            needs["neighbours"] = run.get("contrastive_top_pct", cls.options["contrastive_top_pct"])
+        return needs
+
+
+FACTS: dict[str, type[Objective]] = {
+    "mle": MLE,
+    "unkt": UNKT,
+    "cl": CL,
+    "smile": SMILE,
+    "specificity": Specificity,
+}

@@ -13,6 +13,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 ROOT = Path(__file__).resolve().parents[1]
+TINY_CAPTIONER = dict(width=16, enc_layers=1, dec_layers=2, heads=2, ffn=32, dropout=0.0, max_len=8)
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 
 
@@ -48,3 +49,26 @@ def shrink_runs(runs: dict, tiny_train: dict) -> dict:
     return {
         name: {**run, "train": {**run.get("train", {}), **tiny_train}} for name, run in runs.items()
     }
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny tensors: threads only add contention (10x slower on a busy 2-core box), and one
+    thread keeps reductions in one order. Modules take it with `usefixtures("one_thread")`."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def tiny_captioner(vocab: int, visual_dim: int, pooled_dim: int, seed: int = 0, **overrides):
+    """A seeded random captioner of the tests' tiny size (`TINY_CAPTIONER`, with overrides)."""
+    import torch
+
+    from distinctcap.model import Captioner, CaptionerConfig
+
+    torch.manual_seed(seed)
+    cfg = CaptionerConfig(vocab, visual_dim, pooled_dim, **{**TINY_CAPTIONER, **overrides})
+    return Captioner(cfg)

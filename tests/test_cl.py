@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import ROOT, shrink_runs
+from conftest import ROOT, shrink_runs, tiny_captioner
 
 from distinctcap.config import effective_run_config, load_schema, validate
 from distinctcap.data.batches import CaptionData, ImageFeatures
@@ -18,29 +18,19 @@ from distinctcap.losses import contrastive_loss
 from distinctcap.methods import METHODS
 from distinctcap.methods.base import TrainContext
 from distinctcap.methods.cl import ContrastiveLearning, sample_negatives, step_generator
-from distinctcap.model import Captioner, CaptionerConfig
+from distinctcap.model import Captioner
 from distinctcap.search import sequence_logprob
 from distinctcap.train import RunData, Trainer, train
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 V, DV, DP, G = 20, 6, 5, 7
 IMAGES, PER_IMAGE = 6, 3
 ROWS = [0, 4, 7, 11]  # a micro-batch: captions of images 0, 1, 2, 3
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def captioner(seed: int) -> Captioner:
-    torch.manual_seed(seed)
-    cfg = CaptionerConfig(
-        V, DV, DP, width=16, enc_layers=1, dec_layers=2, heads=2, ffn=32, dropout=0.0, max_len=8
-    )
-    return Captioner(cfg)
+    return tiny_captioner(V, DV, DP, seed)
 
 
 def caption_data(image_ids: np.ndarray, seed: int = 0) -> tuple[CaptionData, list[list[int]]]:

@@ -169,14 +169,6 @@ clip.save_weights(model, out)
 
 
 @pytest.fixture(scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
 def world(tmp_path_factory):
     """A tiny shapes world (16 train, 4 val images) with absolute image paths, as parquet."""
     root = tmp_path_factory.mktemp("world")

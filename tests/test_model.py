@@ -3,6 +3,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import tiny_captioner
 
 from distinctcap.errors import DistinctcapError
 from distinctcap.model import (
@@ -12,34 +13,13 @@ from distinctcap.model import (
     make_batch,
 )
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 B, G, DV, DP, N, V, W, H, L = 3, 7, 6, 5, 6, 20, 16, 2, 2
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: threads only add contention (10x slower on a busy 2-core box)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def tiny(dropout: float = 0.1, **kw) -> Captioner:
-    torch.manual_seed(0)
-    cfg = CaptionerConfig(
-        V,
-        DV,
-        DP,
-        width=W,
-        enc_layers=2,
-        dec_layers=L,
-        heads=H,
-        ffn=32,
-        dropout=dropout,
-        max_len=8,
-        **kw,
-    )
-    return Captioner(cfg).eval()
+    return tiny_captioner(V, DV, DP, enc_layers=2, dropout=dropout, **kw).eval()
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ import itertools
 
 import pytest
 import torch
+from conftest import tiny_captioner
 
 from distinctcap.errors import DistinctcapError
 from distinctcap.model import BOS, EOS, PAD, Captioner, CaptionerConfig, make_batch
@@ -18,34 +19,14 @@ from distinctcap.search import (
     sequence_logprob,
 )
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 G, DV, DP = 5, 6, 4
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: threads only add contention (10x slower on a busy 2-core box)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def random_model(vocab: int = 12, max_len: int = 6, seed: int = 0) -> Captioner:
     """An untrained model with peaked, image-dependent next-token distributions."""
-    torch.manual_seed(seed)
-    cfg = CaptionerConfig(
-        vocab,
-        DV,
-        DP,
-        width=16,
-        enc_layers=1,
-        dec_layers=2,
-        heads=2,
-        ffn=32,
-        dropout=0.1,
-        max_len=max_len,
-    )
-    model = Captioner(cfg)
+    model = tiny_captioner(vocab, DV, DP, seed, dropout=0.1, max_len=max_len)
     with torch.no_grad():  # larger weights than the 0.02 init: peaked, image-dependent outputs
         for p in model.parameters():
             if p.dim() == 2:

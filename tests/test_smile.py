@@ -4,6 +4,7 @@ the batch, mixed with MLE by eq. 4, every subset builds, and optimisation lowers
 import numpy as np
 import pytest
 import torch
+from conftest import tiny_captioner
 
 from distinctcap.data.batches import CaptionData, ImageFeatures
 from distinctcap.errors import DistinctcapError
@@ -11,26 +12,16 @@ from distinctcap.losses import mle_loss, smile_loss
 from distinctcap.methods import METHODS
 from distinctcap.methods.base import TrainContext
 from distinctcap.methods.cl import step_generator
-from distinctcap.model import Captioner, CaptionerConfig
+from distinctcap.model import Captioner
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 V, DV, DP, G = 20, 6, 5, 7
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture
 def model() -> Captioner:
-    torch.manual_seed(0)
-    cfg = CaptionerConfig(
-        V, DV, DP, width=16, enc_layers=1, dec_layers=2, heads=2, ffn=32, dropout=0.0, max_len=8
-    )
-    return Captioner(cfg)
+    return tiny_captioner(V, DV, DP)
 
 
 @pytest.fixture

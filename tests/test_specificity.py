@@ -10,7 +10,7 @@ import open_clip
 import pytest
 import torch
 import yaml
-from conftest import ROOT, shrink_runs
+from conftest import ROOT, shrink_runs, tiny_captioner
 
 import distinctcap.clip  # registers the tiny `shapes-vit-tiny` architecture
 from distinctcap.config import effective_run_config, load_schema, validate
@@ -28,7 +28,7 @@ from distinctcap.methods.specificity import (
     val_mean_rank,
 )
 from distinctcap.metrics.retrieval import retrieval_ranks
-from distinctcap.model import EOS, PAD, Captioner, CaptionerConfig
+from distinctcap.model import EOS, PAD
 from distinctcap.neighbours import (
     NeighbourTable,
     neighbour_count,
@@ -40,6 +40,8 @@ from distinctcap.neighbours import (
 from distinctcap.search import greedy
 from distinctcap.train import RunData, train
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 ARCH = "shapes-vit-tiny"
 TEXTS = [
     "a red circle left of a blue square",
@@ -49,14 +51,6 @@ TEXTS = [
     "two blue squares",
     "a picture of some shapes",
 ]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny tensors: threads only add overhead
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
@@ -93,20 +87,9 @@ def clip_embed_dim() -> int:
 
 
 def captioner(tok, seed=0):
-    torch.manual_seed(seed)
-    cfg = CaptionerConfig(
-        tok.vocab_size,
-        visual_dim=16,
-        pooled_dim=clip_embed_dim(),
-        width=32,
-        enc_layers=1,
-        dec_layers=1,
-        heads=2,
-        ffn=64,
-        dropout=0.0,
-        max_len=12,
+    return tiny_captioner(
+        tok.vocab_size, 16, clip_embed_dim(), seed, width=32, dec_layers=1, ffn=64, max_len=12
     )
-    return Captioner(cfg)
 
 
 def table_of(feats, k=2):

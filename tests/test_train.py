@@ -46,17 +46,10 @@ from distinctcap.train import (
     train,
 )
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 ROOT = Path(__file__).resolve().parents[1]
 V = 16
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread, and far faster on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def tiny_data(n_images: int = 8, per_image: int = 4, equal_len: bool = False) -> RunData:

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 import torch
 import yaml
+from conftest import tiny_captioner
 
 from distinctcap.data.batches import CaptionData, ImageFeatures
 from distinctcap.errors import DistinctcapError
@@ -23,21 +24,14 @@ from distinctcap.methods.unkt import (
     attention_maps,
     steps_per_epoch,
 )
-from distinctcap.model import EOS, PAD, Captioner, CaptionerConfig
+from distinctcap.model import EOS, PAD, Captioner
 from distinctcap.search import greedy
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 ROOT = Path(__file__).resolve().parents[1]
 G, DV, DP, V, W, H, L, MAXLEN = 5, 6, 4, 24, 16, 2, 2, 9
 IMAGES = 8  # 5 captions each
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: threads only add contention on a busy 2-core box."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def captioner_cfg() -> dict:
@@ -45,8 +39,7 @@ def captioner_cfg() -> dict:
 
 
 def tiny(seed: int) -> Captioner:
-    torch.manual_seed(seed)
-    return Captioner(CaptionerConfig(V, DV, DP, **captioner_cfg()))
+    return tiny_captioner(V, DV, DP, seed, **captioner_cfg())
 
 
 @pytest.fixture(scope="module")

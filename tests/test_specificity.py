@@ -13,6 +13,7 @@ import yaml
 from conftest import ROOT, shrink_runs, tiny_captioner
 
 import distinctcap.clip  # registers the tiny `shapes-vit-tiny` architecture
+from distinctcap.clip import ClipTextEncoder
 from distinctcap.config import effective_run_config, load_schema, validate
 from distinctcap.data.batches import CaptionData, ImageFeatures
 from distinctcap.data.tokenizer import CaptionTokenizer
@@ -21,7 +22,6 @@ from distinctcap.losses import specificity_loss
 from distinctcap.methods import METHODS
 from distinctcap.methods.base import TrainContext
 from distinctcap.methods.specificity import (
-    ClipTextEncoder,
     Specificity,
     caption_ids_tensor,
     generate_ids,

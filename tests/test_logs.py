@@ -82,7 +82,11 @@ def test_missing_java_stops_the_run_before_the_first_job(workdir, tmp_path):
     ("device", "args", "why"),
     [
         ("cuda", (), "device = 'cuda'"),
-        ("auto", ("--set-resources", "train_clip:gpu=1"), "this job holds 1 GPU(s) (resource gpu = 1)"),
+        (
+            "auto",
+            ("--set-resources", "train_clip:gpu=1"),
+            "this job holds 1 GPU(s) (resource gpu = 1)",
+        ),
     ],
     ids=["device-cuda", "rule-gpu-1"],
 )

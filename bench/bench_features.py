@@ -41,8 +41,9 @@ from distinctcap.features import (
 from distinctcap.io import read_table
 
 
-def shapes_world(root: Path, n: int) -> tuple:
-    data = {"source": "shapes", "shapes": {"n_train": n, "n_val": 1, "n_test": 1, "seed": 0}}
+def shapes_world(root: Path, n: int, size: int = 64) -> tuple:
+    shapes = {"n_train": n, "n_val": 1, "n_test": 1, "seed": 0, "image_size": size}
+    data = {"source": "shapes", "shapes": shapes}
     out = {k: str(root / f"data/{k}.parquet") for k in ("images", "captions", "quarantine")}
     prepare(data, "skip", {**out, "vocab": str(root / "data/vocab.json")})
     return read_table(out["images"], "images"), read_table(out["captions"], "captions")
@@ -86,6 +87,11 @@ def main() -> None:
     p.add_argument("--arch", default="shapes-vit-tiny")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument(
+        "--coco",
+        action="store_true",
+        help="COCO sizes: a random-init ViT-B-32 on 224 px images (overrides --arch)",
+    )
     p.add_argument("--device", default="auto")
     p.add_argument(
         "--threads",
@@ -94,11 +100,13 @@ def main() -> None:
         help="torch threads for both measurements",
     )
     args = p.parse_args()
+    if args.coco:
+        args.arch = "ViT-B-32"
     torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        images, captions = shapes_world(root, args.images)
+        images, captions = shapes_world(root, args.images, 224 if args.coco else 64)
         save_weights(open_clip.create_model(args.arch), root / "clip.pt")
         clip = load_clip(args.arch, str(root / "clip.pt"), device)
         dtype = compute_dtype("auto", device)

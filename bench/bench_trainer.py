@@ -8,6 +8,8 @@ progress bar and the curve. Goal: ratio >= 0.85. Repetitions alternate bare / tr
 machine slows both alike; the median ratio is printed.
 
     PYTHONPATH=src python bench/bench_trainer.py [--steps 60] [--reps 3] [--threads 1]
+        [--device cuda] [--coco]  # --coco: config.coco.yaml's captioner (512 wide, 6 + 6
+                                  # layers) on ViT-B/32-sized features, batch 50
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from distinctcap.data.batches import BatchOrder, CaptionData, ImageFeatures, enc
 from distinctcap.devices import resolve_device
 from distinctcap.losses import mle_loss
 from distinctcap.model import Captioner, CaptionerConfig
-from distinctcap.train import RunData, TrainConfig, make_optimizer, train
+from distinctcap.train import RunData, TrainConfig, autocast_dtype, make_optimizer, train
 
 CAPTIONER = {
     "vocab_size": 69,
@@ -37,17 +39,43 @@ CAPTIONER = {
 }
 
 
-def shapes_like_data(images: int = 2000, per_image: int = 5, seed: int = 0) -> RunData:
-    """Shapes-world sizes: 64 grid tokens of width 128, pooled 128, vocab 69, 2-26 tokens."""
+# config.coco.yaml's captioner on ViT-B/32 features at 224 px (49 grid tokens of width 768,
+# pooled 512), a COCO-sized vocabulary and captions of up to 20 words
+COCO_CAPTIONER = {
+    "vocab_size": 10000,
+    "width": 512,
+    "enc_layers": 6,
+    "dec_layers": 6,
+    "heads": 8,
+    "ffn": 2048,
+    "dropout": 0.1,
+    "max_len": 22,
+}
+
+
+def shapes_like_data(
+    images: int = 2000,
+    per_image: int = 5,
+    seed: int = 0,
+    grid: tuple[int, int] = (64, 128),
+    pooled: int = 128,
+    vocab: int = 69,
+    max_len: int = 32,
+) -> RunData:
+    """Shapes-world sizes by default: 64 grid tokens of width 128, pooled 128, vocab 69,
+    2-26 tokens."""
     g = np.random.default_rng(seed)
     feats = ImageFeatures(
         np.arange(images),
-        torch.nn.functional.normalize(torch.randn(images, 128), dim=-1),
-        torch.randn(images, 64, 128).half(),
+        torch.nn.functional.normalize(torch.randn(images, pooled), dim=-1),
+        torch.randn(images, *grid).half(),
     )
     n = images * per_image
-    tokens = [g.integers(4, 69, size=g.integers(2, 27)).tolist() for _ in range(n)]
-    data = CaptionData(feats, np.arange(n), np.repeat(np.arange(images), per_image), tokens, 32)
+    longest = min(27, max_len - 1)
+    tokens = [g.integers(4, vocab, size=g.integers(2, longest)).tolist() for _ in range(n)]
+    data = CaptionData(
+        feats, np.arange(n), np.repeat(np.arange(images), per_image), tokens, max_len
+    )
     return RunData(data, None)
 
 
@@ -63,15 +91,20 @@ def bare_steps_per_s(cfg: dict, data: RunData, steps: int) -> float:
         )
     )
     model = model.to(device).train()
-    opt = make_optimizer(model, TrainConfig.from_dict(cfg["train"]))
+    tc = TrainConfig.from_dict(cfg["train"])
+    opt = make_optimizer(model, tc, device)  # fused on a GPU, as the trainer's
+    dtype = autocast_dtype(tc.precision, device)  # bf16 on a GPU, as the trainer's
+    amp = torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
     order = BatchOrder(len(data.train), cfg["train"]["batch_size"], 0, data.train.image_rows)
     batches = [data.train.batch(order.indices(j)).to(device) for j in range(steps)]
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     sync()
     t0 = time.perf_counter()
     for b in batches:
-        logits = model.decode(encode_batch(model, b), b.inputs)
-        mle_loss(logits, b.labels, 0).backward()
+        with amp:
+            logits = model.decode(encode_batch(model, b), b.inputs)
+            loss = mle_loss(logits, b.labels, 0)
+        loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
     sync()
@@ -89,16 +122,21 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=None, help="default 64, COCO 50")
+    parser.add_argument("--coco", action="store_true", help="config.coco.yaml's captioner")
+    parser.add_argument("--images", type=int, default=2000)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    data = shapes_like_data()
+    captioner = COCO_CAPTIONER if args.coco else CAPTIONER
+    args.batch_size = args.batch_size or (50 if args.coco else 64)
+    sizes = {"grid": (49, 768), "pooled": 512, "vocab": 10000, "max_len": 22} if args.coco else {}
+    data = shapes_like_data(args.images, **sizes)
     cfg = {
         "name": "bench",
         "method": "mle",
         "seed": 0,
         "device": args.device,
-        "captioner": CAPTIONER,
+        "captioner": captioner,
         "train": {
             "steps": args.steps,
             "batch_size": args.batch_size,
@@ -122,7 +160,8 @@ def main() -> None:
     device = resolve_device(args.device)
     print(
         f"trainer/bare steps/s ratio (median of {args.reps}): {statistics.median(ratios):.3f} "
-        f"on {device} ({args.threads} threads), batch {args.batch_size}, goal >= 0.85"
+        f"on {device} ({args.threads} threads), batch {args.batch_size}, "
+        f"{'COCO' if args.coco else 'shapes'} captioner, goal >= 0.85"
     )
 
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import ROOT, snakemake, tiny_config
 
 
@@ -77,19 +78,41 @@ def test_missing_java_stops_the_run_before_the_first_job(workdir, tmp_path):
     assert not (workdir / "results").exists() and not (workdir / "logs").exists()
 
 
-def test_a_failing_job_logs_its_reason_and_traceback_in_the_rule_log(workdir, tmp_path):
-    """device: cuda on a machine without a GPU: the CLIP training job fails. Its target needs
-    no evaluation, so the missing Java does not stop the run."""
-    config = tiny_config() | {"device": "cuda"}
+@pytest.mark.parametrize(
+    ("device", "args", "why"),
+    [
+        ("cuda", (), "device = 'cuda'"),
+        (
+            "auto",
+            ("--set-resources", "train_clip:gpu=1"),
+            "this job holds 1 GPU(s) (resource gpu = 1)",
+        ),
+    ],
+    ids=["device-cuda", "rule-gpu-1"],
+)
+def test_a_gpu_job_without_cuda_stops_at_its_start_with_its_reason_in_the_rule_log(
+    workdir, tmp_path, device, args, why
+):
+    """A job that needs a GPU (config device: cuda, or its rule holds one) on a machine where
+    CUDA is unusable (this one: no driver) stops before it writes anything; the one-line reason
+    names the torch build and the driver it needs. Its target needs no evaluation, so the
+    missing Java does not stop the run."""
+    import torch
+
+    config = tiny_config() | {"device": device}
     path = path_without("java", tmp_path)
-    done = snakemake(workdir, "train_clip", config=config, env={**os.environ, "PATH": path})
+    env = {**os.environ, "PATH": path, "CUDA_VISIBLE_DEVICES": ""}
+    done = snakemake(workdir, "train_clip", *args, config=config, env=env)
     assert done.returncode != 0
     assert (workdir / "results/data/images.parquet").exists()  # the data job ran
-    reason = "device = 'cuda' but no GPU is visible; use 'auto' or 'cpu'"
+    reason = f"{why}, but CUDA is unusable: CUDA_VISIBLE_DEVICES='' hides every GPU; "
+    build = f"torch {torch.__version__} (CUDA {torch.version.cuda}) needs an NVIDIA driver >= "
     log = (workdir / "logs/features/train_clip.log").read_text()
-    assert f"ERROR distinctcap: {reason}\nTraceback" in log
-    assert "resolve_device" in log
-    assert reason in done.stderr
+    assert f"ERROR distinctcap: {reason}{build}" in log
+    assert "Traceback" in log and "job_device" in log
+    assert reason in done.stderr and build in done.stderr
+    clip = workdir / "results/clip"
+    assert not clip.exists() or [p for p in clip.rglob("*") if p.is_file()] == []
 
 
 def test_a_failing_torchrun_process_logs_its_error(tmp_path):

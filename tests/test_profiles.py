@@ -3,6 +3,7 @@ test profile mirrors the shipped SLURM profile (so the cluster test exercises it
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 import pytest
@@ -14,7 +15,17 @@ PROFILES = {
     "local-gpu": ROOT / "workflow" / "profiles" / "local-gpu" / "config.yaml",
     "slurm-test": ROOT / "tests" / "slurm_profile" / "config.yaml",
 }
-GPU_RULES = {"train_clip", "extract_features", "train_run", "decode"}
+# Every rule whose script takes the config's `device`: with `device: cuda` (config.coco.yaml) a
+# job of one without a GPU would stop at its start.
+GPU_RULES = {
+    "train_clip",
+    "extract_features",
+    "train_run",
+    "decode",
+    "retrieval_entropy",
+    "neighbours",
+    "evaluate",
+}
 # Keys whose values are the cluster's or the test's own; everything else must match.
 SITE_VALUES = {"jobs", "latency-wait", "retries", "slurm-init-seconds-before-status-checks"}
 SITE_RESOURCES = {"slurm_partition", "slurm_account", "gpu_model", "runtime", "mem_mb"}
@@ -87,3 +98,13 @@ def test_test_profile_mirrors_the_shipped_slurm_profile() -> None:
         assert set(res) - SITE_RESOURCES == set(mine) - SITE_RESOURCES, rule
         assert ("gpu_model" in res) == ("gpu_model" in mine), rule
         assert res.get("gpu") == mine.get("gpu"), rule
+
+
+def test_every_rule_that_takes_the_device_asks_for_a_gpu() -> None:
+    rules = {}
+    for path in (ROOT / "workflow" / "rules").glob("*.smk"):
+        for block in re.split(r"^rule ", path.read_text(), flags=re.MULTILINE)[1:]:
+            rules[block.split(":")[0]] = block
+    assert {name for name, block in rules.items() if 'device=config["device"]' in block} == (
+        GPU_RULES
+    )

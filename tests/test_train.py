@@ -659,3 +659,60 @@ def test_generated_table_has_one_row_per_caption_and_reproducible_samples():
     assert (a.logprob <= 0).all() and a.text.map(lambda t: isinstance(t, str)).all()
     beam = generate_table(model, feats, {"kind": "beam", "k": 1}, "ref", text)
     pd.testing.assert_frame_equal(beam, greedy)  # beam search of width 1 is greedy
+
+
+@pytest.mark.parametrize("backend", ["eager", "no-such-backend"])
+def test_compile_trains_the_same_weights_or_warns_once_and_trains_uncompiled(
+    backend, monkeypatch, caplog
+):
+    """train.compile: true compiles the blocks (dynamo's `eager` backend: the same arithmetic,
+    cheap on a CPU); where compiling fails the run trains uncompiled after one warning line.
+    Either way the weights are those of the uncompiled run."""
+    plain = train(tiny_cfg(checkpoint_every=0), tiny_data())
+    monkeypatch.setenv("DISTINCTCAP_COMPILE_BACKEND", backend)
+    with caplog.at_level(logging.WARNING, logger="distinctcap"):
+        compiled = train(tiny_cfg(checkpoint_every=0, compile=True), tiny_data())
+    warned = [r.getMessage() for r in caplog.records if "train.compile" in r.getMessage()]
+    if backend == "eager":
+        assert warned == []
+    else:
+        assert len(warned) == 1 and "failed, training uncompiled" in warned[0], warned
+    for (name, a), b in zip(plain.model.state_dict().items(), compiled.model.state_dict().values(),
+                            strict=True):
+        assert torch.equal(a, b), name
+    assert plain.curve.drop(columns="tokens_per_s").equals(
+        compiled.curve.drop(columns="tokens_per_s")
+    )
+
+
+def deferred_trainer(cfg, data):
+    """A Trainer that reads its numbers only at flushes, as it does on a GPU."""
+    from distinctcap.train import Trainer
+
+    trainer = Trainer(cfg, data)
+    trainer.eager = False
+    return trainer
+
+
+def test_reading_the_numbers_only_at_log_steps_gives_the_same_run():
+    """On a GPU the host syncs only at log, validation and checkpoint steps (Trainer.flush):
+    the curve and the weights are those of the step-by-step reading."""
+    cfg = tiny_cfg(checkpoint_every=0, log_every=3, grad_accum=2)
+    eager = train(cfg, tiny_data())
+    deferred = deferred_trainer(cfg, tiny_data()).run()
+    assert eager.curve.drop(columns="tokens_per_s").equals(
+        deferred.curve.drop(columns="tokens_per_s")
+    )
+    for a, b in zip(eager.model.parameters(), deferred.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_a_nan_loss_read_at_the_next_log_step_names_its_own_step(monkeypatch):
+    monkeypatch.setitem(METHODS, "nan_at_3", NaNAtStep)
+    cfg = {**tiny_cfg(checkpoint_every=0, log_every=5, val_every=0), "method": "nan_at_3"}
+    data = tiny_data()
+    with pytest.raises(NonFiniteLossError) as info:
+        deferred_trainer(cfg, data).run()
+    order = BatchOrder(len(data.train), 8, 0, groups=data.train.image_rows)
+    assert info.value.step == 4
+    assert info.value.caption_ids == data.train.caption_ids[order.indices(3)].tolist()

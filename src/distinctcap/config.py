@@ -178,6 +178,7 @@ class TrainConfig:
     patience: int = 0  # validations without improvement before stopping; 0 = never stop
     checkpoint_every: int = 250  # steps between resume checkpoints; 0 = none
     log_every: int = 25  # steps between curve rows / progress-bar updates
+    compile: bool = False  # torch.compile the captioner's blocks (falls back with a warning)
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)

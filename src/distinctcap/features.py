@@ -57,10 +57,19 @@ DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 @dataclass
 class FeatureSettings:
     batch_size: int = 256
-    workers: int = 0  # DataLoader workers; on a GPU box with COCO JPEGs use 4-8
+    # DataLoader worker processes decoding images; auto: on a GPU every CPU of the job but the
+    # main one's (`extract_features(threads=)`), on the CPU none (the main process computes)
+    workers: int | str = "auto"
     image_shard_size: int = 1024
     text_shard_size: int = 16384
     precision: str = "auto"  # auto: fp16 autocast on a GPU, fp32 on the CPU
+
+
+def loader_workers(workers: int | str, device: torch.device, threads: int | None) -> int:
+    """DataLoader workers of `FeatureSettings.workers`: a number, or auto (see there)."""
+    if workers != "auto":
+        return int(workers)
+    return max(0, (threads or 1) - 1) if device.type == "cuda" else 0
 
 
 def compute_dtype(precision: str, device: torch.device) -> torch.dtype:
@@ -301,15 +310,18 @@ def extract_images(
     device: torch.device,
     dtype: torch.dtype,
     on_shard: Callable[[Shard], None] | None = None,
+    threads: int | None = None,
 ) -> None:
-    """Compute and write the given image shards; `on_shard` runs after each one is renamed."""
+    """Compute and write the given image shards; `on_shard` runs after each one is renamed.
+    `threads`: the job's CPUs, for `settings.workers` auto."""
     visual = clip.model.visual
     if not hasattr(visual, "output_tokens") and not hasattr(visual, "forward_intermediates"):
         raise DistinctcapError(
             f"clip.arch = {clip.arch!r} gives no grid tokens; use a ViT or a conv tower"
         )
     to_bytes, mean, std = byte_transform(clip.preprocess)
-    workers = settings.workers
+    workers = loader_workers(settings.workers, device, threads)
+    log.info("images: %d DataLoader workers, pinned memory %s", workers, device.type == "cuda")
     loader = DataLoader(
         ImageFiles(images.file.tolist(), to_bytes, clip.preprocess_cfg()["size"]),
         batch_sampler=image_batches(shards, settings.batch_size),
@@ -365,7 +377,9 @@ def extract_texts(
             out = []
             for b in range(0, len(shard.rows), settings.batch_size):
                 rows = shard.rows[b : b + settings.batch_size]
-                tokens = clip.tokenizer([texts[r] for r in rows]).to(device)
+                tokens = clip.tokenizer([texts[r] for r in rows])
+                if device.type == "cuda":  # an asynchronous copy from pinned memory
+                    tokens = tokens.pin_memory().to(device, non_blocking=True)
                 out.append(F.normalize(encode_text(clip.model, tokens).float(), dim=-1).cpu())
                 bar.update(len(rows))
             emb = torch.cat(out)
@@ -391,10 +405,12 @@ def extract_features(
     settings: FeatureSettings | None = None,
     device: str = "auto",
     on_shard: Callable[[Shard], None] | None = None,
+    threads: int | None = None,
 ) -> dict:
     """Features of every image and caption; reuses finished shards; writes the index JSON.
 
     `on_shard(shard)` is called after each newly written shard (progress hooks, tests).
+    `threads`: the CPUs of the job (snakemake.threads), for `settings.workers` auto.
     """
     settings = settings or FeatureSettings()
     dev = resolve_device(device)
@@ -415,7 +431,7 @@ def extract_features(
     write_json(info, cache / "manifest.json")
     todo = [s for s in img_shards if not s.is_done()]
     log.info("image shards: %d reused, %d to compute", len(img_shards) - len(todo), len(todo))
-    extract_images(images, clip, todo, settings, dev, dtype, on_shard)
+    extract_images(images, clip, todo, settings, dev, dtype, on_shard, threads)
     todo = [s for s in txt_shards if not s.is_done()]
     log.info("text shards: %d reused, %d to compute", len(txt_shards) - len(todo), len(todo))
     extract_texts(captions, clip, todo, settings, dev, dtype, on_shard)

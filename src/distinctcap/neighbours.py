@@ -176,8 +176,9 @@ def build_table(
     if keep.sum() != len(train):
         missing = np.setdiff1d(train, ids[keep])[:10].tolist()
         raise DistinctcapError(f"no image features for training images {missing} (first 10)")
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    from distinctcap.devices import resolve_device
+
+    device = resolve_device(device)
     k = write_neighbours(ids[keep], pooled[keep], out, pct / 100, chunk, device)
     log.info("%d training images, top %g%% = %d neighbours each -> %s", len(train), pct, k, out)
     return k

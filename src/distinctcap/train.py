@@ -39,10 +39,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import hashlib
 import json
 import logging
 import math
+import os
 import random
 import time
 from collections.abc import Callable
@@ -68,7 +70,6 @@ from distinctcap.devices import resolve_device
 from distinctcap.distributed import (
     DistEnv,
     all_reduce_gradients,
-    all_reduce_sum,
     broadcast_flag,
     broadcast_parameters,
     shard,
@@ -78,7 +79,7 @@ from distinctcap.errors import DistinctcapError
 from distinctcap.io import atomic_path, file_sha256, read_json, read_table, write_json
 from distinctcap.methods import METHODS
 from distinctcap.methods.base import TrainContext
-from distinctcap.model import PAD, Captioner, CaptionerConfig
+from distinctcap.model import PAD, Captioner, CaptionerConfig, DecoderBlock, EncoderBlock
 
 log = logging.getLogger(__name__)
 
@@ -213,8 +214,12 @@ def lr_factor(step: int, warmup: int, total: int, schedule: str, final_ratio: fl
     return final_ratio + (1.0 - final_ratio) * decay
 
 
-def make_optimizer(model: torch.nn.Module, tc: TrainConfig) -> torch.optim.AdamW:
-    """AdamW; weight decay on matrices and embeddings, not on biases and norms (as nanoGPT)."""
+def make_optimizer(
+    model: torch.nn.Module, tc: TrainConfig, device: torch.device | None = None
+) -> torch.optim.AdamW:
+    """AdamW; weight decay on matrices and embeddings, not on biases and norms (as nanoGPT).
+    On a GPU the fused implementation (one kernel for all parameters); on the CPU the default,
+    so CPU numbers do not change."""
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
@@ -222,7 +227,8 @@ def make_optimizer(model: torch.nn.Module, tc: TrainConfig) -> torch.optim.AdamW
         {"params": decay, "weight_decay": tc.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=tc.lr, betas=tc.betas)
+    fused = {"fused": True} if device is not None and device.type == "cuda" else {}
+    return torch.optim.AdamW(groups, lr=tc.lr, betas=tc.betas, **fused)
 
 
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
@@ -394,6 +400,55 @@ def _check_finite_params(model: torch.nn.Module, step: int) -> None:
         )
 
 
+def to_device(batch: Batch, device: torch.device) -> Batch:
+    """`batch` on `device`; to a GPU through pinned memory, so the copy is asynchronous and the
+    host goes on preparing the next batch (the caching host allocator keeps the pinned buffer
+    until the copy is done)."""
+    if device.type != "cuda":
+        return batch.to(device)
+    move = {"device": device, "non_blocking": True}
+    return dataclasses.replace(
+        batch,
+        grid=batch.grid.pin_memory().to(**move),
+        pooled=batch.pooled.pin_memory().to(**move),
+        inputs=batch.inputs.pin_memory().to(**move),
+        labels=batch.labels.pin_memory().to(**move),
+    )
+
+
+def compile_blocks(model: Captioner, probe: Callable[[], None], backend: str) -> str | None:
+    """torch.compile each encoder and decoder block of `model` in place (the objectives call
+    encode / decode / decode_step, which a wrapper of `forward` would bypass; in place, the
+    state_dict keys stay). `probe()` runs one forward and backward so that a compiler failing
+    only at its first call fails here. Returns None, or why compiling failed; then the blocks
+    are left uncompiled."""
+    blocks = [m for m in model.modules() if isinstance(m, EncoderBlock | DecoderBlock)]
+    try:
+        for block in blocks:
+            block.compile(backend=backend)
+        probe()
+    except Exception as error:  # noqa: BLE001 - any compiler failure means: train uncompiled
+        for block in blocks:
+            block._compiled_call_impl = None
+        lines = str(error).strip().splitlines()
+        return f"{type(error).__name__}: {lines[0][:200] if lines else ''}"
+    return None
+
+
+@dataclass
+class StepStats:
+    """One optimiser step's numbers, left on the device until `Trainer.flush` reads them all
+    with one host-device sync (values as 0-dim tensors, or floats an objective gave)."""
+
+    step: int  # 1-based, as errors name it
+    losses: list[torch.Tensor]  # each micro-batch's (weighted) loss, detached
+    caption_ids: list[torch.Tensor]  # each micro-batch's captions (CPU)
+    norm: torch.Tensor  # gradient norm before clipping
+    tokens: int
+    extras: list[dict]  # each micro-batch's objective extras
+    reduced: torch.Tensor | None = None  # DDP: [loss, tokens] summed over the ranks (float64)
+
+
 # ---------------------------------------------------------------------------------------------
 # The stage
 
@@ -438,7 +493,7 @@ class Trainer:
         self.objective = objective_cls(cfg, self.ctx)
         self.mean_over = self.objective.mean_over  # for shard weights
         self.selection = self._selection_metric(self.tc.select_metric)
-        self.optimizer = make_optimizer(self.model, self.tc)
+        self.optimizer = make_optimizer(self.model, self.tc, self.device)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
             partial(
@@ -456,6 +511,15 @@ class Trainer:
         self.state = LoopState()
         self.last_lr = self.optimizer.param_groups[0]["lr"]
         self.fingerprint = fingerprint(cfg)
+        # On a GPU the host reads the step's numbers (loss, gradient norm, extras) and checks
+        # them only at flushes (log, validation and checkpoint steps), so it never waits for
+        # the GPU in between; on the CPU every step, before the optimiser step, as always.
+        self.eager = self.device.type != "cuda"
+        self.pending: list[StepStats] = []
+        self.window_start: float | None = None
+        self.train_seconds, self.total_tokens = 0.0, 0
+        if self.tc.compile:
+            self._compile()
 
     # -- setup ---------------------------------------------------------------------------------
 
@@ -528,6 +592,26 @@ class Trainer:
         if self.dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.dtype)
+
+    def _compile(self) -> None:
+        backend = os.environ.get("DISTINCTCAP_COMPILE_BACKEND", "inductor")
+
+        def probe() -> None:  # one forward/backward; the RNG and the gradients as before
+            rng = [self.device] if self.device.type == "cuda" else []
+            with torch.random.fork_rng(devices=rng, device_type=self.device.type):
+                b = to_device(self.data.train.batch(self.order.indices(0)), self.device)
+                self.model.train()
+                with self.autocast():
+                    logits = self.model.decode(encode_batch(self.model, b), b.inputs)
+                logits.float().sum().backward()
+            self.model.zero_grad(set_to_none=True)
+
+        why = compile_blocks(self.model, probe, backend)
+        if why:
+            msg = "train.compile: torch.compile (%s) failed, training uncompiled: %s"
+            log.warning(msg, backend, why)
+        else:
+            log.info("train.compile: encoder and decoder blocks compiled (%s)", backend)
 
     # -- checkpoints ---------------------------------------------------------------------------
 
@@ -617,46 +701,97 @@ class Trainer:
 
     # -- the loop ------------------------------------------------------------------------------
 
-    def train_step(self) -> tuple[float, float, int, dict[str, float]]:
-        """One optimiser step -> (loss, grad norm, tokens, objective extras)."""
+    def train_step(self) -> StepStats:
+        """One optimiser step; its numbers stay on the device (StepStats, read by `flush`)."""
         tc, s = self.tc, self.state
         self.model.train()
-        loss_sum, tokens, extras = 0.0, 0, {}
+        losses, ids, extras, tokens = [], [], [], 0
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)  # DDP only
         for m in range(tc.grad_accum):
             idx = self.order.indices(s.step * tc.grad_accum + m)
             batch = self.data.train.batch(shard(idx, self.dist))  # this process's share
-            b = batch.to(self.device)
+            b = to_device(batch, self.device)
             with self.autocast():
                 loss, extra = self.objective.loss(self.model, b, s.step, tc.steps)
             # 1.0 for one process; else the shard's share, so the shard losses sum to the loss
             loss = loss * shard_weight(self.data.train.lengths, idx, self.dist, self.mean_over)
-            value = float(loss.detach())
-            if not math.isfinite(value):
-                raise NonFiniteLossError(
-                    "loss", value, s.step + 1, tc.steps, batch.caption_ids.tolist()
-                )
+            value = loss.detach()
+            if self.eager:  # stop before the backward of a bad loss (on a GPU: at the flush)
+                self._check("loss", float(value), s.step + 1, batch.caption_ids)
             self.scaler.scale(loss / tc.grad_accum).backward()
-            loss_sum += value / tc.grad_accum
+            losses.append(value)
+            ids.append(batch.caption_ids)
+            extras.append(extra)
             tokens += batch.n_tokens
-            for k, v in extra.items():
-                extras[k] = extras.get(k, 0.0) + float(v) / tc.grad_accum
+            if self.dist.active:  # as float(value) / grad_accum summed in float64
+                loss_sum += value.double() / tc.grad_accum
         all_reduce_gradients(self.model, self.dist)
-        loss_sum, tokens = all_reduce_sum([loss_sum, tokens], self.dist, self.device)
-        tokens = int(tokens)
+        reduced = None
+        if self.dist.active:  # issued now, read at the flush
+            count = torch.tensor(float(tokens), dtype=torch.float64, device=self.device)
+            reduced = torch.stack([loss_sum, count])
+            torch.distributed.all_reduce(reduced)
         self.scaler.unscale_(self.optimizer)
         max_norm = tc.grad_clip if tc.grad_clip > 0 else float("inf")
-        norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
-        if not math.isfinite(norm) and not self.scaler.is_enabled():  # fp16 skips such steps
-            raise NonFiniteLossError(
-                "gradient norm", norm, s.step + 1, tc.steps, batch.caption_ids.tolist()
-            )
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm).detach()
+        if self.eager and not self.scaler.is_enabled():  # fp16 skips non-finite steps itself
+            self._check("gradient norm", float(norm), s.step + 1, batch.caption_ids)
         self.last_lr = self.optimizer.param_groups[0]["lr"]  # the lr this step used
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         s.step += 1
-        return loss_sum, norm, tokens, extras
+        return StepStats(s.step, losses, ids, norm, tokens, extras, reduced)
+
+    def _check(self, what: str, value: float, step: int, caption_ids: torch.Tensor) -> None:
+        if not math.isfinite(value):
+            raise NonFiniteLossError(what, value, step, self.tc.steps, caption_ids.tolist())
+
+    def flush(self) -> None:
+        """Read the pending steps' numbers with one sync, check them in step order (the first
+        non-finite loss or gradient norm raises NonFiniteLossError naming its step and
+        captions) and add them to the curve window, with the time since the last flush."""
+        pending, self.pending = self.pending, []
+        if not pending:
+            return
+        tensors = []
+        for p in pending:
+            tensors += [*p.losses, p.norm]
+            tensors += [] if p.reduced is None else [p.reduced[0], p.reduced[1]]
+            tensors += [v for e in p.extras for v in e.values() if torch.is_tensor(v)]
+        # float32 -> float64 is exact: the same Python floats as float(t) of each tensor
+        values = iter(torch.stack([v.detach().reshape(()).double() for v in tensors]).tolist())
+        seconds = time.perf_counter() - self.window_start
+        self.window_start = None
+        self.train_seconds += seconds
+        ga, w = self.tc.grad_accum, self.state.window
+        for p in pending:
+            losses = [next(values) for _ in p.losses]
+            for value, ids in zip(losses, p.caption_ids, strict=True):
+                self._check("loss", value, p.step, ids)
+            norm = next(values)
+            if not self.scaler.is_enabled():
+                self._check("gradient norm", norm, p.step, p.caption_ids[-1])
+            loss_sum, tokens = 0.0, p.tokens
+            for value in losses:
+                loss_sum += value / ga
+            if p.reduced is not None:
+                loss_sum, tokens = next(values), int(next(values))
+            extras: dict[str, float] = {}
+            for extra in p.extras:
+                for k, v in extra.items():
+                    value = next(values) if torch.is_tensor(v) else float(v)
+                    extras[k] = extras.get(k, 0.0) + value / ga
+            self.total_tokens += tokens
+            w["loss"] += loss_sum
+            w["norm"] += norm
+            w["n"] += 1
+            w["tokens"] += tokens
+            for k, v in extras.items():
+                total, count = w["extras"].get(k, (0.0, 0))
+                w["extras"][k] = [total + v, count + 1]
+        w["seconds"] += seconds
 
     def validate(self) -> dict[str, float]:
         """Selection metric (and val loss) on the validation captions; updates the best."""
@@ -697,7 +832,6 @@ class Trainer:
             self.device,
             self.dtype or "fp32",
         )
-        train_seconds, total_tokens = 0.0, 0
         bar = tqdm(
             total=tc.steps,
             initial=s.step,
@@ -708,27 +842,25 @@ class Trainer:
             disable=not self.dist.is_main,
         )
         while s.step < tc.steps and not s.stopped_early:
-            t0 = time.perf_counter()
-            loss, norm, tokens, extras = self.train_step()
-            if self.device.type == "cuda":
-                torch.cuda.synchronize()
-            dt = time.perf_counter() - t0
-            train_seconds += dt
-            total_tokens += tokens
-            s.window["loss"] += loss
-            s.window["norm"] += norm
-            s.window["n"] += 1
-            s.window["tokens"] += tokens
-            s.window["seconds"] += dt
-            for k, v in extras.items():
-                total, count = s.window["extras"].get(k, (0.0, 0))
-                s.window["extras"][k] = [total + v, count + 1]
+            if self.window_start is None:
+                self.window_start = time.perf_counter()
+            self.pending.append(self.train_step())
             bar.update(1)
             last = s.step == tc.steps
             do_val = bool(self.val_batches) and (
                 last or (tc.val_every and s.step % tc.val_every == 0)
             )
-            if s.step % tc.log_every == 0 or do_val or last:
+            do_log = s.step % tc.log_every == 0 or do_val or last
+            do_checkpoint = bool(
+                tc.checkpoint_every
+                and s.step % tc.checkpoint_every == 0
+                and not last
+                and self.checkpoint_path
+                and self.dist.is_main
+            )
+            if self.eager or do_log or do_checkpoint:
+                self.flush()  # before a curve row, a validation or a checkpoint
+            if do_log:
                 row = self._curve_row(s.window)
                 bar.set_postfix(
                     loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_s']:.0f}", refresh=False
@@ -747,15 +879,10 @@ class Trainer:
                         },
                     )
                 s.curve.append(row)
-            if (
-                tc.checkpoint_every
-                and s.step % tc.checkpoint_every == 0
-                and not last
-                and self.checkpoint_path
-                and not s.stopped_early
-                and self.dist.is_main
-            ):
+            if do_checkpoint and not s.stopped_early:
                 self.save_checkpoint()
+        self.flush()
+        train_seconds, total_tokens = self.train_seconds, self.total_tokens
         bar.close()
         _check_finite_params(self.model, s.step)
         if s.stopped_early:

@@ -37,6 +37,11 @@ rule evaluate:
         settings=metric_block(EVALUATE),
         seed=config["seed"],
         device=config["device"],
+    # torch's part (CLIP scoring, the captioner's self-retrieval) runs on the job's GPU when it
+    # has one (the GPU profiles give it one); the Java metrics start their own threads. One
+    # torch thread keeps CPU numbers independent of the core count and lets evaluations of
+    # several runs go side by side.
+    threads: 1
     log:
         "logs/evaluate/{run}/{split}-{decoding}.log",
     benchmark:

@@ -47,7 +47,10 @@ rule extract_features:
         settings=CLIP["features"],
         device=config["device"],
         cache=lambda w, output: str(Path(output.index).parent / "cache"),
-    threads: 1  # the tiny CLIP is fastest on one thread; profiles may set more (GPU: workers)
+    # Every CPU of its job: snakemake caps a rule's threads at --cores, and a SLURM job runs
+    # on the CPUs of its profile's cpus_per_task. On a GPU they decode images (DataLoader
+    # workers, clip.features.workers auto); on the CPU the script computes on one thread.
+    threads: 256
     log:
         "logs/features/extract_features.log",
     benchmark:

@@ -4,8 +4,10 @@ import torch
 
 from distinctcap import logs
 from distinctcap.decode import decode_run
+from distinctcap.devices import job_device
 
 logs.setup(snakemake.log[0])
+device = str(job_device(snakemake.params.device, snakemake.resources.get("gpu", 0)))
 torch.set_num_threads(snakemake.threads)
 decode_run(
     snakemake.input.model,
@@ -17,5 +19,5 @@ decode_run(
     split=snakemake.wildcards.split,
     setting=snakemake.params.setting,
     seed=snakemake.params.seed,
-    device=snakemake.params.device,
+    device=device,
 )

@@ -4,11 +4,17 @@ import torch
 
 from distinctcap import logs
 from distinctcap.clip import load_clip
+from distinctcap.devices import job_device
 from distinctcap.features import FeatureSettings, extract_features
 from distinctcap.io import read_table
 
 logs.setup(snakemake.log[0])
-torch.set_num_threads(snakemake.threads)
+device = str(job_device(snakemake.params.device, snakemake.resources.get("gpu", 0)))
+# The job's CPUs (the rule asks for all it may have): on a GPU, DataLoader workers decoding
+# images (FeatureSettings.workers auto) and the main process. On the CPU one torch thread, as
+# always: CPU features then do not depend on the machine's core count (a conv's sums split over
+# threads differ in the last bit), and the tiny CLIP is fastest on one.
+torch.set_num_threads(snakemake.threads if device.startswith("cuda") else 1)
 extract_features(
     read_table(snakemake.input.images, "images"),
     read_table(snakemake.input.captions, "captions"),
@@ -16,5 +22,6 @@ extract_features(
     index_path=snakemake.output.index,
     cache_dir=snakemake.params.cache,
     settings=FeatureSettings(**snakemake.params.settings),
-    device=snakemake.params.device,
+    device=device,
+    threads=snakemake.threads,
 )

@@ -2,13 +2,15 @@
 embedding, the contrastive images of the specificity method (specificity paper §3.2)."""
 
 from distinctcap import logs
+from distinctcap.devices import job_device
 from distinctcap.neighbours import build_table
 
 logs.setup(snakemake.log[0])
+device = str(job_device(snakemake.params.device, snakemake.resources.get("gpu", 0)))
 build_table(
     snakemake.input.features,
     snakemake.input.images,
     snakemake.output.table,
     pct=float(snakemake.wildcards.pct),
-    device=snakemake.params.device,
+    device=device,
 )

@@ -3,10 +3,12 @@
 import torch
 
 from distinctcap import logs
+from distinctcap.devices import job_device
 from distinctcap.entropy import score_captions
 from distinctcap.io import read_table, write_table
 
 logs.setup(snakemake.log[0])
+device = str(job_device(snakemake.params.device, snakemake.resources.get("gpu", 0)))
 torch.set_num_threads(snakemake.threads)
 scores = score_captions(
     snakemake.input.index,
@@ -14,6 +16,6 @@ scores = score_captions(
     logit_scale=snakemake.params.logit_scale,
     chunk=snakemake.params.chunk,
     text_chunk=snakemake.params.text_chunk,
-    device=snakemake.params.device,
+    device=device,
 )
 write_table(scores, snakemake.output.scores)

@@ -6,12 +6,14 @@ from pathlib import Path
 import torch
 
 from distinctcap import logs
+from distinctcap.devices import job_device
 from distinctcap.launch import train_with_gpus
 
 logs.setup(snakemake.log[0])
+device = str(job_device(snakemake.params.device, snakemake.resources.get("gpu", 0)))
 torch.set_num_threads(snakemake.threads)
 cfg = dict(snakemake.params.run)
-cfg["device"] = snakemake.params.device
+cfg["device"] = device
 paths = {k: (v if isinstance(v, str) else list(v)) for k, v in snakemake.input.items()}
 cfg["paths"] = {**paths, **snakemake.params.paths,
                 "out_dir": str(Path(snakemake.output.model).parent)}

@@ -4,9 +4,11 @@ import torch
 
 from distinctcap import logs
 from distinctcap.clip import TrainSettings, save_weights, train_clip
+from distinctcap.devices import job_device
 from distinctcap.io import read_table, write_json
 
 logs.setup(snakemake.log[0])
+device = str(job_device(snakemake.params.device, snakemake.resources.get("gpu", 0)))
 torch.set_num_threads(snakemake.threads)
 model, metrics = train_clip(
     read_table(snakemake.input.images, "images"),
@@ -14,7 +16,7 @@ model, metrics = train_clip(
     snakemake.params.arch,
     TrainSettings(**snakemake.params.train),
     seed=snakemake.params.seed,
-    device=snakemake.params.device,
+    device=device,
     checkpoint=snakemake.params.checkpoint,
 )
 save_weights(model, snakemake.output.weights)

@@ -178,6 +178,15 @@ def test_save_load_round_trip(tmp_path, batch):
     assert torch.equal(loaded(grid, pooled, tokens)[0], model(grid, pooled, tokens)[0])
 
 
+def test_a_loaded_model_lives_on_its_map_location(tmp_path):
+    """A frozen teacher loaded for a GPU run must sit on the GPU (it stayed on the CPU, and
+    UNKT/CL training on CUDA failed). The meta device stands in for a GPU here."""
+    path = tmp_path / "model.pt"
+    tiny().save(path)
+    loaded = Captioner.load(path, map_location="meta")
+    assert {p.device.type for p in loaded.parameters()} == {"meta"}
+
+
 def test_errors_name_the_limit(batch):
     grid, pooled, tokens = batch
     with pytest.raises(DistinctcapError, match="divisible by heads"):

@@ -312,8 +312,10 @@ class Captioner(nn.Module):
 
     @classmethod
     def load(cls, path: str | os.PathLike, map_location: str | torch.device = "cpu") -> Captioner:
+        """The saved model, on `map_location` (its weights were copied into a CPU model before, so
+        a frozen teacher or reference loaded for a GPU run stayed on the CPU)."""
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
-        model = cls(CaptionerConfig(**ckpt["config"]))
+        model = cls(CaptionerConfig(**ckpt["config"])).to(map_location)
         model.load_state_dict(ckpt["state_dict"])
         return model
 

@@ -28,11 +28,11 @@ import pandas as pd
 import torch
 
 from distinctcap.clip import load_clip, save_weights
-from distinctcap.config import load_schema, validate
+from distinctcap.config import EvalSettings, load_schema, validate
 from distinctcap.data.prepare import prepare
 from distinctcap.data.shapes import LEVELS, caption
 from distinctcap.data.tokenizer import CaptionTokenizer
-from distinctcap.evaluate import EvalPaths, EvalSettings, evaluate_decoding
+from distinctcap.evaluate import EvalPaths, evaluate_decoding
 from distinctcap.features import FeatureSettings, extract_features
 from distinctcap.io import read_table, write_table
 from distinctcap.model import Captioner, CaptionerConfig

@@ -3,6 +3,7 @@ facts, which the config checks read, have one home and agree with the schema."""
 
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 
@@ -158,14 +159,21 @@ def test_the_method_facts_name_the_extra_inputs_of_a_run():
     assert spec.extra_inputs({}) == {"clip": None, "neighbours": 1}  # the defaults
 
 
-def test_the_config_checker_imports_no_torch():
-    """The workflow validates the config while Snakemake parses it: that must stay light."""
+def test_parsing_the_workflow_imports_no_torch():
+    """Every package module a rule file imports runs while Snakemake parses the DAG (every
+    `snakemake` call, every job): none of them may load torch, matplotlib or open_clip."""
+    modules = sorted(
+        {m for f in (ROOT / "workflow" / "rules").glob("*.smk")
+         for m in re.findall(r"^from (distinctcap[\w.]*) import", f.read_text(), re.M)}
+    )
+    assert "distinctcap.config" in modules
     code = (
-        "import sys, distinctcap.config, distinctcap.methods.facts; "
-        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"
+        f"import sys, {', '.join(modules)}; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'matplotlib', "
+        "'open_clip'}))"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True,
         env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
     )
-    assert done.stdout.strip() == "[]", done.stdout
+    assert done.stdout.strip() == "[]", (modules, done.stdout)

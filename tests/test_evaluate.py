@@ -9,13 +9,11 @@ import pytest
 import torch
 from evaluate_world import N_TEST, SAMPLES, build
 
+from distinctcap.config import EvalSettings, metric_block
 from distinctcap.evaluate import (
-    KEYS,
     EvalPaths,
-    EvalSettings,
     block_logprobs,
     evaluate_decoding,
-    metric_block,
     metric_columns,
     nearest,
     read_metrics,
@@ -25,6 +23,7 @@ from distinctcap.evaluate import (
 )
 from distinctcap.io import read_table
 from distinctcap.metrics import CocoTools, spice_unavailable_reason
+from distinctcap.metrics.result import KEYS
 from distinctcap.scene_score import scene_f1
 
 SETTINGS = EvalSettings(

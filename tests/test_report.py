@@ -13,9 +13,11 @@ from conftest import ROOT, snakemake
 from evaluate_world import build
 
 from distinctcap import published
+from distinctcap.config import EvalSettings
 from distinctcap.errors import DistinctcapError
-from distinctcap.evaluate import KEYS, EvalSettings, metric_columns, read_metrics
+from distinctcap.evaluate import metric_columns, read_metrics
 from distinctcap.io import read_table, write_table
+from distinctcap.metrics.result import KEYS
 from distinctcap.report.gallery import write_gallery
 from distinctcap.report.plots import plot_cider_vs_n, plot_metric_bars, plot_training_curves
 from distinctcap.report.summary import (

@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import jsonschema
@@ -263,3 +263,38 @@ def _check_section(values: dict, schema: dict, path: list[str]) -> None:
 def load(config_path: str | os.PathLike, schema_path: str | os.PathLike) -> dict:
     with open(config_path) as f:
         return validate(yaml.safe_load(f) or {}, load_schema(schema_path))
+
+
+# ---------------------------------------------------------------------------------------------
+# The evaluate section
+
+
+@dataclass
+class EvalSettings:
+    """The `evaluate:` config block (workflow/schemas/sections/evaluate.yaml)."""
+
+    oracle_ns: list[int] = field(default_factory=lambda: [20])
+    curve_ns: list[int] = field(default_factory=lambda: [1, 2, 5, 10, 20])
+    best_of: int = 5
+    consensus_neighbours: int = 5
+    retrieval_ks: list[int] = field(default_factory=lambda: [1, 5, 10])
+    hard_pool: int = 0
+    gpt2_path: str | None = None
+    spice: bool = True
+    meteor_memory: str = "2G"
+    self_retrieval_pool: int = 100
+    seed: int = 0
+    batch_size: int = 256
+    device: str = "cpu"
+
+    @classmethod
+    def from_config(cls, block: dict, **extra: object) -> EvalSettings:
+        """Settings from a config block; keys other than the fields (gallery, ...) are ignored."""
+        return cls(**metric_block({**block, **extra}))
+
+
+def metric_block(block: dict) -> dict:
+    """The keys of an `evaluate:` block the metrics depend on (not the gallery's), so that
+    editing a report-only key does not rerun every evaluation."""
+    names = {f.name for f in fields(EvalSettings)}
+    return {k: v for k, v in block.items() if k in names}

@@ -30,13 +30,14 @@ import resource
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
 
+from distinctcap.config import EvalSettings
 from distinctcap.errors import DistinctcapError
 from distinctcap.io import atomic_path, read_json, read_table, write_table
 from distinctcap.metrics import (
@@ -64,37 +65,6 @@ TEXT_METRICS = (
     "novelty",
     *DIVERSITY_METRICS,
 )
-
-
-@dataclass
-class EvalSettings:
-    """The `evaluate:` config block (workflow/schemas/sections/evaluate.yaml)."""
-
-    oracle_ns: list[int] = field(default_factory=lambda: [20])
-    curve_ns: list[int] = field(default_factory=lambda: [1, 2, 5, 10, 20])
-    best_of: int = 5
-    consensus_neighbours: int = 5
-    retrieval_ks: list[int] = field(default_factory=lambda: [1, 5, 10])
-    hard_pool: int = 0
-    gpt2_path: str | None = None
-    spice: bool = True
-    meteor_memory: str = "2G"
-    self_retrieval_pool: int = 100
-    seed: int = 0
-    batch_size: int = 256
-    device: str = "cpu"
-
-    @classmethod
-    def from_config(cls, block: dict, **extra: object) -> EvalSettings:
-        """Settings from a config block; keys other than the fields (gallery, ...) are ignored."""
-        return cls(**metric_block({**block, **extra}))
-
-
-def metric_block(block: dict) -> dict:
-    """The keys of an `evaluate:` block the metrics depend on (not the gallery's), so that
-    editing a report-only key does not rerun every evaluation."""
-    names = {f.name for f in fields(EvalSettings)}
-    return {k: v for k, v in block.items() if k in names}
 
 
 def metric_columns(settings: EvalSettings) -> list[str]:

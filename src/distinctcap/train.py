@@ -25,9 +25,12 @@ names. The trainer assembles that dict and restores from it; `distinctcap.checkp
 the fingerprint and owns the file. A rerun whose fingerprint matches continues from it and ends
 with the same weights as an uninterrupted run; otherwise the checkpoint is set aside as
 `checkpoints/stale-<its hash>.pt` with one log line naming what changed, and training starts
-from step 0. A non-finite loss or
-gradient stops the run with `NonFiniteLossError` (step and caption ids); parameters are checked
-finite before any checkpoint is written, so a broken state is never saved.
+from step 0.
+
+A non-finite loss or gradient stops the run with `NonFiniteLossError` (step and caption ids): on
+the CPU at once, on a GPU when `DeferredStats` reads the steps' numbers (one host sync, only at
+log, validation and checkpoint steps); parameters are checked finite before any checkpoint is
+written, so a broken state is never saved.
 
 Outputs in `<out_dir>`: model.pt (selected weights, `Captioner.load`-able), curve.csv (one row
 per log/validation step: step, epoch, lr, loss, grad_norm, tokens_per_s, val_* and the
@@ -342,8 +345,8 @@ def compile_blocks(model: Captioner, probe: Callable[[], None], backend: str) ->
 
 @dataclass
 class StepStats:
-    """One optimiser step's numbers, left on the device until `Trainer.flush` reads them all
-    with one host-device sync (values as 0-dim tensors, or floats an objective gave)."""
+    """One optimiser step's numbers, left on the device until `DeferredStats.resolve` reads them
+    all with one host-device sync (values as 0-dim tensors, or floats an objective gave)."""
 
     step: int  # 1-based, as errors name it
     losses: list[torch.Tensor]  # each micro-batch's (weighted) loss, detached
@@ -352,6 +355,69 @@ class StepStats:
     tokens: int
     extras: list[dict]  # each micro-batch's objective extras
     reduced: torch.Tensor | None = None  # DDP: [loss, tokens] summed over the ranks (float64)
+
+
+@dataclass
+class StepNumbers:
+    """One optimiser step's numbers read back: the loss (the micro-batches' losses / grad_accum,
+    summed; with DDP over every process), the gradient norm, tokens and the objective's extras
+    (summed / grad_accum)."""
+
+    loss: float
+    norm: float
+    tokens: int
+    extras: dict[str, float]
+
+
+class DeferredStats:
+    """The optimiser steps' numbers, kept on the device as the steps give them (`add`) until
+    `resolve` reads them all with one host-device sync and checks them in step order: the first
+    non-finite loss, or gradient norm if `check_norm` (not under fp16's GradScaler, which skips
+    non-finite steps itself), raises NonFiniteLossError naming its step and captions."""
+
+    def __init__(self, total_steps: int, grad_accum: int, check_norm: bool):
+        self.total_steps, self.grad_accum, self.check_norm = total_steps, grad_accum, check_norm
+        self.pending: list[StepStats] = []
+
+    def add(self, stats: StepStats) -> None:
+        self.pending.append(stats)
+
+    def check(self, what: str, value: float, step: int, caption_ids: torch.Tensor) -> None:
+        if not math.isfinite(value):
+            raise NonFiniteLossError(what, value, step, self.total_steps, caption_ids.tolist())
+
+    def resolve(self) -> list[StepNumbers]:
+        """The pending steps' numbers, in step order; none are pending afterwards."""
+        pending, self.pending = self.pending, []
+        if not pending:
+            return []
+        tensors = []
+        for p in pending:
+            tensors += [*p.losses, p.norm]
+            tensors += [] if p.reduced is None else [p.reduced[0], p.reduced[1]]
+            tensors += [v for e in p.extras for v in e.values() if torch.is_tensor(v)]
+        # float32 -> float64 is exact: the same Python floats as float(t) of each tensor
+        values = iter(torch.stack([v.detach().reshape(()).double() for v in tensors]).tolist())
+        ga, numbers = self.grad_accum, []
+        for p in pending:
+            losses = [next(values) for _ in p.losses]
+            for value, ids in zip(losses, p.caption_ids, strict=True):
+                self.check("loss", value, p.step, ids)
+            norm = next(values)
+            if self.check_norm:
+                self.check("gradient norm", norm, p.step, p.caption_ids[-1])
+            loss_sum, tokens = 0.0, p.tokens
+            for value in losses:
+                loss_sum += value / ga
+            if p.reduced is not None:
+                loss_sum, tokens = next(values), int(next(values))
+            extras: dict[str, float] = {}
+            for extra in p.extras:
+                for k, v in extra.items():
+                    value = next(values) if torch.is_tensor(v) else float(v)
+                    extras[k] = extras.get(k, 0.0) + value / ga
+            numbers.append(StepNumbers(loss_sum, norm, tokens, extras))
+        return numbers
 
 
 # ---------------------------------------------------------------------------------------------
@@ -423,7 +489,7 @@ class Trainer:
         # them only at flushes (log, validation and checkpoint steps), so it never waits for
         # the GPU in between; on the CPU every step, before the optimiser step, as always.
         self.eager = self.device.type != "cuda"
-        self.pending: list[StepStats] = []
+        self.stats = DeferredStats(self.tc.steps, self.tc.grad_accum, not self.scaler.is_enabled())
         self.window_start: float | None = None
         self.train_seconds, self.total_tokens = 0.0, 0
         if self.tc.compile:
@@ -593,7 +659,7 @@ class Trainer:
             loss = loss * shard_weight(self.data.train.lengths, idx, self.dist, self.mean_over)
             value = loss.detach()
             if self.eager:  # stop before the backward of a bad loss (on a GPU: at the flush)
-                self._check("loss", float(value), s.step + 1, batch.caption_ids)
+                self.stats.check("loss", float(value), s.step + 1, batch.caption_ids)
             self.scaler.scale(loss / tc.grad_accum).backward()
             losses.append(value)
             ids.append(batch.caption_ids)
@@ -610,8 +676,8 @@ class Trainer:
         self.scaler.unscale_(self.optimizer)
         max_norm = tc.grad_clip if tc.grad_clip > 0 else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm).detach()
-        if self.eager and not self.scaler.is_enabled():  # fp16 skips non-finite steps itself
-            self._check("gradient norm", float(norm), s.step + 1, batch.caption_ids)
+        if self.eager and self.stats.check_norm:  # fp16 skips non-finite steps itself
+            self.stats.check("gradient norm", float(norm), s.step + 1, batch.caption_ids)
         self.last_lr = self.optimizer.param_groups[0]["lr"]  # the lr this step used
         self.scaler.step(self.optimizer)
         self.scaler.update()
@@ -620,51 +686,23 @@ class Trainer:
         s.step += 1
         return StepStats(s.step, losses, ids, norm, tokens, extras, reduced)
 
-    def _check(self, what: str, value: float, step: int, caption_ids: torch.Tensor) -> None:
-        if not math.isfinite(value):
-            raise NonFiniteLossError(what, value, step, self.tc.steps, caption_ids.tolist())
-
     def flush(self) -> None:
-        """Read the pending steps' numbers with one sync, check them in step order (the first
-        non-finite loss or gradient norm raises NonFiniteLossError naming its step and
-        captions) and add them to the curve window, with the time since the last flush."""
-        pending, self.pending = self.pending, []
-        if not pending:
+        """Read the pending steps' numbers (`DeferredStats.resolve`: one sync, checked in step
+        order) and add them to the curve window, with the time since the last flush."""
+        steps = self.stats.resolve()
+        if not steps:
             return
-        tensors = []
-        for p in pending:
-            tensors += [*p.losses, p.norm]
-            tensors += [] if p.reduced is None else [p.reduced[0], p.reduced[1]]
-            tensors += [v for e in p.extras for v in e.values() if torch.is_tensor(v)]
-        # float32 -> float64 is exact: the same Python floats as float(t) of each tensor
-        values = iter(torch.stack([v.detach().reshape(()).double() for v in tensors]).tolist())
         seconds = time.perf_counter() - self.window_start
         self.window_start = None
         self.train_seconds += seconds
-        ga, w = self.tc.grad_accum, self.state.window
-        for p in pending:
-            losses = [next(values) for _ in p.losses]
-            for value, ids in zip(losses, p.caption_ids, strict=True):
-                self._check("loss", value, p.step, ids)
-            norm = next(values)
-            if not self.scaler.is_enabled():
-                self._check("gradient norm", norm, p.step, p.caption_ids[-1])
-            loss_sum, tokens = 0.0, p.tokens
-            for value in losses:
-                loss_sum += value / ga
-            if p.reduced is not None:
-                loss_sum, tokens = next(values), int(next(values))
-            extras: dict[str, float] = {}
-            for extra in p.extras:
-                for k, v in extra.items():
-                    value = next(values) if torch.is_tensor(v) else float(v)
-                    extras[k] = extras.get(k, 0.0) + value / ga
-            self.total_tokens += tokens
-            w["loss"] += loss_sum
-            w["norm"] += norm
+        w = self.state.window
+        for n in steps:
+            self.total_tokens += n.tokens
+            w["loss"] += n.loss
+            w["norm"] += n.norm
             w["n"] += 1
-            w["tokens"] += tokens
-            for k, v in extras.items():
+            w["tokens"] += n.tokens
+            for k, v in n.extras.items():
                 total, count = w["extras"].get(k, (0.0, 0))
                 w["extras"][k] = [total + v, count + 1]
         w["seconds"] += seconds
@@ -720,7 +758,7 @@ class Trainer:
         while s.step < tc.steps and not s.stopped_early:
             if self.window_start is None:
                 self.window_start = time.perf_counter()
-            self.pending.append(self.train_step())
+            self.stats.add(self.train_step())
             bar.update(1)
             last = s.step == tc.steps
             do_val = bool(self.val_batches) and (

@@ -19,6 +19,7 @@ import pandas as pd
 import pytest
 import torch
 
+from distinctcap.checkpoints import Fingerprint, fingerprint
 from distinctcap.config import OPTIONS, RUN_KEYS, effective_run_config, load_schema, validate
 from distinctcap.data.batches import (
     BatchOrder,
@@ -35,13 +36,11 @@ from distinctcap.methods.base import Objective
 from distinctcap.model import Captioner, CaptionerConfig
 from distinctcap.train import (
     VAL_METRICS,
-    Fingerprint,
     NonFiniteLossError,
     RunData,
     TrainConfig,
     Trainer,
     ValMetric,
-    fingerprint,
     lr_factor,
     train,
 )
@@ -424,7 +423,7 @@ def leave_killed_state(cfg: dict, data: RunData, steps: int = 4) -> Path:
     for _ in range(steps):
         trainer.train_step()
     trainer.save_checkpoint()
-    return trainer.checkpoint_path
+    return trainer.checkpoints.path
 
 
 def set_aside_lines(caplog) -> list[str]:

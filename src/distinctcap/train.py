@@ -21,13 +21,16 @@ Resume: every `checkpoint_every` steps `<out_dir>/checkpoints/last.pt` is replac
 with the model, optimiser, scheduler, scaler, RNG states (torch, CUDA, numpy, python), the data
 position, the best weights so far, the curve, the objective's own state (its state_dict), and
 the run's fingerprint: content hashes of its effective config and of every input `cfg["paths"]`
-names (captions, vocab, the features index and its shards, the D-/D+ subset folder, the
-init/teacher/reference models, a method's own files such as the CLIP or the neighbours table).
-A rerun whose fingerprint matches continues from it and ends with the same weights as an
-uninterrupted run; otherwise the checkpoint is set aside as `checkpoints/stale-<its hash>.pt`
-with one log line naming what changed, and training starts from step 0. A non-finite loss or
-gradient stops the run with `NonFiniteLossError` (step and caption ids); parameters are checked
-finite before any checkpoint is written, so a broken state is never saved.
+names. The trainer assembles that dict and restores from it; `distinctcap.checkpoints` computes
+the fingerprint and owns the file. A rerun whose fingerprint matches continues from it and ends
+with the same weights as an uninterrupted run; otherwise the checkpoint is set aside as
+`checkpoints/stale-<its hash>.pt` with one log line naming what changed, and training starts
+from step 0.
+
+A non-finite loss or gradient stops the run with `NonFiniteLossError` (step and caption ids): on
+the CPU at once, on a GPU when `DeferredStats` reads the steps' numbers (one host sync, only at
+log, validation and checkpoint steps); parameters are checked finite before any checkpoint is
+written, so a broken state is never saved.
 
 Outputs in `<out_dir>`: model.pt (selected weights, `Captioner.load`-able), curve.csv (one row
 per log/validation step: step, epoch, lr, loss, grad_norm, tokens_per_s, val_* and the
@@ -40,8 +43,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import hashlib
-import json
 import logging
 import math
 import os
@@ -57,6 +58,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
+from distinctcap.checkpoints import Checkpoints, fingerprint
 from distinctcap.config import TrainConfig
 from distinctcap.data.batches import (
     Batch,
@@ -76,82 +78,12 @@ from distinctcap.distributed import (
     shard_weight,
 )
 from distinctcap.errors import DistinctcapError
-from distinctcap.io import atomic_path, file_sha256, read_json, read_table, write_json
+from distinctcap.io import atomic_path, read_table, write_json
 from distinctcap.methods import METHODS
 from distinctcap.methods.base import TrainContext
 from distinctcap.model import PAD, Captioner, CaptionerConfig, DecoderBlock, EncoderBlock
 
 log = logging.getLogger(__name__)
-
-# ---------------------------------------------------------------------------------------------
-# Fingerprint: what a run's result depends on
-
-NOT_INPUTS = ("out_dir",)  # cfg["paths"] entries that name where outputs go, not content
-
-
-def _sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-@dataclass(frozen=True)
-class Fingerprint:
-    """Named content hashes: `config` and one per input in cfg["paths"]; `hash` combines them."""
-
-    parts: dict[str, str]
-
-    @property
-    def hash(self) -> str:
-        return _sha(json.dumps(self.parts, sort_keys=True))
-
-    def changes(self, old: dict[str, str]) -> list[str]:
-        """Names of the parts that differ from `old` (parts added or dropped included)."""
-        return sorted(k for k in self.parts.keys() | old.keys() if self.parts.get(k) != old.get(k))
-
-
-def fingerprint(cfg: dict) -> Fingerprint:
-    """The run's effective config (not paths, not device) and the content of each input that
-    cfg["paths"] names (files, folders, the features index with its shards)."""
-    kept = {k: v for k, v in cfg.items() if k not in ("paths", "device")}
-    parts = {"config": _sha(json.dumps(kept, sort_keys=True, default=str))}
-    for key, value in sorted((cfg.get("paths") or {}).items()):
-        digest = None if key in NOT_INPUTS else input_digest(key, value)
-        if digest is not None:
-            parts[key] = digest
-    return Fingerprint(parts)
-
-
-def input_digest(key: str, value: object) -> str | None:
-    """Content hash of one cfg["paths"] entry: a file, a folder or a list of files; None for a
-    value that names no file (a CLIP tag or architecture)."""
-    if key == "features" and Path(str(value)).is_file():
-        return features_digest(value)
-    values = list(value) if isinstance(value, list | tuple) else [value]
-    if not values or not all(isinstance(v, str | Path) and Path(v).exists() for v in values):
-        return None
-    return _sha("".join(path_digest(v) for v in values))
-
-
-def path_digest(path: str | Path) -> str:
-    """Content hash of a file, or of a folder's files: their sorted relative names and contents."""
-    path = Path(path)
-    if path.is_file():
-        return file_sha256([path])
-    files = sorted((p.relative_to(path).as_posix(), p) for p in path.rglob("*") if p.is_file())
-    return _sha("".join(f"{name}\0{file_sha256([p])}\n" for name, p in files))
-
-
-def features_digest(index_path: str | Path) -> str:
-    """Content hash of a features index and of every shard file it lists (the index's shard
-    keys hash what a shard was computed from, not the shard itself)."""
-    index = read_json(index_path)
-    root = Path(index_path).parent
-    entries = [e for kind in ("images", "texts") for e in index.get(kind, {}).get("shards", [])]
-    shards = [root / e["path"] for e in entries]
-    return _sha(
-        path_digest(index_path)
-        + "".join(f"{s.name}\0{path_digest(s) if s.is_file() else '-'}\n" for s in shards)
-    )
-
 
 # ---------------------------------------------------------------------------------------------
 # Data
@@ -363,30 +295,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _read_checkpoint(path: Path) -> dict | None:
-    """The checkpoint at `path`, or None if there is none (another process may rename it)."""
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        return None
-
-
-def _show_path(value: object) -> str:
-    if isinstance(value, list | tuple):
-        return f"{value[0]} and {len(value) - 1} more" if len(value) > 1 else str(value[0])
-    return str(value)
-
-
-def _drop_resume_state(folder: Path) -> None:
-    """Remove last.pt and temporaries of killed writes; set-aside stale-*.pt stay (the folder
-    goes when nothing is left)."""
-    for path in folder.glob("*"):
-        if path.is_file() and not path.name.startswith("stale-"):
-            path.unlink()
-    with contextlib.suppress(OSError):
-        folder.rmdir()
-
-
 def _cpu_state(model: torch.nn.Module) -> dict:
     return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
@@ -437,8 +345,8 @@ def compile_blocks(model: Captioner, probe: Callable[[], None], backend: str) ->
 
 @dataclass
 class StepStats:
-    """One optimiser step's numbers, left on the device until `Trainer.flush` reads them all
-    with one host-device sync (values as 0-dim tensors, or floats an objective gave)."""
+    """One optimiser step's numbers, left on the device until `DeferredStats.resolve` reads them
+    all with one host-device sync (values as 0-dim tensors, or floats an objective gave)."""
 
     step: int  # 1-based, as errors name it
     losses: list[torch.Tensor]  # each micro-batch's (weighted) loss, detached
@@ -447,6 +355,69 @@ class StepStats:
     tokens: int
     extras: list[dict]  # each micro-batch's objective extras
     reduced: torch.Tensor | None = None  # DDP: [loss, tokens] summed over the ranks (float64)
+
+
+@dataclass
+class StepNumbers:
+    """One optimiser step's numbers read back: the loss (the micro-batches' losses / grad_accum,
+    summed; with DDP over every process), the gradient norm, tokens and the objective's extras
+    (summed / grad_accum)."""
+
+    loss: float
+    norm: float
+    tokens: int
+    extras: dict[str, float]
+
+
+class DeferredStats:
+    """The optimiser steps' numbers, kept on the device as the steps give them (`add`) until
+    `resolve` reads them all with one host-device sync and checks them in step order: the first
+    non-finite loss, or gradient norm if `check_norm` (not under fp16's GradScaler, which skips
+    non-finite steps itself), raises NonFiniteLossError naming its step and captions."""
+
+    def __init__(self, total_steps: int, grad_accum: int, check_norm: bool):
+        self.total_steps, self.grad_accum, self.check_norm = total_steps, grad_accum, check_norm
+        self.pending: list[StepStats] = []
+
+    def add(self, stats: StepStats) -> None:
+        self.pending.append(stats)
+
+    def check(self, what: str, value: float, step: int, caption_ids: torch.Tensor) -> None:
+        if not math.isfinite(value):
+            raise NonFiniteLossError(what, value, step, self.total_steps, caption_ids.tolist())
+
+    def resolve(self) -> list[StepNumbers]:
+        """The pending steps' numbers, in step order; none are pending afterwards."""
+        pending, self.pending = self.pending, []
+        if not pending:
+            return []
+        tensors = []
+        for p in pending:
+            tensors += [*p.losses, p.norm]
+            tensors += [] if p.reduced is None else [p.reduced[0], p.reduced[1]]
+            tensors += [v for e in p.extras for v in e.values() if torch.is_tensor(v)]
+        # float32 -> float64 is exact: the same Python floats as float(t) of each tensor
+        values = iter(torch.stack([v.detach().reshape(()).double() for v in tensors]).tolist())
+        ga, numbers = self.grad_accum, []
+        for p in pending:
+            losses = [next(values) for _ in p.losses]
+            for value, ids in zip(losses, p.caption_ids, strict=True):
+                self.check("loss", value, p.step, ids)
+            norm = next(values)
+            if self.check_norm:
+                self.check("gradient norm", norm, p.step, p.caption_ids[-1])
+            loss_sum, tokens = 0.0, p.tokens
+            for value in losses:
+                loss_sum += value / ga
+            if p.reduced is not None:
+                loss_sum, tokens = next(values), int(next(values))
+            extras: dict[str, float] = {}
+            for extra in p.extras:
+                for k, v in extra.items():
+                    value = next(values) if torch.is_tensor(v) else float(v)
+                    extras[k] = extras.get(k, 0.0) + value / ga
+            numbers.append(StepNumbers(loss_sum, norm, tokens, extras))
+        return numbers
 
 
 # ---------------------------------------------------------------------------------------------
@@ -511,11 +482,14 @@ class Trainer:
         self.state = LoopState()
         self.last_lr = self.optimizer.param_groups[0]["lr"]
         self.fingerprint = fingerprint(cfg)
+        self.checkpoints = Checkpoints(
+            self.out_dir, self.fingerprint, paths, self.dist.is_main, log
+        )
         # On a GPU the host reads the step's numbers (loss, gradient norm, extras) and checks
         # them only at flushes (log, validation and checkpoint steps), so it never waits for
         # the GPU in between; on the CPU every step, before the optimiser step, as always.
         self.eager = self.device.type != "cuda"
-        self.pending: list[StepStats] = []
+        self.stats = DeferredStats(self.tc.steps, self.tc.grad_accum, not self.scaler.is_enabled())
         self.window_start: float | None = None
         self.train_seconds, self.total_tokens = 0.0, 0
         if self.tc.compile:
@@ -615,45 +589,36 @@ class Trainer:
 
     # -- checkpoints ---------------------------------------------------------------------------
 
-    @property
-    def checkpoint_path(self) -> Path | None:
-        return self.out_dir / "checkpoints" / "last.pt" if self.out_dir else None
-
     def save_checkpoint(self) -> None:
         _check_finite_params(self.model, self.state.step)
         s = self.state
-        ckpt = {
-            "fingerprint": self.fingerprint.parts,
-            "step": s.step,
-            "micro_batch": s.step * self.tc.grad_accum,  # data position (BatchOrder index)
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict(),
-            "rng": _rng_state(),
-            "best": {
-                "metric": s.best_metric,
-                "step": s.best_step,
-                "state": s.best_state,
-                "bad_evals": s.bad_evals,
-            },
-            "curve": s.curve,
-            "window": s.window,
-            # an objective's state beyond the model (e.g. CL's replaced reference), {} if none
-            "objective": self.objective.state_dict(),
-        }
-        with atomic_path(self.checkpoint_path) as tmp:
-            torch.save(ckpt, tmp)
+        self.checkpoints.save(
+            {
+                "step": s.step,
+                "micro_batch": s.step * self.tc.grad_accum,  # data position (BatchOrder index)
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "scaler": self.scaler.state_dict(),
+                "rng": _rng_state(),
+                "best": {
+                    "metric": s.best_metric,
+                    "step": s.best_step,
+                    "state": s.best_state,
+                    "bad_evals": s.bad_evals,
+                },
+                "curve": s.curve,
+                "window": s.window,
+                # an objective's state beyond the model (e.g. CL's replaced reference), {} if none
+                "objective": self.objective.state_dict(),
+            }
+        )
 
     def try_resume(self) -> int | None:
-        """Continue from last.pt if its fingerprint is this run's; else set it aside."""
-        path = self.checkpoint_path
-        ckpt = _read_checkpoint(path) if path else None
+        """Continue from last.pt if its fingerprint is this run's (else Checkpoints sets it
+        aside)."""
+        ckpt = self.checkpoints.load()
         if ckpt is None:
-            return None
-        reason = self._stale_reason(ckpt.get("fingerprint"))
-        if reason:
-            self._set_aside(path, ckpt.get("fingerprint"), reason)
             return None
         self.model.load_state_dict(ckpt["model"])
         self.optimizer.load_state_dict(ckpt["optimizer"])
@@ -673,31 +638,8 @@ class Trainer:
             ckpt["curve"],
             ckpt["window"],
         )
-        log.info("resumed from %s at step %d", path, ckpt["step"])
+        log.info("resumed from %s at step %d", self.checkpoints.path, ckpt["step"])
         return ckpt["step"]
-
-    def _stale_reason(self, old: object) -> str | None:
-        """What differs between a checkpoint's fingerprint and this run's; None if nothing."""
-        if not isinstance(old, dict):
-            return "it has an old-format fingerprint without the inputs"
-        paths = self.cfg.get("paths", {})
-        said = []
-        for key in self.fingerprint.changes(old):
-            value = paths.get(key) if key in self.fingerprint.parts else "no longer an input"
-            said.append(f"{key} changed" + (f": {_show_path(value)}" if value else ""))
-        return ", ".join(said) or None
-
-    def _set_aside(self, path: Path, old: object, reason: str) -> None:
-        """Rename a checkpoint of other inputs to stale-<its hash>.pt and say why, in one line."""
-        if not self.dist.is_main:
-            return
-        old_hash = Fingerprint(old).hash if isinstance(old, dict) else str(old or "unknown")
-        stale = path.with_name(f"stale-{old_hash}.pt")
-        with contextlib.suppress(FileNotFoundError):
-            path.replace(stale)
-        log.warning(
-            "checkpoint %s set aside as %s (%s); training from step 0", path, stale.name, reason
-        )
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -717,7 +659,7 @@ class Trainer:
             loss = loss * shard_weight(self.data.train.lengths, idx, self.dist, self.mean_over)
             value = loss.detach()
             if self.eager:  # stop before the backward of a bad loss (on a GPU: at the flush)
-                self._check("loss", float(value), s.step + 1, batch.caption_ids)
+                self.stats.check("loss", float(value), s.step + 1, batch.caption_ids)
             self.scaler.scale(loss / tc.grad_accum).backward()
             losses.append(value)
             ids.append(batch.caption_ids)
@@ -734,8 +676,8 @@ class Trainer:
         self.scaler.unscale_(self.optimizer)
         max_norm = tc.grad_clip if tc.grad_clip > 0 else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm).detach()
-        if self.eager and not self.scaler.is_enabled():  # fp16 skips non-finite steps itself
-            self._check("gradient norm", float(norm), s.step + 1, batch.caption_ids)
+        if self.eager and self.stats.check_norm:  # fp16 skips non-finite steps itself
+            self.stats.check("gradient norm", float(norm), s.step + 1, batch.caption_ids)
         self.last_lr = self.optimizer.param_groups[0]["lr"]  # the lr this step used
         self.scaler.step(self.optimizer)
         self.scaler.update()
@@ -744,51 +686,23 @@ class Trainer:
         s.step += 1
         return StepStats(s.step, losses, ids, norm, tokens, extras, reduced)
 
-    def _check(self, what: str, value: float, step: int, caption_ids: torch.Tensor) -> None:
-        if not math.isfinite(value):
-            raise NonFiniteLossError(what, value, step, self.tc.steps, caption_ids.tolist())
-
     def flush(self) -> None:
-        """Read the pending steps' numbers with one sync, check them in step order (the first
-        non-finite loss or gradient norm raises NonFiniteLossError naming its step and
-        captions) and add them to the curve window, with the time since the last flush."""
-        pending, self.pending = self.pending, []
-        if not pending:
+        """Read the pending steps' numbers (`DeferredStats.resolve`: one sync, checked in step
+        order) and add them to the curve window, with the time since the last flush."""
+        steps = self.stats.resolve()
+        if not steps:
             return
-        tensors = []
-        for p in pending:
-            tensors += [*p.losses, p.norm]
-            tensors += [] if p.reduced is None else [p.reduced[0], p.reduced[1]]
-            tensors += [v for e in p.extras for v in e.values() if torch.is_tensor(v)]
-        # float32 -> float64 is exact: the same Python floats as float(t) of each tensor
-        values = iter(torch.stack([v.detach().reshape(()).double() for v in tensors]).tolist())
         seconds = time.perf_counter() - self.window_start
         self.window_start = None
         self.train_seconds += seconds
-        ga, w = self.tc.grad_accum, self.state.window
-        for p in pending:
-            losses = [next(values) for _ in p.losses]
-            for value, ids in zip(losses, p.caption_ids, strict=True):
-                self._check("loss", value, p.step, ids)
-            norm = next(values)
-            if not self.scaler.is_enabled():
-                self._check("gradient norm", norm, p.step, p.caption_ids[-1])
-            loss_sum, tokens = 0.0, p.tokens
-            for value in losses:
-                loss_sum += value / ga
-            if p.reduced is not None:
-                loss_sum, tokens = next(values), int(next(values))
-            extras: dict[str, float] = {}
-            for extra in p.extras:
-                for k, v in extra.items():
-                    value = next(values) if torch.is_tensor(v) else float(v)
-                    extras[k] = extras.get(k, 0.0) + value / ga
-            self.total_tokens += tokens
-            w["loss"] += loss_sum
-            w["norm"] += norm
+        w = self.state.window
+        for n in steps:
+            self.total_tokens += n.tokens
+            w["loss"] += n.loss
+            w["norm"] += n.norm
             w["n"] += 1
-            w["tokens"] += tokens
-            for k, v in extras.items():
+            w["tokens"] += n.tokens
+            for k, v in n.extras.items():
                 total, count = w["extras"].get(k, (0.0, 0))
                 w["extras"][k] = [total + v, count + 1]
         w["seconds"] += seconds
@@ -844,7 +758,7 @@ class Trainer:
         while s.step < tc.steps and not s.stopped_early:
             if self.window_start is None:
                 self.window_start = time.perf_counter()
-            self.pending.append(self.train_step())
+            self.stats.add(self.train_step())
             bar.update(1)
             last = s.step == tc.steps
             do_val = bool(self.val_batches) and (
@@ -855,7 +769,7 @@ class Trainer:
                 tc.checkpoint_every
                 and s.step % tc.checkpoint_every == 0
                 and not last
-                and self.checkpoint_path
+                and self.checkpoints.path
                 and self.dist.is_main
             )
             if self.eager or do_log or do_checkpoint:
@@ -948,7 +862,7 @@ class Trainer:
             },
             out / "summary.json",
         )
-        _drop_resume_state(out / "checkpoints")
+        self.checkpoints.drop()
 
 
 def train(cfg: dict, data: RunData | None = None) -> TrainResult:

@@ -128,16 +128,6 @@ def test_lr_schedule_and_device():
             resolve_device("cuda")
 
 
-def test_one_resolve_device_for_every_stage():
-    """devices.resolve_device is the union of the two it replaced (clip's and the trainer's)."""
-    assert resolve_device(None) == resolve_device("auto") == resolve_device()
-    assert resolve_device(torch.device("cpu")) == torch.device("cpu")
-    if not torch.cuda.is_available():
-        for cuda in ("cuda:1", torch.device("cuda")):
-            with pytest.raises(DistinctcapError, match=r"device = 'cuda(:1)?' but no GPU"):
-                resolve_device(cuda)
-
-
 # ---------------------------------------------------------------- training resumes after a kill
 
 # 16 train images in batches of 8: 2 steps an epoch

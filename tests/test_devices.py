@@ -32,6 +32,8 @@ def test_device_auto_warns_once_when_it_falls_back_to_the_cpu(fresh, caplog):
     with caplog.at_level(logging.WARNING, logger="distinctcap"):
         assert resolve_device("auto") == torch.device("cpu")
         assert resolve_device(None) == torch.device("cpu")
+        assert resolve_device() == torch.device("cpu")
+        assert resolve_device(torch.device("cpu")) == torch.device("cpu")
         assert resolve_device("auto") == torch.device("cpu")
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1, lines

@@ -13,7 +13,7 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $@
 
-.PHONY: install run test report
+.PHONY: install run test report readme-table
 install: $(VENV)/.installed
 
 run: install
@@ -24,3 +24,7 @@ report: run
 
 test: install
 	$(PY) -m pytest -q
+
+# The README's results table, rendered from the run's summary (paste it; never edit numbers).
+readme-table: install
+	$(PY) -m distinctcap.report.summary results/metrics/summary.csv config.yaml

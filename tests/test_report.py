@@ -23,6 +23,7 @@ from distinctcap.report.plots import plot_cider_vs_n, plot_metric_bars, plot_tra
 from distinctcap.report.summary import (
     SUMMARY_BASE,
     evaluation_keys,
+    headline_markdown,
     reference_run,
     summary_columns,
     summary_table,
@@ -284,3 +285,24 @@ def test_report_rules_run_and_the_html_report_builds(workdir):
         "gallery.html",
     ):
         assert name in page, name
+
+
+def test_the_readme_headline_table_is_rendered_from_the_summary():
+    """The README's results table comes from summary.csv (`make readme-table`), never by hand."""
+    rows = []
+    for run, base in (("reference", 0.4), ("smile", 0.5)):
+        rows.append({"run": run, "split": "test", "decoding": "greedy", "bleu4": base,
+                     "meteor": 0.3, "cider": 1.0765, "r_at_1": 0.3, "mean_rank": 45.64,
+                     "clipscore": 0.934, "scene_f1": float("nan"), "div2": 0.1, "distinct": 0.2})
+        rows.append({"run": run, "split": "test", "decoding": "sample20", "div2": 0.352,
+                     "distinct": 0.76})
+    runs = {"reference": {"method": "mle", "data": "all"}, "smile": {"method": "smile"},
+            "missing": {"method": "mle", "data": "D-"}}
+    lines = headline_markdown(pd.DataFrame(rows), runs).splitlines()
+    assert lines[0].startswith("| run | BLEU-4 | METEOR | CIDEr | R@1 | mean rank | CLIPScore")
+    assert lines[0].endswith("| Div-2 (20 samples) | distinct (20 samples) |")
+    assert lines[2] == (
+        "| reference (MLE) | 0.400 | 0.300 | 1.077 | 0.300 | 45.6 | 0.93 | - | 0.352 | 0.760 |"
+    )
+    assert lines[3].startswith("| smile | 0.500 |")
+    assert lines[4] == "| missing (MLE on D-) |" + " - |" * 9

@@ -89,3 +89,57 @@ def write_summary(metrics: pd.DataFrame, path: str | Path) -> pd.DataFrame:
     with atomic_path(path) as tmp:
         table.to_csv(tmp, index=False)
     return table
+
+
+# The README's headline table: (header, column, decimals); quality on one decoding, diversity
+# on a sampled one.
+HEADLINE_QUALITY = (
+    ("BLEU-4", "bleu4", 3), ("METEOR", "meteor", 3), ("CIDEr", "cider", 3),
+    ("R@1", "r_at_1", 3), ("mean rank", "mean_rank", 1), ("CLIPScore", "clipscore", 2),
+    ("scene F1", "scene_f1", 3),
+)
+HEADLINE_DIVERSITY = (("Div-2", "div2", 3), ("distinct", "distinct", 3))
+
+
+def run_label(name: str, run: dict) -> str:
+    """`reference (MLE)`, `teacher_neg (MLE on D-)`; other methods by their name alone."""
+    if run.get("method", "mle") != "mle":
+        return name
+    data = run.get("data", "all")
+    return f"{name} (MLE)" if data == "all" else f"{name} (MLE on {data})"
+
+
+def headline_markdown(
+    summary: pd.DataFrame, runs: dict, split: str = "test", quality: str = "greedy",
+    diversity: str = "sample20",
+) -> str:
+    """The README's results table from summary.csv: one row per run in `runs` order, quality
+    and retrieval columns of decoding `quality`, diversity columns of decoding `diversity`."""
+    rows = summary[summary.split == split].set_index(["run", "decoding"])
+    n_samples = "".join(c for c in diversity if c.isdigit())
+    headers = [h for h, _, _ in HEADLINE_QUALITY] + [
+        f"{h} ({n_samples} samples)" for h, _, _ in HEADLINE_DIVERSITY
+    ]
+    lines = ["| run | " + " | ".join(headers) + " |", "|---" * (len(headers) + 1) + "|"]
+    for name, run in runs.items():
+        cells = [
+            _cell(rows, (name, decoding), column, digits)
+            for decoding, columns in ((quality, HEADLINE_QUALITY), (diversity, HEADLINE_DIVERSITY))
+            for _, column, digits in columns
+        ]
+        lines.append(f"| {run_label(name, run)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _cell(rows: pd.DataFrame, key: tuple[str, str], column: str, digits: int) -> str:
+    value = rows[column].get(key) if key in rows.index else None
+    return "-" if value is None or pd.isna(value) else f"{value:.{digits}f}"
+
+
+if __name__ == "__main__":  # make readme-table: python -m distinctcap.report.summary SUMMARY CONFIG
+    import sys
+
+    import yaml
+
+    config = yaml.safe_load(Path(sys.argv[2]).read_text())
+    sys.stdout.write(headline_markdown(pd.read_csv(sys.argv[1]), config["runs"]))

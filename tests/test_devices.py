@@ -14,7 +14,11 @@ from conftest import ROOT
 from distinctcap import devices
 from distinctcap.devices import GpuUnavailableError, claim_gpus, resolve_device
 
-needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+needs_no_cuda = pytest.mark.skipif(
+    torch.cuda.is_available(),
+    reason="checks what happens when CUDA is unusable, which a machine with a working GPU "
+    "cannot show",
+)
 
 
 @pytest.fixture

@@ -749,11 +749,6 @@ class ClipTextEncoder(torch.nn.Module):
         positions up to the pooled one (`TextTower.features` with `cut`)."""
         return F.normalize(self.text.features(x, tok, cut=True).float(), dim=-1)
 
-    def encode_ids(self, tok: torch.Tensor) -> torch.Tensor:
-        """CLIP ids (B, context_length) -> L2-normalised text embeddings (B, E), as
-        `encode_text(tok, normalize=True)`."""
-        return self.forward_embeddings(self.tower.token_embedding(tok), tok)
-
     def forward(self, seqs: torch.Tensor, probs: torch.Tensor | None = None) -> torch.Tensor:
         """Generated captioner ids (B, T) -> L2-normalised CLIP text embeddings (B, E).
 

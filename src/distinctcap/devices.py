@@ -282,9 +282,3 @@ def claim_gpus(
             log.warning("waiting for %d free GPU slot(s) of %d (%s)", n, count, folder)
             waited = True
         time.sleep(poll)
-
-
-def release_gpus() -> None:
-    """Give back the slots this process claimed (its end does the same)."""
-    while _held:
-        os.close(_held.pop())

@@ -357,14 +357,15 @@ def evaluate_decoding(
     first = [samples[i][0] for i in ids]
 
     with timed(timings, "load CLIP features"):
-        from distinctcap.features import load_image_features
+        from distinctcap.features import feature_ids, load_image_features
 
-        feat_ids, pooled_all, _ = load_image_features(paths.features, grid=False)
-        row_of = {int(i): r for r, i in enumerate(feat_ids)}
-        pooled = pooled_all[[row_of[i] for i in ids]]
-        train_rows = [row_of[i] for i in train_refs if i in row_of]
-        train_pooled = pooled_all[train_rows]
-        train_with_feat = [i for i in train_refs if i in row_of]
+        # only the pooled rows of these images and of the training images (not the grid)
+        have = set(feature_ids(paths.features).tolist())
+        train_with_feat = [i for i in train_refs if i in have]
+        _, both, _ = load_image_features(
+            paths.features, grid=False, image_ids=list(ids) + train_with_feat
+        )
+        pooled, train_pooled = both[: len(ids)], both[len(ids) :]
 
     out = MetricResult()
     with timed(timings, "text metrics (PTB, METEOR, BLEU, ROUGE-L, CIDEr-D, diversity)"):
@@ -498,22 +499,15 @@ def model_metrics(
                 "model self-retrieval off (no captioner given or evaluate.self_retrieval_pool < 2)",
             )
         return out
+    from distinctcap.data.batches import ImageFeatures
     from distinctcap.data.tokenizer import CaptionTokenizer
-    from distinctcap.features import load_image_features
     from distinctcap.model import Captioner
 
-    feat_ids, pooled, grid = load_image_features(paths.features, grid=True)
-    row_of = {int(i): r for r, i in enumerate(feat_ids)}
-    rows = [row_of[i] for i in ids]
+    features = ImageFeatures.load(paths.features, ids)  # these images' rows only
     model = Captioner.load(paths.model, map_location=settings.device)
     tokenizer = CaptionTokenizer.load(paths.vocab)
     return self_retrieval_metrics(
-        model,
-        tokenizer,
-        torch.from_numpy(grid[rows].astype(np.float32)),
-        torch.from_numpy(pooled[rows]),
-        texts,
-        settings,
+        model, tokenizer, features.grid.float(), features.pooled, texts, settings
     )
 
 

@@ -28,7 +28,7 @@ import logging
 import math
 import resource
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -357,15 +357,7 @@ def evaluate_decoding(
     first = [samples[i][0] for i in ids]
 
     with timed(timings, "load CLIP features"):
-        from distinctcap.features import feature_ids, load_image_features
-
-        # only the pooled rows of these images and of the training images (not the grid)
-        have = set(feature_ids(paths.features).tolist())
-        train_with_feat = [i for i in train_refs if i in have]
-        _, both, _ = load_image_features(
-            paths.features, grid=False, image_ids=list(ids) + train_with_feat
-        )
-        pooled, train_pooled = both[: len(ids)], both[len(ids) :]
+        pooled, train_pooled, train_with_feat = load_pooled(paths.features, ids, train_refs)
 
     out = MetricResult()
     with timed(timings, "text metrics (PTB, METEOR, BLEU, ROUGE-L, CIDEr-D, diversity)"):
@@ -423,6 +415,19 @@ def evaluate_decoding(
         else pd.DataFrame(columns=["run", "split", "decoding", "n", "cider"])
     )
     return Evaluation(row, skipped, curve, timings)
+
+
+def load_pooled(
+    features: str | Path, ids: Sequence[int], train_ids: Iterable[int]
+) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """(pooled of `ids`, pooled of the training images that have features, those ids): only
+    these rows of the pooled column are read, never the grid."""
+    from distinctcap.features import feature_ids, load_image_features
+
+    have = set(feature_ids(features).tolist())
+    train_with_feat = [i for i in train_ids if i in have]
+    _, both, _ = load_image_features(features, grid=False, image_ids=list(ids) + train_with_feat)
+    return both[: len(ids)], both[len(ids) :], train_with_feat
 
 
 def text_metrics(

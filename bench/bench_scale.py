@@ -52,7 +52,7 @@ def coco_config() -> dict:
     return load(REPO / "config.coco.yaml", REPO / "workflow/schemas/config.schema.yaml")
 
 
-def stage_decode(store: Path, work: Path) -> None:
+def stage_decode(store: Path, work: Path, max_len: int = 0) -> None:
     from distinctcap.data.tokenizer import CaptionTokenizer
     from distinctcap.decode import decode_run
     from distinctcap.model import Captioner, CaptionerConfig
@@ -64,6 +64,8 @@ def stage_decode(store: Path, work: Path) -> None:
         torch.manual_seed(0)
         vocab = CaptionTokenizer.load(store / "data/vocab.json").vocab_size
         captioner = coco_config()["captioner"]
+        if max_len:  # a random model never stops early: time is ~ max_len, memory is not
+            captioner["max_len"] = max_len
         cfg = CaptionerConfig(vocab_size=vocab, visual_dim=768, pooled_dim=512, **captioner)
         Captioner(cfg).save(model)
     decode_run(
@@ -163,10 +165,10 @@ def stage_neighbours(store: Path, work: Path) -> None:
 # ---------------------------------------------------------------- the harness (parent)
 
 
-def run_child(stage: str, store: Path, work: Path, steps: int) -> tuple[float, float]:
+def run_child(stage: str, store: Path, work: Path, args) -> tuple[float, float]:
     """(peak RSS MiB, seconds) of one stage in its own process."""
     cmd = [sys.executable, __file__, "--stage", stage, "--store", str(store), "--work", str(work),
-           "--train-steps", str(steps)]
+           "--train-steps", str(args.train_steps), "--max-len", str(args.max_len)]
     start = time.perf_counter()
     child = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
     _, status, usage = os.wait4(child.pid, 0)
@@ -184,6 +186,9 @@ def main() -> None:
     parser.add_argument("--stages", default=",".join(STAGES))
     parser.add_argument("--keep", action="store_true", help="keep each store after its run")
     parser.add_argument("--train-steps", type=int, default=20, help="optimiser steps (train)")
+    parser.add_argument(
+        "--max-len", type=int, default=0, help="decode's captioner max_len (0: the config's)"
+    )
     parser.add_argument("--stage", choices=STAGES, help=argparse.SUPPRESS)
     parser.add_argument("--store", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
@@ -199,7 +204,8 @@ def main() -> None:
 
         torch.set_num_threads(os.cpu_count() or 1)
         args.work.mkdir(parents=True, exist_ok=True)
-        extra = {"steps": args.train_steps} if args.stage == "train" else {}
+        extra = {"train": {"steps": args.train_steps}, "decode": {"max_len": args.max_len}}
+        extra = extra.get(args.stage, {})
         globals()[f"stage_{args.stage}"](args.store, args.work, **extra)
         return
 
@@ -221,7 +227,7 @@ def main() -> None:
         print(f"N={n}: store {size:.2f} GiB written in {time.perf_counter() - start:.0f} s",
               flush=True)
         for stage in stages:
-            rss, seconds = run_child(stage, store / "store", store / "work", args.train_steps)
+            rss, seconds = run_child(stage, store / "store", store / "work", args)
             results[stage][n] = rss, seconds
             print(f"  {stage:<10} peak RSS {rss:8.0f} MiB  {seconds:7.1f} s", flush=True)
         if not args.keep:

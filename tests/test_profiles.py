@@ -87,3 +87,18 @@ def test_test_profile_mirrors_the_shipped_slurm_profile() -> None:
         assert set(res) - SITE_RESOURCES == set(mine) - SITE_RESOURCES, rule
         assert ("gpu_model" in res) == ("gpu_model" in mine), rule
         assert res.get("gpu") == mine.get("gpu"), rule
+
+
+@pytest.mark.parametrize("name", sorted(PROFILES))
+def test_every_rule_declares_mem_mb(name: str, workflow_rules: set[str]) -> None:
+    resources = load(name)["set-resources"]
+    for rule in workflow_rules - {"all"}:
+        assert "mem_mb" in resources.get(rule, {}), rule
+
+
+@pytest.mark.parametrize("name", ["slurm", "slurm-test"])
+def test_slurm_memory_grows_with_the_attempt(name: str) -> None:
+    # snakemake evaluates a string resource as a Python expression with `attempt` in scope
+    for rule, res in load(name)["set-resources"].items():
+        first, second = (eval(res["mem_mb"], {"attempt": a}) for a in (1, 2))  # noqa: S307
+        assert isinstance(first, int) and second > first, rule

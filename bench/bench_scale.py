@@ -1,7 +1,7 @@
 """Scale harness: peak RSS and time of each feature-consuming stage as the dataset grows.
 
     PYTHONPATH=src nice -n 10 python bench/bench_scale.py [--sizes 10000,40000,118287]
-        [--root /work/scale-store] [--stages decode,evaluate,train,entropy,neighbours] [--keep]
+        [--root /work/scale-store] [--device cpu|cuda] [--stages decode,evaluate,train,entropy,neighbours] [--keep]
 
 For each size N it writes a synthetic store in the real on-disk format (`distinctcap.scale`:
 the features module's own shard writers) at COCO shape: grid 49 x 768 float16 plus pooled 512
@@ -41,6 +41,7 @@ from pathlib import Path
 
 STAGES = ("decode", "evaluate", "train", "entropy", "neighbours")
 REPO = Path(__file__).resolve().parent.parent
+DEVICE = os.environ.get("BENCH_DEVICE", "cpu")  # the parent's --device, for its children
 
 
 # ---------------------------------------------------------------- the stages (child processes)
@@ -77,7 +78,7 @@ def stage_decode(store: Path, work: Path, max_len: int = 0) -> None:
         "scale",
         "test",
         {"kind": "greedy"},
-        device="cpu",
+        device=DEVICE,
     )
 
 
@@ -111,7 +112,7 @@ def stage_evaluate(store: Path, work: Path) -> None:
         features=str(store / "features/index.json"),
         model=str(work / "model.pt"),
     )
-    settings = EvalSettings(self_retrieval_pool=2, device="cpu")
+    settings = EvalSettings(self_retrieval_pool=2, device=DEVICE)
     _, samples = read_generated(paths.generated)
     images, captions = read_table(paths.images), read_table(paths.captions)
     ids = list(samples)
@@ -131,7 +132,7 @@ def stage_train(store: Path, work: Path, steps: int = 20) -> None:
     cfg["train"].update(
         steps=steps, warmup_steps=2, val_every=0, val_captions=100, checkpoint_every=0
     )
-    cfg["device"] = "cpu"
+    cfg["device"] = DEVICE
     cfg["paths"] = {
         "captions": str(store / "data/captions.parquet"),
         "vocab": str(store / "data/vocab.json"),
@@ -146,7 +147,7 @@ def stage_entropy(store: Path, work: Path) -> None:
     from distinctcap.io import read_table, write_table
 
     captions = read_table(store / "data/captions.parquet", "captions")
-    scores = score_captions(store / "features/index.json", captions, device="cpu")
+    scores = score_captions(store / "features/index.json", captions, device=DEVICE)
     write_table(scores, work / "scores.parquet")
 
 
@@ -158,7 +159,7 @@ def stage_neighbours(store: Path, work: Path) -> None:
         store / "data/images.parquet",
         work / "neighbours.parquet",
         pct=1.0,
-        device="cpu",
+        device=DEVICE,
     )
 
 
@@ -189,6 +190,7 @@ def main() -> None:
     parser.add_argument(
         "--max-len", type=int, default=0, help="decode's captioner max_len (0: the config's)"
     )
+    parser.add_argument("--device", default="cpu", help="cpu or cuda: where the stages compute")
     parser.add_argument("--stage", choices=STAGES, help=argparse.SUPPRESS)
     parser.add_argument("--store", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
@@ -209,6 +211,7 @@ def main() -> None:
         globals()[f"stage_{args.stage}"](args.store, args.work, **extra)
         return
 
+    os.environ["BENCH_DEVICE"] = args.device
     sizes = [int(s) for s in args.sizes.split(",")]
     stages = [s for s in args.stages.split(",") if s]
     if "evaluate" in stages and "decode" not in stages:

@@ -166,12 +166,18 @@ def stage_neighbours(store: Path, work: Path) -> None:
 # ---------------------------------------------------------------- the harness (parent)
 
 
+def child_env() -> dict:
+    """The environment with this checkout's src first on PYTHONPATH (and the caller's after)."""
+    path = os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path}
+
+
 def run_child(stage: str, store: Path, work: Path, args) -> tuple[float, float]:
     """(peak RSS MiB, seconds) of one stage in its own process."""
     cmd = [sys.executable, __file__, "--stage", stage, "--store", str(store), "--work", str(work),
            "--train-steps", str(args.train_steps), "--max-len", str(args.max_len)]
     start = time.perf_counter()
-    child = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    child = subprocess.Popen(cmd, env=child_env())
     _, status, usage = os.wait4(child.pid, 0)
     child.returncode = os.waitstatus_to_exitcode(status)
     seconds = time.perf_counter() - start
@@ -224,7 +230,7 @@ def main() -> None:
         subprocess.run(
             [sys.executable, "-c", f"from distinctcap.scale import write_store; "
              f"write_store({str(store / 'store')!r}, {n})"],
-            env={**os.environ, "PYTHONPATH": str(REPO / "src")}, check=True,
+            env=child_env(), check=True,
         )
         size = sum(f.stat().st_size for f in store.rglob("*") if f.is_file()) / 2**30
         print(f"N={n}: store {size:.2f} GiB written in {time.perf_counter() - start:.0f} s",

@@ -492,7 +492,9 @@ def _shard_files(index_path: str | Path, kind: str) -> tuple[dict, list[pq.Parqu
     for entry in index[kind]["shards"]:
         path = root / entry["path"]
         try:
-            file = pq.ParquetFile(path)
+            # pre_buffer would keep each opened shard's read ranges cached for the file's life:
+            # ~+470 MB for 1,000 images' rows from a 40k store (measured), growing with N
+            file = pq.ParquetFile(path, pre_buffer=False)
             meta = file.schema_arrow.metadata or {}
         except (OSError, pa.ArrowInvalid):
             file, meta = None, {}

@@ -108,3 +108,18 @@ def test_every_rule_that_takes_the_device_asks_for_a_gpu() -> None:
     assert {name for name, block in rules.items() if 'device=config["device"]' in block} == (
         GPU_RULES
     )
+
+
+@pytest.mark.parametrize("name", sorted(PROFILES))
+def test_every_rule_declares_mem_mb(name: str, workflow_rules: set[str]) -> None:
+    resources = load(name)["set-resources"]
+    for rule in workflow_rules - {"all"}:
+        assert "mem_mb" in resources.get(rule, {}), rule
+
+
+@pytest.mark.parametrize("name", ["slurm", "slurm-test"])
+def test_slurm_memory_grows_with_the_attempt(name: str) -> None:
+    # snakemake evaluates a string resource as a Python expression with `attempt` in scope
+    for rule, res in load(name)["set-resources"].items():
+        first, second = (eval(res["mem_mb"], {"attempt": a}) for a in (1, 2))  # noqa: S307
+        assert isinstance(first, int) and second > first, rule

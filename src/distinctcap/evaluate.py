@@ -28,7 +28,7 @@ import logging
 import math
 import resource
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -327,14 +327,7 @@ def evaluate_decoding(
     first = [samples[i][0] for i in ids]
 
     with timed(timings, "load CLIP features"):
-        from distinctcap.features import load_image_features
-
-        feat_ids, pooled_all, _ = load_image_features(paths.features, grid=False)
-        row_of = {int(i): r for r, i in enumerate(feat_ids)}
-        pooled = pooled_all[[row_of[i] for i in ids]]
-        train_rows = [row_of[i] for i in train_refs if i in row_of]
-        train_pooled = pooled_all[train_rows]
-        train_with_feat = [i for i in train_refs if i in row_of]
+        pooled, train_pooled, train_with_feat = load_pooled(paths.features, ids, train_refs)
 
     out = MetricResult()
     with timed(timings, "text metrics (PTB, METEOR, BLEU, ROUGE-L, CIDEr-D, diversity)"):
@@ -392,6 +385,19 @@ def evaluate_decoding(
         else pd.DataFrame(columns=["run", "split", "decoding", "n", "cider"])
     )
     return Evaluation(row, skipped, curve, timings)
+
+
+def load_pooled(
+    features: str | Path, ids: Sequence[int], train_ids: Iterable[int]
+) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """(pooled of `ids`, pooled of the training images that have features, those ids): only
+    these rows of the pooled column are read, never the grid."""
+    from distinctcap.features import feature_ids, load_image_features
+
+    have = set(feature_ids(features).tolist())
+    train_with_feat = [i for i in train_ids if i in have]
+    _, both, _ = load_image_features(features, grid=False, image_ids=list(ids) + train_with_feat)
+    return both[: len(ids)], both[len(ids) :], train_with_feat
 
 
 def text_metrics(
@@ -468,22 +474,15 @@ def model_metrics(
                 "model self-retrieval off (no captioner given or evaluate.self_retrieval_pool < 2)",
             )
         return out
+    from distinctcap.data.batches import ImageFeatures
     from distinctcap.data.tokenizer import CaptionTokenizer
-    from distinctcap.features import load_image_features
     from distinctcap.model import Captioner
 
-    feat_ids, pooled, grid = load_image_features(paths.features, grid=True)
-    row_of = {int(i): r for r, i in enumerate(feat_ids)}
-    rows = [row_of[i] for i in ids]
+    features = ImageFeatures.load(paths.features, ids)  # these images' rows only
     model = Captioner.load(paths.model, map_location=settings.device)
     tokenizer = CaptionTokenizer.load(paths.vocab)
     return self_retrieval_metrics(
-        model,
-        tokenizer,
-        torch.from_numpy(grid[rows].astype(np.float32)),
-        torch.from_numpy(pooled[rows]),
-        texts,
-        settings,
+        model, tokenizer, features.grid.float(), features.pooled, texts, settings
     )
 
 

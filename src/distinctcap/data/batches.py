@@ -45,14 +45,32 @@ class ImageFeatures:
     ) -> ImageFeatures:
         """The image features of a features index (distinctcap.features): every image, sorted
         by image id, or those of `image_ids` in that order (a DistinctcapError names ids that
-        have none)."""
-        from distinctcap.features import load_image_features
+        have none).
 
-        ids, pooled, grid = load_image_features(index_path)
-        features = cls(
-            np.asarray(ids, dtype=np.int64), torch.as_tensor(pooled), torch.as_tensor(grid)
+        It reads what the job needs (ARCHITECTURE.md, Data contracts): `image_ids` (decode,
+        evaluate) reads only those images' rows, so the memory is that of the selection; every
+        image (training) maps the grid from the index's contiguous cache (`grid_cache`, built
+        once), whose pages the kernel loads as batches gather rows and may drop again; pooled
+        (small) is read into memory. The numbers are the shards' either way. A selection is
+        gathered from the cache when it exists (fewer bytes read than whole shards)."""
+        from distinctcap.features import (
+            feature_ids,
+            feature_rows,
+            grid_cache,
+            grid_cache_path,
+            load_image_features,
         )
-        return features if image_ids is None else features.subset(image_ids)
+
+        if image_ids is None:
+            ids, pooled, _ = load_image_features(index_path, grid=False)
+            return cls(ids, torch.from_numpy(pooled), torch.from_numpy(grid_cache(index_path)))
+        if not grid_cache_path(index_path).is_file():
+            ids, pooled, grid = load_image_features(index_path, image_ids=image_ids)
+            return cls(ids, torch.from_numpy(pooled), torch.from_numpy(grid))
+        ids, pooled, _ = load_image_features(index_path, grid=False, image_ids=image_ids)
+        rows = feature_rows(feature_ids(index_path), ids)
+        grid = np.ascontiguousarray(grid_cache(index_path)[rows])
+        return cls(ids, torch.from_numpy(pooled), torch.from_numpy(grid))
 
     def rows(self, image_ids: Sequence[int] | np.ndarray) -> np.ndarray:
         """Row of each image id; a DistinctcapError names the ids that have no features."""

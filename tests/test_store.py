@@ -1,0 +1,147 @@
+"""The feature store reads what a job needs (issue #16): the loaders give exactly the arrays of
+a full read of the shards, for every image and for a selection, from the shards or the grid
+cache; and a decode job's peak memory does not grow when unrelated images join the store."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+from conftest import ROOT
+
+from distinctcap.data.batches import ImageFeatures
+from distinctcap.errors import DistinctcapError
+from distinctcap.features import (
+    feature_ids,
+    grid_cache,
+    grid_cache_path,
+    load_image_features,
+    load_text_features,
+)
+from distinctcap.io import read_json
+from distinctcap.scale import write_store
+
+
+def full_read(index_path, kind, columns):
+    """The loader as it was before issue #16: every shard read whole and concatenated."""
+    index = read_json(index_path)
+    tables = [
+        pq.read_table(index_path.parent / e["path"], columns=columns)
+        for e in index[kind]["shards"]
+    ]
+    out = []
+    for name in columns:
+        chunks = [t.column(name).combine_chunks() for t in tables]
+        if name.endswith("_id"):
+            out.append(np.concatenate([c.to_numpy() for c in chunks]).astype(np.int64))
+        else:
+            width = chunks[0].type.list_size
+            out.append(np.concatenate([c.flatten().to_numpy().reshape(-1, width) for c in chunks]))
+    return out
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    # small shards and an uneven last one, so selections cross shard boundaries
+    root = tmp_path_factory.mktemp("store")
+    return write_store(
+        root, 250, test=20, grid_tokens=4, grid_dim=8, pooled_dim=6, vocab_size=50,
+        image_shard_size=64, text_shard_size=300,
+    )
+
+
+def test_loaders_equal_a_full_read_for_every_image_and_a_selection(store):
+    index = store["features"]
+    ids, pooled, grid = full_read(index, "images", ["image_id", "pooled", "grid"])
+    grid = grid.reshape(len(ids), 4, 8)
+    got_ids, got_pooled, got_grid = load_image_features(index)
+    assert got_ids.dtype == np.int64 and got_pooled.dtype == np.float32
+    assert got_grid.dtype == np.float16 and got_grid.shape == (250, 4, 8)
+    np.testing.assert_array_equal(got_ids, ids)
+    np.testing.assert_array_equal(got_pooled, pooled)
+    np.testing.assert_array_equal(got_grid.view(np.uint16), grid.view(np.uint16))  # bit-equal
+    assert load_image_features(index, grid=False)[2] is None
+    np.testing.assert_array_equal(feature_ids(index), ids)
+
+    rng = np.random.default_rng(1)
+    pick = rng.choice(250, 40, replace=False)  # unsorted, every shard, and a repeat
+    pick = np.concatenate([pick, pick[:1]])
+    sel_ids, sel_pooled, sel_grid = load_image_features(index, image_ids=ids[pick])
+    np.testing.assert_array_equal(sel_ids, ids[pick])
+    np.testing.assert_array_equal(sel_pooled, pooled[pick])
+    np.testing.assert_array_equal(sel_grid.view(np.uint16), grid[pick].view(np.uint16))
+    with pytest.raises(DistinctcapError, match=r"no image features for image ids \[3\]"):
+        load_image_features(index, image_ids=[int(ids[0]), 3])
+
+    cap_ids, text = full_read(index, "texts", ["caption_id", "embedding"])
+    got_cap, got_text = load_text_features(index)
+    np.testing.assert_array_equal(got_cap, cap_ids)
+    np.testing.assert_array_equal(got_text, text)
+
+
+def test_image_features_from_shards_and_from_the_grid_cache_are_the_same(store):
+    index = store["features"]
+    ids, pooled, grid = load_image_features(index)
+    some = ids[[200, 3, 64, 63, 249]]
+    assert not grid_cache_path(index).exists()
+    from_shards = ImageFeatures.load(index, some)  # no cache yet: reads the shards
+    assert not grid_cache_path(index).exists()
+    whole = ImageFeatures.load(index)  # training: builds the cache and maps it
+    assert grid_cache_path(index).is_file()
+    assert isinstance(grid_cache(index), np.memmap)
+    from_cache = ImageFeatures.load(index, some)  # a selection gathered from the cache
+    assert torch.equal(whole.grid, torch.from_numpy(grid))
+    assert torch.equal(whole.pooled, torch.from_numpy(pooled))
+    np.testing.assert_array_equal(whole.image_ids, ids)
+    for chosen in (from_shards, from_cache):
+        np.testing.assert_array_equal(chosen.image_ids, some)
+        assert torch.equal(chosen.grid, whole.grid[[200, 3, 64, 63, 249]])
+        assert torch.equal(chosen.pooled, whole.pooled[[200, 3, 64, 63, 249]])
+    # what training does with it: gather rows, convert, subset
+    rows = torch.tensor([5, 0, 249])
+    assert torch.equal(whole.grid[rows].float(), torch.from_numpy(grid[[5, 0, 249]]).float())
+    assert torch.equal(whole.subset(some).grid, from_cache.grid)
+
+
+DECODE = textwrap.dedent(
+    """
+    import resource, sys
+    import torch
+    from distinctcap.decode import decode_run
+    from distinctcap.model import Captioner, CaptionerConfig
+    root = sys.argv[1]
+    torch.manual_seed(0)
+    cfg = CaptionerConfig(vocab_size=50, visual_dim=768, pooled_dim=512, width=32,
+                          enc_layers=1, dec_layers=1, heads=2, ffn=64, max_len=8)
+    Captioner(cfg).save(root + "/model.pt")
+    decode_run(root + "/model.pt", root + "/features/index.json", root + "/data/images.parquet",
+               root + "/data/vocab.json", root + "/generated.parquet", "mem", "test",
+               {"kind": "greedy"}, device="cpu")
+    """
+)
+
+
+def decode_peak_kib(root) -> int:
+    child = subprocess.Popen(
+        [sys.executable, "-c", DECODE, str(root)],
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+    )
+    _, status, usage = os.wait4(child.pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    return usage.ru_maxrss
+
+
+def test_decode_memory_does_not_grow_with_unrelated_images(tmp_path):
+    # 2,000 vs 8,000 images of 49 x 768 float16 (150 vs 600 MB of grid), the same 100 test
+    # images' worth of work: the old full read peaked at ~3.2x the grid (~2.2 GB vs ~0.8 GB)
+    peaks = {}
+    for n in (2000, 8000):
+        write_store(tmp_path / f"n{n}", n, test=100, vocab_size=50, seed=0)
+        peaks[n] = decode_peak_kib(tmp_path / f"n{n}")
+    assert peaks[8000] / peaks[2000] <= 1.25, peaks

@@ -13,7 +13,7 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $@
 
-.PHONY: install run test report
+.PHONY: install run test report cleanup
 install: $(VENV)/.installed
 
 run: install
@@ -24,3 +24,8 @@ report: run
 
 test: install
 	$(PY) -m pytest -q
+
+# Delete the downloaded COCO zips (~38 GB) whose extraction finished; others are kept.
+COCO_DIR ?= resources/coco
+cleanup: install
+	$(PY) -c 'from distinctcap.data.coco import remove_extracted_zips as r; print(*r("$(COCO_DIR)"))'

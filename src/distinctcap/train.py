@@ -67,10 +67,11 @@ from distinctcap.data.batches import (
 from distinctcap.devices import resolve_device
 from distinctcap.distributed import (
     DistEnv,
-    all_reduce_gradients,
+    GradientReducer,
     all_reduce_sum,
     broadcast_flag,
     broadcast_parameters,
+    my_micro_batches,
     shard,
     shard_weight,
 )
@@ -432,6 +433,7 @@ class Trainer:
         seed_everything(self.seed)
         self.model = self._build_model().to(self.device)
         broadcast_parameters(self.model, self.dist)
+        self.reducer = GradientReducer(self.model, self.dist)
         objective_cls = METHODS[method]
         frozen = {edge: self._load_frozen(edge) for edge in objective_cls.needs}
         self.ctx = TrainContext(self.device, data.train, frozen, data.tokenizer, PAD)
@@ -622,27 +624,32 @@ class Trainer:
         tc, s = self.tc, self.state
         self.model.train()
         loss_sum, tokens, extras = 0.0, 0, {}
-        for m in range(tc.grad_accum):
+        mine, whole = my_micro_batches(tc.grad_accum, self.dist)
+        for m in mine:
             idx = self.order.indices(s.step * tc.grad_accum + m)
-            batch = self.data.train.batch(shard(idx, self.dist))  # this process's share
+            batch = self.data.train.batch(idx if whole else shard(idx, self.dist))
             b = batch.to(self.device)
             with self.autocast():
                 loss, extra = self.objective.loss(self.model, b, s.step, tc.steps)
-            # 1.0 for one process; else the shard's share, so the shard losses sum to the loss
-            loss = loss * shard_weight(self.data.train.lengths, idx, self.dist, self.mean_over)
+            if not whole:  # the slice's share, so the slice losses sum to the micro-batch's
+                loss = loss * shard_weight(self.data.train.lengths, idx, self.dist, self.mean_over)
             value = float(loss.detach())
             if not math.isfinite(value):
                 raise NonFiniteLossError(
                     "loss", value, s.step + 1, tc.steps, batch.caption_ids.tolist()
                 )
-            self.scaler.scale(loss / tc.grad_accum).backward()
+            self.reducer.backward(self.scaler.scale(loss / tc.grad_accum), last=m == mine[-1])
             loss_sum += value / tc.grad_accum
             tokens += batch.n_tokens
             for k, v in extra.items():
                 extras[k] = extras.get(k, 0.0) + float(v) / tc.grad_accum
-        all_reduce_gradients(self.model, self.dist)
+        self.reducer.finish()
         loss_sum, tokens = all_reduce_sum([loss_sum, tokens], self.dist, self.device)
         tokens = int(tokens)
+        # whole micro-batches: the ranks' parts sum to the step's mean; slices: average them
+        sums = all_reduce_sum(list(extras.values()), self.dist, self.device)
+        share = 1 if whole else self.dist.world_size
+        extras = {k: v / share for k, v in zip(extras, sums, strict=True)}
         self.scaler.unscale_(self.optimizer)
         max_norm = tc.grad_clip if tc.grad_clip > 0 else float("inf")
         norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
@@ -735,7 +742,8 @@ class Trainer:
                 )
                 s.window = new_window()
                 if do_val:
-                    row.update(self.validate())
+                    if self.dist.is_main:  # the others wait for its early-stopping decision
+                        row.update(self.validate())
                     s.stopped_early = broadcast_flag(s.stopped_early, self.dist, self.device)
                     log.info(
                         "step %d: %s",

@@ -336,6 +336,7 @@ def two_gpu_profile(dest: Path) -> Path:
     """The test profile with train_run asking for both GPUs of the cluster."""
     profile = yaml.safe_load((PROFILE / "config.yaml").read_text())
     profile["set-resources"]["train_run"]["gpu"] = 2
+    profile["set-resources"]["train_run"]["mem_mb"] = "8000 * attempt"  # two trainers
     dest.mkdir()
     (dest / "config.yaml").write_text(yaml.safe_dump(profile))
     return dest
@@ -411,12 +412,12 @@ def limits_config(config: dict) -> dict:
 
 def limits_profile(dest: Path) -> Path:
     """The test profile with retries, and train_run's memory and time, attempt-scaled as in
-    the shipped profile, but below what the probe runs need at attempt 1: 250 MB (less than
-    importing torch) for the OOM probe, 1 minute for the TIMEOUT probe."""
+    the shipped profile, but below what the probe runs need at attempt 1: 400 MB (a train_run
+    job peaked at ~1.5 GB) for the OOM probe, 1 minute for the TIMEOUT probe."""
     profile = yaml.safe_load((PROFILE / "config.yaml").read_text())
     profile["retries"] = 1
     train = profile["set-resources"]["train_run"]
-    train["mem_mb"] = f"250 * 10 ** (attempt - 1) if wildcards.run == '{OOM}' else 2000 * attempt"
+    train["mem_mb"] = f"400 * 10 ** (attempt - 1) if wildcards.run == '{OOM}' else 4000 * attempt"
     train["runtime"] = f"1 if wildcards.run == '{TIMEOUT}' and attempt == 1 else 20 * attempt"
     dest.mkdir()
     (dest / "config.yaml").write_text(yaml.safe_dump(profile))
@@ -454,7 +455,7 @@ def test_jobs_over_memory_or_time_end_so_and_their_retry_completes(pipeline: Pip
 
     oom = attempts(jobs, OOM)
     assert [j.state for j in oom] == ["OUT_OF_MEMORY", "COMPLETED"], oom
-    assert [j.req_tres["mem"] for j in oom] == ["250M", "2500M"], oom
+    assert [j.req_tres["mem"] for j in oom] == ["400M", "4000M"], oom
 
     timeout = attempts(jobs, TIMEOUT)
     assert [j.state for j in timeout] == ["TIMEOUT", "COMPLETED"], timeout

@@ -13,7 +13,7 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $@
 
-.PHONY: install run test report readme-table
+.PHONY: install run test report readme-table cleanup
 install: $(VENV)/.installed
 
 run: install
@@ -28,3 +28,8 @@ test: install
 # The README's results table, rendered from the run's summary (paste it; never edit numbers).
 readme-table: install
 	$(PY) -m distinctcap.report.summary results/metrics/summary.csv config.yaml
+
+# Delete the downloaded COCO zips (~38 GB) whose extraction finished; others are kept.
+COCO_DIR ?= resources/coco
+cleanup: install
+	$(PY) -c 'from distinctcap.data.coco import remove_extracted_zips as r; print(*r("$(COCO_DIR)"))'

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+from pathlib import Path
 
 import pytest
 from minicoco import (
@@ -221,6 +222,24 @@ def test_extraction_resumes_and_is_skipped_when_done(mini, tmp_path):
     (tmp_path / ".val2017.zip.done").unlink()
     coco.extract(zip_path, tmp_path)
     assert member.read_bytes() == good
+
+
+def test_zips_are_removed_only_after_their_extraction_finished(mini, server, tmp_path):
+    cfg = _cfg(mini, server, tmp_path, "karpathy", keep_zips=False)
+    _, _, root = coco.prepare_tables(cfg)
+    assert list((root / "zips").glob("*.zip")) == []
+    first = coco.prepare_tables(cfg)[0]
+    assert len(server.requests) == 3  # the rerun trusts the done-files: nothing fetched again
+    assert len(first) == len(IDS)
+
+    zip_path = mini.serve / "zips" / "val2017.zip"
+    copy = shutil.copy(zip_path, tmp_path / "val2017.zip")
+    assert not coco.remove_extracted_zip(copy, tmp_path / "out")  # never extracted: kept
+    coco.extract(copy, tmp_path / "out")
+    (tmp_path / "out" / "zips").mkdir()
+    moved = shutil.move(copy, tmp_path / "out" / "zips" / "val2017.zip")
+    assert coco.remove_extracted_zips(tmp_path / "out") == [Path(moved)]
+    assert not Path(moved).exists()
 
 
 def test_config_and_url_rebasing():

@@ -12,7 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from distinctcap.distributed import DistEnv, all_reduce_gradients, shard, shard_weight
+from distinctcap.distributed import (
+    DistEnv,
+    GradientReducer,
+    my_micro_batches,
+    shard,
+    shard_weight,
+)
 from distinctcap.errors import DistinctcapError
 from distinctcap.launch import torchrun_command
 
@@ -51,6 +57,12 @@ def test_shards_are_contiguous_slices_covering_the_micro_batch_once() -> None:
         shard(torch.tensor([1, 2]), DistEnv(0, 3, 0))
 
 
+def test_ranks_take_whole_micro_batches_when_the_world_divides_grad_accum() -> None:
+    assert my_micro_batches(4, DistEnv()) == ([0, 1, 2, 3], True)
+    assert my_micro_batches(4, DistEnv(1, 2, 1)) == ([1, 3], True)
+    assert my_micro_batches(3, DistEnv(1, 2, 1)) == ([0, 1, 2], False)  # a slice of each
+
+
 def test_shard_weights_are_token_or_caption_shares() -> None:
     lengths = torch.tensor([3, 1, 4, 1, 5, 9, 2, 6])  # non-pad tokens of captions 0..7
     idx = torch.tensor([0, 2, 5, 7])  # tokens 3, 4, 9, 6 -> total 22
@@ -69,12 +81,13 @@ def test_torchrun_command_runs_this_module_in_n_local_processes() -> None:
     assert cmd[-3:] == ["-m", "distinctcap.launch", "cfg.json"]
 
 
-# A worker for torchrun: token-weighted shard losses, gradients summed over 2 gloo processes.
+# A worker for torchrun: token-weighted shard losses, gradients summed over 2 gloo processes
+# bucket by bucket during the backward.
 GRAD_WORKER = textwrap.dedent(
     """
     import sys
     import torch
-    from distinctcap.distributed import DistEnv, all_reduce_gradients, shard, shard_weight
+    from distinctcap.distributed import DistEnv, GradientReducer, shard, shard_weight
 
     env = DistEnv.from_env()
     env.init(torch.device("cpu"))
@@ -87,8 +100,10 @@ GRAD_WORKER = textwrap.dedent(
     mine = shard(idx, env)
     logits = model(x[mine])
     loss = torch.nn.functional.cross_entropy(logits[mask[mine]], y[mine][mask[mine]])
-    (loss * shard_weight(mask.sum(1), idx, env)).backward()
-    all_reduce_gradients(model, env)
+    reducer = GradientReducer(model, env, bucket_bytes=1)  # a bucket per parameter
+    assert len(reducer.buckets) == 2
+    reducer.backward(loss * shard_weight(mask.sum(1), idx, env), last=True)
+    reducer.finish()
     if env.is_main:
         torch.save([p.grad for p in model.parameters()], sys.argv[1])
     env.close()
@@ -112,8 +127,9 @@ def test_summed_weighted_shard_gradients_equal_the_full_batch_gradient(tmp_path:
     mask = torch.tensor([[1] * n + [0] * (4 - n) for n in (4, 1, 3, 2, 4, 1)]).bool()
     idx = torch.tensor([4, 0, 5, 2, 1])
     loss = torch.nn.functional.cross_entropy(model(x[idx])[mask[idx]], y[idx][mask[idx]])
-    loss.backward()
-    all_reduce_gradients(model, DistEnv())  # a no-op for one process
+    reducer = GradientReducer(model, DistEnv())  # a no-op for one process
+    reducer.backward(loss, last=True)
+    reducer.finish()
     for got, want in zip(torch.load(out), [p.grad for p in model.parameters()], strict=True):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
 
@@ -151,7 +167,7 @@ def run_data():
     return RunData(captions(np.arange(12), 100), captions(np.arange(12, IMAGES), 1000))
 
 
-def run_config(out_dir: Path) -> dict:
+def run_config(out_dir: Path, batch_size: int = 10, grad_accum: int = 2) -> dict:
     return {
         "name": "ddp",
         "method": "mle",
@@ -169,8 +185,8 @@ def run_config(out_dir: Path) -> dict:
         },
         "train": {
             "steps": 8,
-            "batch_size": 10,  # the global micro-batch: 5 captions per process
-            "grad_accum": 2,
+            "batch_size": batch_size,
+            "grad_accum": grad_accum,
             "lr": 0.01,
             "warmup_steps": 2,
             "val_every": 4,
@@ -181,7 +197,12 @@ def run_config(out_dir: Path) -> dict:
     }
 
 
-def test_two_gloo_processes_give_the_one_process_loss_curve(tmp_path: Path) -> None:
+# (10, 2): each process takes one whole micro-batch of 10 per step; (20, 1): each takes a slice
+# of 10 of the one micro-batch. The global batch is 20 captions either way.
+@pytest.mark.parametrize("batch_size, grad_accum", [(10, 2), (20, 1)], ids=["whole", "sliced"])
+def test_two_gloo_processes_give_the_one_process_loss_curve(
+    tmp_path: Path, batch_size: int, grad_accum: int
+) -> None:
     import pandas as pd
 
     from distinctcap.launch import launch
@@ -189,10 +210,11 @@ def test_two_gloo_processes_give_the_one_process_loss_curve(tmp_path: Path) -> N
     from distinctcap.train import train
 
     data = run_data()
-    one = train(run_config(tmp_path / "one"), data)
+    one = train(run_config(tmp_path / "one", batch_size, grad_accum), data)
     data_file = tmp_path / "data.pt"
     torch.save(data, data_file)
-    launch(run_config(tmp_path / "two"), 2, str(tmp_path / "two.log"), str(data_file))
+    two_cfg = run_config(tmp_path / "two", batch_size, grad_accum)
+    launch(two_cfg, 2, str(tmp_path / "two.log"), str(data_file))
 
     curve = pd.read_csv(tmp_path / "two" / "curve.csv")
     print("max relative loss difference", (curve.loss / one.curve.loss - 1).abs().max())

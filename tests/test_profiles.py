@@ -96,6 +96,7 @@ def test_test_profile_mirrors_the_shipped_slurm_profile() -> None:
     for rule, res in shipped["set-resources"].items():
         mine = test["set-resources"][rule]
         assert set(res) - SITE_RESOURCES == set(mine) - SITE_RESOURCES, rule
+        assert partition_kind(shipped, rule) == partition_kind(test, rule), rule
         assert ("gpu_model" in res) == ("gpu_model" in mine), rule
         assert res.get("gpu") == mine.get("gpu"), rule
 
@@ -117,9 +118,57 @@ def test_every_rule_declares_mem_mb(name: str, workflow_rules: set[str]) -> None
         assert "mem_mb" in resources.get(rule, {}), rule
 
 
+def resource(profile: dict, rule: str, key: str, attempt: int = 1):
+    """A rule's resource as snakemake resolves it: its own value, else the default; a string
+    is a Python expression with `attempt` in scope, or else a plain string (a partition)."""
+    value = profile["set-resources"].get(rule, {}).get(key, profile["default-resources"].get(key))
+    try:
+        return eval(value, {"attempt": attempt}) if isinstance(value, str) else value  # noqa: S307
+    except NameError:
+        return value
+
+
+def partition_kind(profile: dict, rule: str) -> str:
+    default = profile["default-resources"]["slurm_partition"]
+    return "cpu" if resource(profile, rule, "slurm_partition") == default else "gpu"
+
+
 @pytest.mark.parametrize("name", ["slurm", "slurm-test"])
-def test_slurm_memory_grows_with_the_attempt(name: str) -> None:
-    # snakemake evaluates a string resource as a Python expression with `attempt` in scope
-    for rule, res in load(name)["set-resources"].items():
-        first, second = (eval(res["mem_mb"], {"attempt": a}) for a in (1, 2))  # noqa: S307
-        assert isinstance(first, int) and second > first, rule
+@pytest.mark.parametrize("key", ["mem_mb", "runtime"])
+def test_slurm_memory_and_time_grow_with_the_attempt(
+    name: str, key: str, workflow_rules: set[str]
+) -> None:
+    # a job that ended OUT_OF_MEMORY or TIMEOUT is resubmitted by `retries` asking for more
+    profile = load(name)
+    for rule in workflow_rules - {"all"}:
+        first, second = (resource(profile, rule, key, a) for a in (1, 2))
+        assert isinstance(first, int) and second > first, (rule, key)
+
+
+@pytest.mark.parametrize("name", ["slurm", "slurm-test"])
+def test_slurm_jobs_stay_on_one_node(name: str, workflow_rules: set[str]) -> None:
+    # torchrun --standalone (train_run with gpu > 1) needs all of a job's GPUs on one node
+    profile = load(name)
+    assert all(resource(profile, rule, "nodes") == 1 for rule in workflow_rules - {"all"})
+
+
+@pytest.mark.parametrize("name", ["slurm", "slurm-test"])
+def test_cpu_rules_use_the_cpu_partition(name: str, workflow_rules: set[str]) -> None:
+    # evaluate shares decode's group job, and a group's string resources must agree
+    profile = load(name)
+    on_gpu = {rule for rule in workflow_rules - {"all"} if partition_kind(profile, rule) == "gpu"}
+    assert on_gpu == GPU_RULES | {"evaluate"}
+
+
+def test_the_cpu_partition_is_a_site_line() -> None:
+    lines = PROFILES["slurm"].read_text().splitlines()
+    (line,) = [x for x in lines if x.strip().startswith("slurm_partition: cpu")]
+    assert "# SITE: CPU partition" in line
+
+
+@pytest.mark.parametrize("name", ["slurm", "slurm-test"])
+def test_decode_and_evaluate_are_one_job_with_an_efficiency_report(name: str) -> None:
+    profile = load(name)
+    assert profile["groups"]["decode"] == profile["groups"]["evaluate"]
+    assert set(profile["groups"]) == {"decode", "evaluate"}
+    assert profile["slurm-efficiency-report"] is True

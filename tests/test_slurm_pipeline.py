@@ -1,5 +1,5 @@
 """The pipeline through the snakemake SLURM executor on the real local cluster of
-.ci/slurm/start.sh (partition debug, account distinctcap, two fake GPUs of type fakegpu).
+.ci/slurm/start.sh (partitions cpu and gpu, account distinctcap, two fake GPUs of type fakegpu).
 
 One module-scoped run of the tiny DAG with tests/slurm_profile (the shipped SLURM profile with
 this cluster's values, test_profiles.py checks the mirror); the tests read what happened back
@@ -26,18 +26,35 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 import yaml
 from conftest import ROOT, SNAKEMAKE, tiny_config
+
+from distinctcap.model import Captioner
 
 pytestmark = pytest.mark.slurm
 
 STATE_DIR = Path(os.environ.get("SLURM_STATE_DIR", "/tmp/distinctcap-slurm"))
 PROFILE = ROOT / "tests" / "slurm_profile"
-GPU_RULES = {"train_clip", "extract_features", "train_run", "decode"}
+GPU_RULES = {
+    "train_clip",
+    "extract_features",
+    "train_run",
+    "decode",
+    "retrieval_entropy",
+    "neighbours",
+}
+GROUP = "decode_evaluate"  # the profile's group of decode and evaluate: one SLURM job
+# The tiny DAG of slurm_config: every rule but `all` (local) and neighbours (no run needs it).
+DAG_RULES = {
+    "prepare_data", "train_clip", "extract_features", "retrieval_entropy", "split_entropy",
+    "entropy_report", "train_run", "decode", "evaluate", "summarize", "report_tables",
+    "report_plots", "report_gallery",
+}  # fmt: skip
 GPU_TYPE = "fakegpu"
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL"}
 PIPELINE_TIMEOUT = 720  # s, a guard: the module takes ~5 min on a free 2-core machine
-SACCT_FIELDS = ["JobID", "Comment", "State", "ReqTRES"]
+SACCT_FIELDS = ["JobID", "Comment", "State", "ReqTRES", "Partition"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -87,6 +104,7 @@ class SlurmJob:
     wildcards: str
     state: str
     req_tres: dict[str, str]
+    partition: str
 
 
 def parse_comment(comment: str) -> tuple[str, str]:
@@ -114,6 +132,7 @@ def accounted_jobs(run_uuid: str, since: str, timeout: float = 60) -> list[Slurm
                     *parse_comment(r["Comment"]),
                     r["State"].split()[0],
                     dict(kv.split("=", 1) for kv in r["ReqTRES"].split(",")),
+                    r["Partition"],
                 )
                 for r in rows
             ]
@@ -141,12 +160,11 @@ def job_restarts(job_id: str) -> int:
 # Running the pipeline
 
 
-# What the SLURM tests build: the chain through every GPU rule for one small MLE run,
-# prepare_data -> train_clip -> extract_features -> train_run[reference] -> decode[reference].
-# Not `rule all`: on the 2-CPU test cluster every job pays ~10 s for the in-job snakemake and
-# up to ~40 s of the executor's growing status-poll interval, and the whole tiny DAG (entropy,
-# seven runs, three decodings, evaluation) would take far more than the ~10 minutes allowed.
-TARGETS = ["results/generated/reference/test-greedy.parquet"]
+# What the SLURM tests build: the whole tiny DAG of slurm_config (one MLE run, one decoding
+# setting), CPU rules, evaluation and reports included, every job through sbatch. On the 2-CPU
+# test cluster every job pays ~10 s for the in-job snakemake and up to ~40 s of the executor's
+# growing status-poll interval.
+TARGETS = ["all"]
 PROBE = "requeue_probe"  # the run the requeue test trains, preempts and resumes
 # ~6 s of training on a free CPU core: the first checkpoint comes after 10 steps, so the test
 # has the other 140 to requeue the job while it runs.
@@ -234,7 +252,7 @@ class PipelineRun:
 
     def submitted(self) -> dict[str, str]:
         """SLURM job id -> snakemake log line, for every job snakemake submitted."""
-        found = re.findall(r"(Job \d+ has been submitted with SLURM jobid (\d+).*)", self.log)
+        found = re.findall(r"(Job \S+ has been submitted with SLURM jobid (\d+).*)", self.log)
         return {job_id: line for line, job_id in found}
 
 
@@ -273,21 +291,31 @@ def test_every_job_ran_under_slurm_and_completed(pipeline: PipelineRun) -> None:
     assert submitted, "snakemake submitted no SLURM job"
     assert {job.job_id for job in pipeline.jobs} == set(submitted)
     assert [job for job in pipeline.jobs if job.state != "COMPLETED"] == []
-    # Every non-local job of the DAG was one SLURM job.
+    # Every non-local job of the DAG was one SLURM job; decode and evaluate shared one.
     non_local = re.findall(r"^rule (\w+):$", pipeline.log, flags=re.MULTILINE)
-    assert sorted(non_local) == sorted(job.rule for job in pipeline.jobs)
-    assert set(non_local) == {"prepare_data", *GPU_RULES}
-    assert all((pipeline.workdir / target).exists() for target in TARGETS)
+    grouped = [job for job in pipeline.jobs if job.rule.startswith(GROUP)]
+    assert len(grouped) == 1
+    assert sorted(non_local) == sorted(j.rule for j in pipeline.jobs if j not in grouped)
+    assert set(non_local) == DAG_RULES - {"decode", "evaluate"}
+    for output in ("generated/reference/test-greedy", "metrics/reference/test-greedy"):
+        assert (pipeline.workdir / "results" / f"{output}.parquet").exists()
+    assert (pipeline.workdir / "results" / "report" / "tables.md").exists()
+    # the efficiency report (sacct's CPU and memory use per job) of the run
+    (report,) = (pipeline.workdir / "logs" / "slurm").glob("efficiency_report_*.csv")
+    assert len(pd.read_csv(report)) >= len(pipeline.jobs)
 
 
 def test_gpu_rules_were_submitted_with_a_gpu_request(pipeline: PipelineRun) -> None:
     for job in pipeline.jobs:
-        if job.rule in GPU_RULES:
+        on_gpu = job.rule in GPU_RULES or job.rule.startswith(GROUP)
+        if on_gpu:
             assert job.req_tres.get("gres/gpu") == "1", job
             assert job.req_tres.get(f"gres/gpu:{GPU_TYPE}") == "1", job
         else:
             assert "gres/gpu" not in job.req_tres, job
-        assert job.req_tres["cpu"] == "1", job
+        # CPU rules on the CPU partition, GPU rules (and decode's group) on the GPU partition
+        assert job.partition == ("gpu" if on_gpu else "cpu"), job
+        assert job.req_tres["cpu"] == "1" and job.req_tres["node"] == "1", job
 
 
 def slurm_job_of(log: Path, rule: str, wildcard: str, proc: subprocess.Popen) -> str:
@@ -318,6 +346,7 @@ def two_gpu_profile(dest: Path) -> Path:
     """The test profile with train_run asking for both GPUs of the cluster."""
     profile = yaml.safe_load((PROFILE / "config.yaml").read_text())
     profile["set-resources"]["train_run"]["gpu"] = 2
+    profile["set-resources"]["train_run"]["mem_mb"] = "8000 * attempt"  # two trainers
     dest.mkdir()
     (dest / "config.yaml").write_text(yaml.safe_dump(profile))
     return dest
@@ -362,3 +391,114 @@ def test_requeued_two_gpu_training_job_resumes_from_its_checkpoint(pipeline: Pip
     train_log = (workdir / "logs" / "train" / f"{PROBE}.log").read_text()
     assert f"at step {resumed}" in train_log and "resumed from" in train_log
     assert not (out_dir / "checkpoints").exists()  # removed once the run is complete
+
+
+# ---------------------------------------------------------------------------------------------
+# Limits: memory (cgroups) and time, each followed by snakemake's attempt-scaled retry
+
+OOM, TIMEOUT, UNINTERRUPTED = "oom_probe", "timeout_probe", "timeout_reference"
+# Steps that take well over the probe's 1-minute limit (SLURM checks limits every 30 s, so it
+# ends the job 60-90 s in): 47 ms a step measured on the 2-core dev box under load, so 6000
+# steps stay over 90 s on a machine twice as fast.
+TIMEOUT_STEPS, TIMEOUT_CHECKPOINT_EVERY = 6000, 200
+
+
+def memory_enforced() -> bool:
+    """Whether the cluster enforces --mem (start.sh chose task/cgroup)."""
+    return "task/cgroup" in slurm("scontrol", "show", "config")
+
+
+def limits_config(config: dict) -> dict:
+    """`config` plus a short run to go over its memory and two equal long runs, one to go over
+    its time limit and one uninterrupted to compare the weights with."""
+    config = copy.deepcopy(config)
+    config["runs"][OOM] = {"method": "mle", "data": "all"}
+    every = TIMEOUT_CHECKPOINT_EVERY
+    long = {"steps": TIMEOUT_STEPS, "checkpoint_every": every, "log_every": every}
+    for run in (TIMEOUT, UNINTERRUPTED):
+        config["runs"][run] = {"method": "mle", "data": "all", "train": dict(long)}
+    return config
+
+
+def limits_profile(dest: Path) -> Path:
+    """The test profile with retries, and train_run's memory and time, attempt-scaled as in
+    the shipped profile, but below what the probe runs need at attempt 1: 400 MB (a train_run
+    job peaked at ~1.5 GB) for the OOM probe, 1 minute for the TIMEOUT probe."""
+    profile = yaml.safe_load((PROFILE / "config.yaml").read_text())
+    profile["retries"] = 1
+    train = profile["set-resources"]["train_run"]
+    train["mem_mb"] = f"400 * 10 ** (attempt - 1) if wildcards.run == '{OOM}' else 4000 * attempt"
+    train["runtime"] = f"1 if wildcards.run == '{TIMEOUT}' and attempt == 1 else 20 * attempt"
+    dest.mkdir()
+    (dest / "config.yaml").write_text(yaml.safe_dump(profile))
+    return dest
+
+
+def attempts(jobs: list[SlurmJob], run: str) -> list[SlurmJob]:
+    """The SLURM jobs of train_run for `run`, first attempt first."""
+    mine = [j for j in jobs if j.rule == "train_run" and j.wildcards == run]
+    return sorted(mine, key=lambda j: int(j.job_id))
+
+
+def weights(path: Path) -> dict[str, torch.Tensor]:
+    return Captioner.load(path).state_dict()
+
+
+def test_jobs_over_memory_or_time_end_so_and_their_retry_completes(pipeline: PipelineRun) -> None:
+    """OUT_OF_MEMORY: the cgroup kills a job over its --mem and snakemake resubmits it with the
+    memory of attempt 2. TIMEOUT: SLURM ends a training job at its time limit; the retry resumes
+    from the last checkpoint and ends with the weights of the same run trained uninterrupted."""
+    if not memory_enforced():
+        pytest.skip("the cluster does not enforce memory (no cgroups; see start.sh's warning)")
+    workdir = pipeline.workdir
+    (workdir / "config.yaml").write_text(yaml.safe_dump(limits_config(pipeline.config)))
+    log = workdir / "limits.out"
+    targets = [f"results/runs/{run}/model.pt" for run in (TIMEOUT, UNINTERRUPTED, OOM)]
+    profile = limits_profile(workdir / "limits_profile")
+    t0 = time.monotonic()
+    proc = start_snakemake(workdir, log, *targets, timeout=600, profile=profile)
+    wait_or_cancel(proc, log)
+    text = log.read_text()
+    assert proc.returncode == 0, f"snakemake failed ({proc.returncode}):\n{text[-6000:]}"
+    print(f"\nlimits: {time.monotonic() - t0:.0f} s")
+    jobs = accounted_jobs(run_uuid(text), pipeline.since)
+
+    oom = attempts(jobs, OOM)
+    assert [j.state for j in oom] == ["OUT_OF_MEMORY", "COMPLETED"], oom
+    assert [j.req_tres["mem"] for j in oom] == ["400M", "4000M"], oom
+
+    timeout = attempts(jobs, TIMEOUT)
+    assert [j.state for j in timeout] == ["TIMEOUT", "COMPLETED"], timeout
+    (uninterrupted,) = attempts(jobs, UNINTERRUPTED)
+    assert uninterrupted.state == "COMPLETED"
+    runs = workdir / "results" / "runs"
+    summary = json.loads((runs / TIMEOUT / "summary.json").read_text())
+    assert summary["steps"] == TIMEOUT_STEPS
+    assert summary["resumed_from"] and summary["resumed_from"] % TIMEOUT_CHECKPOINT_EVERY == 0
+    resumed = weights(runs / TIMEOUT / "model.pt")
+    whole = weights(runs / UNINTERRUPTED / "model.pt")
+    assert resumed.keys() == whole.keys()
+    assert all(torch.equal(resumed[k], whole[k]) for k in resumed)
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input
+
+
+def test_an_unknown_partition_fails_the_job_with_slurms_error(cluster: None, tmp_path) -> None:
+    """sbatch refuses the job: snakemake must log SLURM's reason and fail, not wait."""
+    (tmp_path / "work").mkdir()
+    workdir = copy_workflow(tmp_path / "work", slurm_config())
+    profile = yaml.safe_load((PROFILE / "config.yaml").read_text())
+    profile["default-resources"]["slurm_partition"] = "no_such_partition"
+    (tmp_path / "profile").mkdir()
+    (tmp_path / "profile" / "config.yaml").write_text(yaml.safe_dump(profile))
+    log = tmp_path / "snakemake.out"
+    proc = start_snakemake(
+        workdir, log, "results/data/images.parquet", timeout=180, profile=tmp_path / "profile"
+    )
+    wait_or_cancel(proc, log)
+    text = log.read_text()
+    assert proc.returncode not in (0, 124, 137), text[-3000:]  # failed, not timed out
+    assert "invalid partition specified: no_such_partition" in text, text[-3000:]
+    assert "Error in rule prepare_data" in text or "prepare_data" in text

@@ -2,7 +2,8 @@
 # Start a single-node SLURM cluster with accounting on localhost (as root), then wait until
 # the node is idle. Idempotent: daemons already running from the same state dir are kept.
 # Env: SLURM_STATE_DIR (default /tmp/distinctcap-slurm), SLURM_FAKE_GPUS (default 2),
-#      SLURM_{CTLD,SLURMD,DBD,DB}_PORT, SLURM_START_TIMEOUT (seconds, default 60).
+#      SLURM_{CTLD,SLURMD,DBD,DB}_PORT, SLURM_START_TIMEOUT (seconds, default 60),
+#      SLURM_CGROUPS (auto: enforce --mem with cgroups where the machine allows it; no: never).
 # Clients need SLURM_CONF=$SLURM_STATE_DIR/etc/slurm.conf unless /etc/slurm/slurm.conf is the
 # symlink this script makes (it never replaces a real file there).
 set -euo pipefail
@@ -61,10 +62,30 @@ def_mem=$((real_mem / cpus))
 db_pass="$(cat "$STATE/etc/dbpass")"
 
 [[ "$NGPUS" =~ ^[1-9][0-9]*$ ]] || fail "SLURM_FAKE_GPUS must be a positive integer, got '$NGPUS'"
+# cgroup_memory_problem: why SLURM cannot enforce --mem with cgroup v1 here (empty if it can):
+# task/cgroup needs a writable memory controller at /sys/fs/cgroup/memory.
+cgroup_memory_problem() {
+    local probe=/sys/fs/cgroup/memory/distinctcap-probe.$$ err
+    [ -d /sys/fs/cgroup/memory ] || { echo "no cgroup v1 memory controller at /sys/fs/cgroup/memory"; return; }
+    if ! err="$(mkdir "$probe" 2>&1 && echo 67108864 2>&1 >"$probe/memory.limit_in_bytes")"; then
+        echo "cannot create a memory cgroup: $err"
+    fi
+    rmdir "$probe" 2>/dev/null || true
+}
+cgroup_problem="$(cgroup_memory_problem)"
+if [ "${SLURM_CGROUPS:-auto}" = no ]; then cgroup_problem="disabled by SLURM_CGROUPS=no"; fi
+if [ -z "$cgroup_problem" ]; then
+    proctrack=proctrack/cgroup task_plugin=task/cgroup memory_note="enforced (cgroup v1)"
+else
+    proctrack=proctrack/linuxproc task_plugin=task/none memory_note="NOT enforced: $cgroup_problem"
+    echo "slurm start: WARNING memory limits not enforced: $cgroup_problem" >&2
+fi
+
 # A new state dir has no configs yet: hash whatever exists (cat fails on the missing ones).
-old_sum="$({ cat "$STATE"/etc/{slurm,gres,slurmdbd}.conf 2>/dev/null || true; } | md5sum)"
+old_sum="$({ cat "$STATE"/etc/{slurm,gres,slurmdbd,cgroup}.conf 2>/dev/null || true; } | md5sum)"
 render() {
     sed -e "s|@STATE@|$STATE|g" -e "s|@NODE@|$node|g" -e "s|@CPUS@|$cpus|g" \
+        -e "s|@PROCTRACK@|$proctrack|g" -e "s|@TASK_PLUGIN@|$task_plugin|g" \
         -e "s|@REAL_MEMORY@|$real_mem|g" -e "s|@DEF_MEM_PER_CPU@|$def_mem|g" \
         -e "s|@NGPUS@|$NGPUS|g" -e "s|@GPU_TYPE@|$GPU_TYPE|g" -e "s|@LAST_GPU@|$((NGPUS - 1))|g" \
         -e "s|@CTLD_PORT@|$CTLD_PORT|g" -e "s|@SLURMD_PORT@|$SLURMD_PORT|g" \
@@ -74,8 +95,9 @@ render() {
 render slurm.conf
 render gres.conf
 render slurmdbd.conf
+render cgroup.conf
 chmod 600 "$STATE/etc/slurmdbd.conf"
-if [ "$old_sum" != "$(cat "$STATE"/etc/{slurm,gres,slurmdbd}.conf | md5sum)" ] &&
+if [ "$old_sum" != "$(cat "$STATE"/etc/{slurm,gres,slurmdbd,cgroup}.conf | md5sum)" ] &&
     pid_alive "$STATE/run/slurmctld.pid" slurmctld >/dev/null; then
     echo "slurm start: config changed under running daemons; run stop.sh then start.sh" >&2
 fi
@@ -179,4 +201,4 @@ while :; do
     sleep 0.5
 done
 echo "slurm start: node $node $state (CPUs=$cpus RealMemory=$real_mem gpu:$GPU_TYPE:$NGPUS)" \
-    "in $((SECONDS - t0))s; state in $STATE; SLURM_CONF=$SLURM_CONF"
+    "in $((SECONDS - t0))s; memory $memory_note; state in $STATE; SLURM_CONF=$SLURM_CONF"

@@ -5,33 +5,37 @@ each calls `distinctcap.train.train(cfg)`, which reads its rank from the environ
 sets (`DistEnv.from_env`) and uses GPU `LOCAL_RANK` (gloo on CPU, NCCL on GPUs). This module
 imports nothing of the project but its errors, so the trainer imports it without a cycle.
 
-The global batch does not depend on W: micro-batch j of `train.batch_size` captions (the same
-captions as in a one-process run, data/batches.py) is cut into W slices (`shard`), each rank
-weights its loss by its shard's share of the micro-batch (`shard_weight`: its non-pad tokens /
-the micro-batch's, for objectives that average over tokens; captions / captions for objectives
-with `mean_over = "captions"`), and after the accumulation loop the gradients are summed over
-the ranks (`all_reduce_gradients`). The sum of the weighted shard gradients is the gradient of
-the micro-batch's mean, so every rank takes the optimiser step of the one-process run and the
-loss curve is the same up to float rounding (tests/test_distributed.py). The number of GPUs is
-thus a platform choice (profile) that does not change a result; a checkpoint's data position
-(the global micro-batch counter) does not depend on W either.
+The global batch does not depend on W. A step's `train.grad_accum` = A micro-batches of
+`train.batch_size` captions (the same captions as in a one-process run, data/batches.py) are
+shared out (`my_micro_batches`): when A is a multiple of W, rank r takes whole micro-batches
+r, r + W, ..., so each GPU works on full batches, as in one process; otherwise every
+micro-batch is cut into W slices (`shard`) and each rank weights its slice's loss by its share
+of the micro-batch (`shard_weight`: its non-pad tokens / the micro-batch's, for objectives that
+average over tokens; captions / captions for `mean_over = "captions"`). Either way the
+gradients summed over the ranks are the gradient of the one-process step, so every rank takes
+the optimiser step of the one-process run and the loss curve is the same up to float rounding
+(tests/test_distributed.py). The number of GPUs is thus a platform choice (profile) that does
+not change a result; a checkpoint's data position (the global micro-batch counter) does not
+depend on W either.
 
-Why not the DistributedDataParallel wrapper: the objectives call the captioner's encode /
-decode / decode_step directly (CL, specificity), which bypasses the wrapper's forward and with
-it its gradient hooks. One all-reduce of the flattened gradients per optimiser step is DDP's
-arithmetic with `no_sync` during accumulation, without the overlap of communication and
-backward (negligible for this model size next to its step time).
+The sum is DDP's reducer (`GradientReducer`): gradients are grouped in ~25 MB buckets in
+reverse parameter order, and during the backward of a rank's last micro-batch of the step each
+bucket is all-reduced asynchronously as soon as all its gradients are accumulated, so the
+communication overlaps the rest of the backward (earlier micro-batches accumulate locally, as
+under DDP's `no_sync`). Buckets are launched in a fixed order so every rank issues the same
+collectives. Why not the DistributedDataParallel wrapper itself: the objectives call the
+captioner's encode / decode / decode_step directly (CL, specificity), which bypasses the
+wrapper's forward, and without that forward its gradient hooks do nothing.
 
-Rank 0 alone writes checkpoints, outputs and log lines and shows the progress bar (any rank
-appends its warnings and the error that stops it to the log); the
-early-stopping decision is broadcast from rank 0 so the processes always stop together.
+Rank 0 alone validates, writes checkpoints, outputs and log lines and shows the progress bar
+(any rank appends its warnings and the error that stops it to the log); the early-stopping
+decision is broadcast from rank 0 so the processes always stop together.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -94,6 +98,14 @@ class DistEnv:
 # Data parallel pieces used by the trainer (each a no-op for one process)
 
 
+def my_micro_batches(grad_accum: int, env: DistEnv) -> tuple[list[int], bool]:
+    """This rank's micro-batches of a step (indices into 0..grad_accum-1) and whether it takes
+    them whole: rank r takes r, r + W, ... when W divides grad_accum, else a slice of each."""
+    if env.active and grad_accum % env.world_size == 0:
+        return list(range(env.rank, grad_accum, env.world_size)), True
+    return list(range(grad_accum)), not env.active
+
+
 def shard(indices: Tensor, env: DistEnv) -> Tensor:
     """This rank's captions of a micro-batch `indices` (B,): the rank-th of W contiguous
     slices of sizes differing by at most one. Contiguous, so the captions of one image, which
@@ -123,31 +135,75 @@ def shard_weight(lengths: Tensor, indices: Tensor, env: DistEnv, mean_over: str 
     return float(lengths[mine].sum()) / max(float(lengths[indices].sum()), 1.0)
 
 
-def all_reduce_gradients(model: torch.nn.Module, env: DistEnv) -> None:
-    """Sum every parameter's gradient over the ranks, in one flat all-reduce.
-
-    Parameters without a gradient are left alone; they are the same on every rank because
-    every rank runs the same code on the same model."""
-    if not env.active:
-        return
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    if not grads:
-        return
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset : offset + g.numel()].view_as(g))
-        offset += g.numel()
+BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb
 
 
-def all_reduce_sum(values: Sequence[float], env: DistEnv, device: torch.device) -> list[float]:
-    """Sums of `values` over the ranks (float64), e.g. the step's loss shares and tokens."""
-    if not env.active:
-        return list(values)
-    t = torch.tensor(list(values), dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return t.tolist()
+@dataclass
+class GradientReducer:
+    """Sum gradients over the ranks in buckets, overlapped with the backward (see the module
+    doc). `backward(loss, last)` for each micro-batch, `last` for the rank's final one of the
+    step, then `finish()` before the optimiser step. A no-op for one process."""
+
+    model: torch.nn.Module
+    env: DistEnv
+    bucket_bytes: int = BUCKET_BYTES
+    buckets: list[list[torch.nn.Parameter]] = field(init=False, default_factory=list)
+    _bucket_of: dict[int, int] = field(init=False, default_factory=dict)
+    _missing: list[int] = field(init=False, default_factory=list)
+    _launched: list[tuple] = field(init=False, default_factory=list)
+    _armed: bool = field(init=False, default=False)
+
+    def __post_init__(self) -> None:
+        if not self.env.active:
+            return
+        size = self.bucket_bytes  # the first bucket is started at once
+        for p in reversed([p for p in self.model.parameters() if p.requires_grad]):
+            if size + p.numel() * p.element_size() > self.bucket_bytes and size:
+                self.buckets.append([])
+                size = 0
+            self.buckets[-1].append(p)
+            size += p.numel() * p.element_size()
+            self._bucket_of[id(p)] = len(self.buckets) - 1
+            p.register_post_accumulate_grad_hook(self._ready)
+
+    def backward(self, loss: Tensor, last: bool) -> None:
+        self._armed = last and self.env.active
+        if self._armed:
+            self._missing = [len(b) for b in self.buckets]
+            self._launched = []
+        loss.backward()
+        self._armed = False
+
+    def _ready(self, p: torch.nn.Parameter) -> None:
+        if self._armed:
+            self._missing[self._bucket_of[id(p)]] -= 1
+            n = len(self._launched)
+            while n < len(self.buckets) and not self._missing[n]:  # in order, on every rank
+                self._launch(n)
+                n += 1
+
+    def _launch(self, i: int) -> None:
+        grads = [p.grad for p in self.buckets[i] if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads]) if grads else None
+        work = dist.all_reduce(flat, async_op=True) if flat is not None else None
+        self._launched.append((work, flat, grads))
+
+    def finish(self) -> None:
+        """Launch the buckets whose parameters got no gradient in the last backward (in
+        order), wait for every all-reduce and copy the sums back into the gradients."""
+        if not self.env.active:
+            return
+        while len(self._launched) < len(self.buckets):
+            self._launch(len(self._launched))
+        for work, flat, grads in self._launched:
+            if work is None:
+                continue
+            work.wait()
+            offset = 0
+            for g in grads:
+                g.copy_(flat[offset : offset + g.numel()].view_as(g))
+                offset += g.numel()
+        self._launched = []
 
 
 def broadcast_flag(flag: bool, env: DistEnv, device: torch.device) -> bool:

@@ -71,9 +71,10 @@ from distinctcap.data.batches import (
 from distinctcap.devices import resolve_device
 from distinctcap.distributed import (
     DistEnv,
-    all_reduce_gradients,
+    GradientReducer,
     broadcast_flag,
     broadcast_parameters,
+    my_micro_batches,
     shard,
     shard_weight,
 )
@@ -415,7 +416,8 @@ class DeferredStats:
             for extra in p.extras:
                 for k, v in extra.items():
                     value = next(values) if torch.is_tensor(v) else float(v)
-                    extras[k] = extras.get(k, 0.0) + value / ga
+                    # this process's micro-batches (all grad_accum of them on one process)
+                    extras[k] = extras.get(k, 0.0) + value / len(p.extras)
             numbers.append(StepNumbers(loss_sum, norm, tokens, extras))
         return numbers
 
@@ -458,6 +460,7 @@ class Trainer:
         seed_everything(self.seed)
         self.model = self._build_model().to(self.device)
         broadcast_parameters(self.model, self.dist)
+        self.reducer = GradientReducer(self.model, self.dist)
         objective_cls = METHODS[method]
         frozen = {edge: self._load_frozen(edge) for edge in objective_cls.needs}
         self.ctx = TrainContext(self.device, data.train, frozen, data.tokenizer, PAD)
@@ -649,27 +652,28 @@ class Trainer:
         self.model.train()
         losses, ids, extras, tokens = [], [], [], 0
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)  # DDP only
-        for m in range(tc.grad_accum):
+        mine, whole = my_micro_batches(tc.grad_accum, self.dist)
+        for m in mine:
             idx = self.order.indices(s.step * tc.grad_accum + m)
-            batch = self.data.train.batch(shard(idx, self.dist))  # this process's share
+            batch = self.data.train.batch(idx if whole else shard(idx, self.dist))
             b = to_device(batch, self.device)
             with self.autocast():
                 loss, extra = self.objective.loss(self.model, b, s.step, tc.steps)
-            # 1.0 for one process; else the shard's share, so the shard losses sum to the loss
-            loss = loss * shard_weight(self.data.train.lengths, idx, self.dist, self.mean_over)
+            if not whole:  # the slice's share, so the slice losses sum to the micro-batch's
+                loss = loss * shard_weight(self.data.train.lengths, idx, self.dist, self.mean_over)
             value = loss.detach()
             if self.eager:  # stop before the backward of a bad loss (on a GPU: at the flush)
                 self.stats.check("loss", float(value), s.step + 1, batch.caption_ids)
-            self.scaler.scale(loss / tc.grad_accum).backward()
+            self.reducer.backward(self.scaler.scale(loss / tc.grad_accum), last=m == mine[-1])
             losses.append(value)
             ids.append(batch.caption_ids)
             extras.append(extra)
             tokens += batch.n_tokens
             if self.dist.active:  # as float(value) / grad_accum summed in float64
                 loss_sum += value.double() / tc.grad_accum
-        all_reduce_gradients(self.model, self.dist)
+        self.reducer.finish()
         reduced = None
-        if self.dist.active:  # issued now, read at the flush
+        if self.dist.active:  # issued now, read at the flush; the ranks' parts sum to the step's
             count = torch.tensor(float(tokens), dtype=torch.float64, device=self.device)
             reduced = torch.stack([loss_sum, count])
             torch.distributed.all_reduce(reduced)
@@ -781,7 +785,8 @@ class Trainer:
                 )
                 s.window = new_window()
                 if do_val:
-                    row.update(self.validate())
+                    if self.dist.is_main:  # the others wait for its early-stopping decision
+                        row.update(self.validate())
                     s.stopped_early = broadcast_flag(s.stopped_early, self.dist, self.device)
                     log.info(
                         "step %d: %s",

@@ -138,6 +138,7 @@ class CocoConfig:
     retries: int = 5
     backoff: float = 1.0
     timeout: float = 30.0
+    keep_zips: bool = True
 
     @classmethod
     def from_dict(cls, cfg: dict | None) -> CocoConfig:
@@ -192,11 +193,16 @@ def archives(config: CocoConfig) -> list[Archive]:
     return out
 
 
+def done_file(zip_name: str, dest: str | os.PathLike) -> Path:
+    """The file `extract` writes (the zip's size) once every member of `zip_name` is on disk."""
+    return Path(dest) / f".{zip_name}.done"
+
+
 def extract(zip_path: str | os.PathLike, dest: str | os.PathLike) -> None:
     """Unzip into `dest`, resumably: a done-file marks a finished archive, and members already
     on disk with the right size are skipped, so an interrupted extraction continues."""
     zip_path, dest = Path(zip_path), Path(dest)
-    done = dest / f".{zip_path.name}.done"
+    done = done_file(zip_path.name, dest)
     stamp = str(zip_path.stat().st_size)
     if done.is_file() and done.read_text().strip() == stamp:
         log.info("%s already extracted", zip_path.name)
@@ -211,15 +217,41 @@ def extract(zip_path: str | os.PathLike, dest: str | os.PathLike) -> None:
         tmp.write_text(stamp + "\n")
 
 
+def remove_extracted_zip(zip_path: str | os.PathLike, dest: str | os.PathLike) -> bool:
+    """Delete a downloaded zip whose extraction into `dest` finished (its done-file holds the
+    zip's size); True if it was deleted. COCO's zips are ~38 GB next to their extracted copy."""
+    zip_path = Path(zip_path)
+    done = done_file(zip_path.name, dest)
+    if not (zip_path.is_file() and done.is_file()):
+        return False
+    if done.read_text().strip() != str(zip_path.stat().st_size):
+        return False
+    zip_path.unlink()
+    log.info("removed %s (extracted into %s)", zip_path, dest)
+    return True
+
+
+def remove_extracted_zips(download_dir: str | os.PathLike) -> list[Path]:
+    """`remove_extracted_zip` for every zip in `download_dir`/zips (`make cleanup`)."""
+    root = Path(download_dir)
+    return [z for z in sorted((root / "zips").glob("*.zip")) if remove_extracted_zip(z, root)]
+
+
 def fetch(config: CocoConfig) -> Path:
     """Return a data root holding the split's files: `root` as is, or `download_dir` after
-    downloading (resumable, verified) and extracting the split's archives."""
+    downloading (resumable, verified) and extracting the split's archives; with `keep_zips`
+    false each zip is deleted once extracted, and an archive whose zip is gone but whose
+    done-file is there counts as extracted."""
     if config.root:
         root = Path(config.root)
         check_root(root, config.split)
         return root
     root = Path(config.download_dir)
     for archive in archives(config):
+        zip_path = root / "zips" / archive.name
+        if not zip_path.exists() and done_file(archive.name, root).is_file():
+            log.info("%s was extracted and its zip removed; not downloading it again", archive.name)
+            continue
         zip_path = download(
             archive.url,
             root / "zips" / archive.name,
@@ -230,6 +262,8 @@ def fetch(config: CocoConfig) -> Path:
             timeout=config.timeout,
         )
         extract(zip_path, root)
+        if not config.keep_zips:
+            remove_extracted_zip(zip_path, root)
     check_root(root, config.split)
     return root
 

@@ -20,6 +20,7 @@ PROFILES = {
 GPU_RULES = {
     "train_clip",
     "extract_features",
+    "extract_captioner_features",
     "train_run",
     "decode",
     "retrieval_entropy",

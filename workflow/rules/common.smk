@@ -41,6 +41,10 @@ RUNS = config["runs"]
 DECODING = config["decoding"]
 RUN_DIR = "results/runs"
 FEATURES_INDEX = "results/features/index.json"  # extract_features (features.smk)
+# captioner.kind transformers: the pre-trained model's frozen vision states are the runs' grid
+# (extract_captioner_features) and each run is also exported for transformers (export_hf)
+PRETRAINED = config["captioner"].get("kind", "native") == "transformers"
+CAPTIONER_FEATURES = "results/features/captioner/index.json" if PRETRAINED else FEATURES_INDEX
 ENTROPY_SUBSETS = {"D-": "results/entropy/D-", "D+": "results/entropy/D+"}  # split_entropy
 # the neighbours rule's table of the top {pct} percent (neighbours.smk; the same name as
 # distinctcap.neighbours.table_path, which imports torch)
@@ -102,7 +106,7 @@ def train_inputs(wildcards):
     inputs = {
         "captions": f"{DATA}/captions.parquet",
         "vocab": f"{DATA}/vocab.json",
-        "features": FEATURES_INDEX,
+        "features": CAPTIONER_FEATURES,
     }
     if run.get("data", "all") != "all":
         inputs["subset"] = ENTROPY_SUBSETS[run["data"]]

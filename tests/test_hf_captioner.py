@@ -162,3 +162,21 @@ def test_config_check_refuses_specificity_and_unreadable_folders(blip_dir, tmp_p
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(DistinctcapError, match="cannot read"):
         validate(config_with({**good, "pretrained": str(tmp_path)}), schema)
+
+
+@pytest.mark.parametrize(
+    "files", [["presets/smile-blip.yaml"], ["presets/smile-blip.yaml", "presets/blip-cl-unkt.yaml"]]
+)
+def test_blip_presets_validate(files, blip_dir):
+    """The BLIP presets, as --replace-workflow-config --configfile loads them, with the hub id
+    swapped for the tiny BLIP (nothing is downloaded here)."""
+    from test_config import _merge
+
+    config: dict = {}
+    for name in files:
+        config = _merge(config, yaml.safe_load((ROOT / name).read_text()))
+    assert config["captioner"]["pretrained"] == "Salesforce/blip-image-captioning-base"
+    config["captioner"]["pretrained"] = str(blip_dir)
+    runs = validate(config, load_schema(ROOT / "workflow/schemas/config.schema.yaml"))["runs"]
+    assert {"reference", "smile"} <= set(runs)
+    assert runs["smile"]["train"]["select_metric"] == "self_retrieval"

@@ -473,7 +473,9 @@ def model_metrics(
     from distinctcap.hf_captioner import caption_tokenizer
     from distinctcap.model import load_captioner
 
-    feat_ids, pooled, grid = load_image_features(paths.captioner_features or paths.features)
+    feat_ids, pooled, grid = load_image_features(
+        paths.captioner_features or paths.features, image_ids=ids
+    )
     row_of = {int(i): r for r, i in enumerate(feat_ids)}
     rows = [row_of[i] for i in ids]
     model = load_captioner(paths.model, map_location=settings.device)

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 import torch.nn.functional as F
@@ -482,7 +483,11 @@ def shard_entry(shard: Shard, root: Path) -> dict:
 # ---------------------------------------------------------------- loaders
 
 
-def _read_shards(index_path: str | Path, kind: str, columns: list[str]) -> list[pa.Table]:
+def _read_shards(
+    index_path: str | Path, kind: str, columns: list[str], ids: Sequence[int] | None = None
+) -> list[pa.Table]:
+    """The shards' tables; with `ids`, only the rows whose first column is one of them."""
+    wanted = None if ids is None else pa.array(np.asarray(ids, dtype=np.int64))
     index = read_json(index_path)
     root = Path(index_path).parent
     tables = []
@@ -495,6 +500,8 @@ def _read_shards(index_path: str | Path, kind: str, columns: list[str]) -> list[
                 f"{path} is missing or was computed for other inputs or another CLIP than "
                 f"{index_path} records; rerun the extract_features rule"
             )
+        if wanted is not None:
+            table = table.filter(pc.is_in(table.column(columns[0]), value_set=wanted))
         tables.append(table)
     return tables
 
@@ -510,18 +517,21 @@ def _matrix(tables: list[pa.Table], column: str, dtype) -> np.ndarray:
 
 
 def load_image_features(
-    index_path: str | Path, grid: bool = True
+    index_path: str | Path, grid: bool = True, image_ids: Sequence[int] | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """(image_ids int64 (N,), pooled float32 (N, D) L2-normalised, grid float16 (N, G, Dv)),
-    sorted by image_id. `grid=False` skips reading the grid tokens and returns None for them."""
+    sorted by image_id. `grid=False` skips reading the grid tokens and returns None for them.
+    With `image_ids`, only those images are kept, shard by shard (a pre-trained captioner's
+    grid of all COCO is ~100 GB; one split is a tenth of it)."""
     columns = ["image_id", "pooled"] + (["grid"] if grid else [])
-    tables = _read_shards(index_path, "images", columns)
+    tables = _read_shards(index_path, "images", columns, image_ids)
     ids = np.concatenate([t.column("image_id").to_numpy() for t in tables]).astype(np.int64)
     pooled = _matrix(tables, "pooled", np.float32)
     if not grid:
         return ids, pooled, None
     tokens = read_json(index_path)["images"]["grid_tokens"]
-    return ids, pooled, _matrix(tables, "grid", np.float16).reshape(len(ids), tokens, -1)
+    grid_rows = _matrix(tables, "grid", np.float16)
+    return ids, pooled, grid_rows.reshape(len(ids), tokens, grid_rows.shape[1] // tokens)
 
 
 def load_text_features(index_path: str | Path) -> tuple[np.ndarray, np.ndarray]:

@@ -64,6 +64,7 @@ rule extract_features:
 rule extract_captioner_features:
     input:
         images=f"{DATA}/images.parquet",
+        pretrained=PRETRAINED_DIR,
     output:
         index="results/features/captioner/index.json",
     params:

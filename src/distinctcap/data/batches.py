@@ -48,7 +48,7 @@ class ImageFeatures:
         have none)."""
         from distinctcap.features import load_image_features
 
-        ids, pooled, grid = load_image_features(index_path)
+        ids, pooled, grid = load_image_features(index_path, image_ids=image_ids)
         features = cls(
             np.asarray(ids, dtype=np.int64), torch.as_tensor(pooled), torch.as_tensor(grid)
         )

@@ -198,17 +198,17 @@ def _pretrained_type(source: str) -> str:
             what = "no config.json in that folder" if path.is_dir() else "no such folder"
             raise DistinctcapError(f"{key}: tried the local folder {path}: {what}")
         return _read_model_type(config, key)
-    if _offline():
-        from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub import try_to_load_from_cache
 
-        cached = try_to_load_from_cache(source, "config.json")
-        if not isinstance(cached, str):
-            raise DistinctcapError(
-                f"{key}: no local folder of that name, and as a hub id it is not in the "
-                "Hugging Face cache while HF_HUB_OFFLINE is set; download it with internet "
-                "access (unset HF_HUB_OFFLINE) or point at a local folder"
-            )
+    cached = try_to_load_from_cache(source, "config.json")  # no network: every parse runs this
+    if isinstance(cached, str):
         return _read_model_type(Path(cached), key)
+    if _offline():
+        raise DistinctcapError(
+            f"{key}: no local folder of that name, and as a hub id it is not in the "
+            "Hugging Face cache while HF_HUB_OFFLINE is set; download it with internet "
+            "access (unset HF_HUB_OFFLINE) or point at a local folder"
+        )
     return _hub_model_type(source, key)
 
 

@@ -70,13 +70,19 @@ class VocabSwap:
         for ours, theirs in ((BOS, bos), (EOS, eos)):
             table[ours], table[theirs] = theirs, ours
         self.table = table
+        self._on: dict[torch.device, Tensor] = {}  # the table per device, copied once
+
+    def on(self, device: torch.device) -> Tensor:
+        if device not in self._on:
+            self._on[device] = self.table.to(device)
+        return self._on[device]
 
     def __call__(self, ids: Tensor) -> Tensor:
-        return self.table.to(ids.device)[ids]
+        return self.on(ids.device)[ids]
 
     def logits(self, logits: Tensor) -> Tensor:
         """(..., V) in the model's order -> (..., V) in captioner-id order."""
-        return logits.index_select(-1, self.table.to(logits.device))
+        return logits.index_select(-1, self.on(logits.device))
 
 
 def text_config(model) -> object:

@@ -349,6 +349,8 @@ def compile_blocks(model: Captioner, probe: Callable[[], None], backend: str) ->
     only at its first call fails here. Returns None, or why compiling failed; then the blocks
     are left uncompiled."""
     blocks = [m for m in model.modules() if isinstance(m, EncoderBlock | DecoderBlock)]
+    if not blocks:
+        return "the captioner has no native blocks to compile (captioner.kind transformers)"
     try:
         for block in blocks:
             block.compile(backend=backend)

@@ -78,7 +78,8 @@ def test_method_losses_are_the_loss_functions_of_the_model_outputs(blip, backend
     model's logits and internals; with the frozen model = the trained one (equal logits), CL's
     G is 0 and UNKT's repulsions are exp(-KL) = 1 on both backends."""
     data = caption_data(blip.tokenizer)
-    model = blip if backend == "transformers" else tiny_captioner(blip.cfg.vocab_size, 32, 32, max_len=16)
+    native = tiny_captioner(blip.cfg.vocab_size, 32, 32, max_len=16)
+    model = blip if backend == "transformers" else native
     model.eval()
     batch = data.batch(torch.arange(len(data)))
     ctx = TrainContext(torch.device("cpu"), data, {"teacher": model, "reference": model}, None)

@@ -181,3 +181,36 @@ def test_blip_presets_validate(files, blip_dir):
     runs = validate(config, load_schema(ROOT / "workflow/schemas/config.schema.yaml"))["runs"]
     assert {"reference", "smile"} <= set(runs)
     assert runs["smile"]["train"]["select_metric"] == "self_retrieval"
+
+
+def test_end_to_end_runs_the_vision_tower_on_cached_pixels_with_gradients(blip_dir, tmp_path):
+    """vision: train caches pixels; the tower's states of them are the frozen stage's grid,
+    and the MLE loss reaches the tower's weights."""
+    import pandas as pd
+    from PIL import Image
+
+    from distinctcap.hf_captioner import HFCaptioner, extract_vision_features
+
+    files = []
+    for i, colour in enumerate([(200, 20, 20), (20, 200, 20), (20, 20, 200)]):
+        files.append(str(tmp_path / f"{i}.png"))
+        Image.new("RGB", (64, 64), colour).save(files[-1])
+    images = pd.DataFrame({"image_id": [5, 6, 7], "file": files})
+    grids = {}
+    for vision in ("frozen", "train"):
+        index = tmp_path / vision / "index.json"
+        extract_vision_features(images, str(blip_dir), index, tmp_path / vision / "cache",
+                                device="cpu", vision=vision)
+        grids[vision] = ImageFeatures.load(index)
+    assert grids["train"].grid.shape == (3, 3 * 32, 32)  # pixels (3, H, W) as (3H, W)
+    assert grids["frozen"].grid.shape == (3, 17, 32)  # CLS + 4 x 4 patches
+    model = HFCaptioner.from_pretrained(str(blip_dir), 16, vision="train")
+    with torch.no_grad():
+        states = model.encode(grids["train"].grid.float(), None)
+    assert torch.allclose(states, grids["frozen"].grid.float(), atol=1e-2)
+    inputs = torch.tensor([[1, *model.tokenizer.encode(TEXTS[0])]] * 3)
+    labels = torch.tensor([[*model.tokenizer.encode(TEXTS[0]), 2]] * 3)
+    _, loss = model(grids["train"].grid, grids["train"].pooled, inputs, labels)
+    loss.backward()
+    tower = [p.grad for p in model.hf.vision_model.parameters()]
+    assert all(g is not None for g in tower) and any(g.abs().sum() > 0 for g in tower)

@@ -161,8 +161,9 @@ def check_captioner(captioner: dict, runs: dict) -> None:
     that can be fetched (online) or is in the Hugging Face cache (offline), of a supported
     model type; no run uses a method that needs the native captioner."""
     if captioner.get("kind", "native") != "transformers":
-        if "pretrained" in captioner:
-            raise DistinctcapError("captioner.pretrained is only read with kind: transformers")
+        for key in ("pretrained", "vision"):
+            if key in captioner:
+                raise DistinctcapError(f"captioner.{key} is only read with kind: transformers")
         return
     source = captioner.get("pretrained")
     if not source:

@@ -2,10 +2,12 @@
 `BlipForConditionalGeneration`) behind the native captioner's interface (distinctcap.model), so
 the trainer, every objective, the search and the evaluation run it unchanged.
 
-- Vision tower frozen: the feature stage (`extract_vision_features`) caches its last hidden
-  states (B, 1 + patches, Dv) as the grid, the way CLIP's grid is cached for the native
-  captioner; `encode(grid, pooled)` returns that grid as the decoder's memory. End-to-end
-  fine-tuning from images is not built.
+- `captioner.vision: frozen` (default): the feature stage (`extract_vision_features`) caches
+  the vision tower's last hidden states (B, 1 + patches, Dv) as the grid, the way CLIP's grid
+  is cached for the native captioner, and `encode(grid, pooled)` returns them as the decoder's
+  memory. `vision: train` (end to end): the feature stage caches the processed pixels instead
+  (3 x H x W stored as a (3H, W) "grid", about the same bytes as BLIP's states) and `encode`
+  runs the tower on them, with gradients, once per distinct image of a batch.
 - Ids: the native code assumes pad 0, bos 1, eos 2 (distinctcap.model). `VocabSwap` exchanges
   BLIP's bos ([DEC]) and eos ([SEP]) with ids 1 and 2 ([unused0], [unused1]) on the way in and
   out of the model; pad is 0 in both. Tokens in this id space are "captioner ids".
@@ -47,6 +49,7 @@ from distinctcap.model import BOS, EOS, PAD
 log = logging.getLogger(__name__)
 
 KIND = "transformers"
+VISION = ("frozen", "train")  # captioner.vision: cache the tower's states, or train it too
 
 
 def _transformers():
@@ -156,9 +159,11 @@ class HFCaptioner(nn.Module):
 
     kind = KIND
 
-    def __init__(self, model, source: str, max_len: int, tokenizer=None):
+    def __init__(self, model, source: str, max_len: int, tokenizer=None, vision="frozen"):
         super().__init__()
-        self.hf, self.source = model, source
+        if vision not in VISION:
+            raise DistinctcapError(f"captioner.vision = {vision!r}: choose one of {VISION}")
+        self.hf, self.source, self.vision = model, source, vision
         self.swap = vocab_swap(model)
         t = text_config(model)
         if not 2 <= max_len <= t.max_position_embeddings:
@@ -168,13 +173,13 @@ class HFCaptioner(nn.Module):
             )
         self.cfg = HFConfig(t.vocab_size, max_len)
         self.tokenizer = HFTokenizer(tokenizer, self.swap) if tokenizer is not None else None
-        model.vision_model.requires_grad_(False)  # its features are cached (frozen tower)
+        model.vision_model.requires_grad_(vision == "train")  # frozen: its states are cached
 
     @classmethod
-    def from_pretrained(cls, source: str, max_len: int) -> HFCaptioner:
+    def from_pretrained(cls, source: str, max_len: int, vision: str = "frozen") -> HFCaptioner:
         tf = _transformers()
         model = tf.AutoModelForImageTextToText.from_pretrained(source, attn_implementation="eager")
-        return cls(model.float(), source, max_len, load_processor(source).tokenizer)
+        return cls(model.float(), source, max_len, load_processor(source).tokenizer, vision)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -182,8 +187,13 @@ class HFCaptioner(nn.Module):
     # -- the captioner interface ---------------------------------------------------------------
 
     def encode(self, grid: Tensor, pooled: Tensor | None = None) -> Tensor:
-        """The cached vision states are the memory: grid (B, G, Dv) -> (B, G, Dv)."""
-        return grid.to(self.hf.text_decoder.dtype)
+        """The decoder's memory (B, M, Dv): the cached vision states (frozen), or the tower's
+        states of the cached pixels (B, 3H, W) (vision train)."""
+        grid = grid.to(self.hf.text_decoder.dtype)
+        if self.vision == "frozen":
+            return grid
+        pixels = grid.unflatten(1, (3, -1))  # (B, 3, H, W)
+        return self.hf.vision_model(pixel_values=pixels).last_hidden_state
 
     def _text(self, memory: Tensor, tokens: Tensor, **kwargs):
         return self.hf.text_decoder(
@@ -233,6 +243,7 @@ class HFCaptioner(nn.Module):
             "kind": KIND,
             "source": self.source,
             "max_len": self.cfg.max_len,
+            "vision": self.vision,
             "hf_config": self.hf.config.to_json_string(),
             "state_dict": self.hf.state_dict(),
         }
@@ -247,7 +258,9 @@ class HFCaptioner(nn.Module):
         model = tf.AutoModelForImageTextToText.from_config(config)
         model.load_state_dict(ckpt["state_dict"])
         tokenizer = load_processor(ckpt["source"]).tokenizer
-        return cls(model.float(), ckpt["source"], ckpt["max_len"], tokenizer).to(map_location)
+        return cls(
+            model.float(), ckpt["source"], ckpt["max_len"], tokenizer, ckpt["vision"]
+        ).to(map_location)
 
     def export(self, out_dir: str | os.PathLike) -> None:
         """`save_pretrained` of the model and its processor into `out_dir`, replaced whole
@@ -326,7 +339,16 @@ class ProcessedImages(Dataset):
         return pixels["pixel_values"][0]
 
 
-def vision_manifest(source: str, model, processor, dtype: torch.dtype) -> dict:
+def vision_grid(model, pixels: Tensor, vision: str) -> tuple[Tensor, Tensor]:
+    """(pooled (B, D), grid (B, G, Dv)) of a batch of pixels (B, 3, H, W) (see
+    extract_vision_features)."""
+    if vision == "train":
+        return pixels.new_ones(len(pixels), 1).float(), pixels.flatten(1, 2)
+    out = model.vision_model(pixel_values=pixels)
+    return F.normalize(out.pooler_output.float(), dim=-1), out.last_hidden_state
+
+
+def vision_manifest(source: str, model, processor, dtype: torch.dtype, vision: str) -> dict:
     """What the cached grid depends on besides the images: the tower's weights and settings."""
     from distinctcap.features import FORMAT
 
@@ -342,6 +364,7 @@ def vision_manifest(source: str, model, processor, dtype: torch.dtype) -> dict:
         "vision_weights": weights.hexdigest(),
         "preprocess": processor.image_processor.to_dict(),
         "precision": str(dtype).removeprefix("torch."),
+        "vision": vision,
     }
 
 
@@ -353,10 +376,13 @@ def extract_vision_features(
     settings=None,
     device: str = "auto",
     threads: int | None = None,
+    vision: str = "frozen",
 ) -> dict:
-    """The frozen vision tower's last hidden states of every image as the captioner's grid
-    (float16, 1 + patches tokens) and its pooled output (L2-normalised), in resumable shards
-    laid out like CLIP's (distinctcap.features), and the index JSON `ImageFeatures.load` reads."""
+    """The captioner's grid of every image, in resumable shards laid out like CLIP's
+    (distinctcap.features), and the index JSON `ImageFeatures.load` reads. `vision` frozen:
+    the vision tower's last hidden states (float16, 1 + patches tokens) and its pooled output
+    (L2-normalised); train: the processed pixels (float16, (3H, W)) and a unit "pooled" 1-vector,
+    which the end-to-end captioner ignores."""
     from distinctcap.features import (
         FeatureSettings,
         ShardWriter,
@@ -378,7 +404,7 @@ def extract_vision_features(
     tf = _transformers()
     model = tf.AutoModelForImageTextToText.from_pretrained(source).float().to(dev).eval()
     processor = load_processor(source)
-    info = vision_manifest(source, model, processor, dtype)
+    info = vision_manifest(source, model, processor, dtype, vision)
     fingerprint = digest({k: v for k, v in info.items() if k != "pretrained"})
     cache = Path(cache_dir)
     images = images.sort_values("image_id").reset_index(drop=True)
@@ -403,10 +429,10 @@ def extract_vision_features(
         for shard in todo:
             pooled, grid = [], []
             while sum(len(p) for p in pooled) < len(shard.rows):
-                out = model.vision_model(pixel_values=next(batches).to(dev))
-                pooled.append(F.normalize(out.pooler_output.float(), dim=-1).cpu())
-                grid.append(out.last_hidden_state.half().cpu())
-                bar.update(len(pooled[-1]))
+                p, g = vision_grid(model, next(batches).to(dev), vision)
+                pooled.append(p.cpu())
+                grid.append(g.half().cpu())
+                bar.update(len(p))
             p, g = torch.cat(pooled), torch.cat(grid)
             check_finite(ids[shard.rows], "image", p, g)
             writer.submit(
@@ -418,14 +444,16 @@ def extract_vision_features(
                 },
             )
     cfg = model.config.vision_config
+    side = processor.image_processor.size["height"]  # the pixels' H in vision train
+    tokens, width = ((cfg.image_size // cfg.patch_size) ** 2 + 1, cfg.hidden_size)
     index = {
         "manifest": info,
         "fingerprint": fingerprint,
         "logit_scale": None,
         "images": {
             "count": len(images),
-            "pooled_dim": cfg.hidden_size,
-            "grid_tokens": (cfg.image_size // cfg.patch_size) ** 2 + 1,
+            "pooled_dim": width if vision == "frozen" else 1,
+            "grid_tokens": tokens if vision == "frozen" else 3 * side,
             "shards": [shard_entry(s, Path(index_path).parent) for s in shards],
         },
         "texts": {"count": 0, "shards": []},

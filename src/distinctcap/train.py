@@ -539,7 +539,8 @@ class Trainer:
         if pretrained_kind(self.cfg):
             from distinctcap.hf_captioner import HFCaptioner
 
-            return HFCaptioner.from_pretrained(cap["pretrained"], cap["max_len"])
+            vision = cap.get("vision", "frozen")
+            return HFCaptioner.from_pretrained(cap["pretrained"], cap["max_len"], vision)
         vocab = cap.pop("vocab_size", None) or self.data.vocab_size
         if vocab is None:
             raise DistinctcapError(

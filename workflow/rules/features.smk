@@ -69,6 +69,7 @@ rule extract_captioner_features:
         index="results/features/captioner/index.json",
     params:
         pretrained=config["captioner"].get("pretrained"),
+        vision=config["captioner"].get("vision", "frozen"),
         settings=CLIP["features"],
         device=config["device"],
         cache=lambda w, output: str(Path(output.index).parent / "cache"),

@@ -19,4 +19,5 @@ extract_vision_features(
     settings=FeatureSettings(**snakemake.params.settings),
     device=device,
     threads=snakemake.threads,
+    vision=snakemake.params.vision,
 )

@@ -81,7 +81,8 @@ def test_workflow_lints_clean(workdir):
 @pytest.mark.parametrize(
     "files",
     [["config.yaml"], ["config.coco.yaml"], ["tests/tiny_config.yaml"],
-     *[["config.yaml", str(p.relative_to(ROOT))] for p in sorted(ROOT.glob("presets/*.yaml"))]],
+     *[["config.yaml", str(p.relative_to(ROOT))] for p in sorted(ROOT.glob("presets/*.yaml"))
+       if "blip" not in p.name]],  # whole configs on a hub model: tests/test_hf_captioner.py
 )
 def test_shipped_configs_and_presets_validate(files):
     import yaml

@@ -141,11 +141,104 @@ def run_dependencies(run: dict) -> Iterator[str]:
 
 def check_values(config: dict) -> None:
     """Checks the schema cannot express."""
+    check_captioner(config.get("captioner", {}), config.get("runs", {}))
     fraction = config.get("entropy", {}).get("fraction")
     if fraction is not None and not 0 < fraction < 1:
         raise DistinctcapError(
             f"entropy.fraction = {fraction} leaves D- or D+ empty; choose 0 < fraction < 1"
         )
+
+
+# Model types the transformers captioner backend supports (distinctcap.hf_captioner)
+PRETRAINED_TYPES = ("blip",)
+# Methods that need the native captioner: specificity's straight-through step feeds generated
+# ids into CLIP's text tower, which needs the captioner to share CLIP's tokenizer
+NATIVE_ONLY = ("specificity",)
+
+
+def check_captioner(captioner: dict, runs: dict) -> None:
+    """captioner.kind transformers: `pretrained` names a readable local folder, or a hub id
+    that can be fetched (online) or is in the Hugging Face cache (offline), of a supported
+    model type; no run uses a method that needs the native captioner."""
+    if captioner.get("kind", "native") != "transformers":
+        for key in ("pretrained", "vision"):
+            if key in captioner:
+                raise DistinctcapError(f"captioner.{key} is only read with kind: transformers")
+        return
+    source = captioner.get("pretrained")
+    if not source:
+        raise DistinctcapError(
+            "captioner.pretrained is required with kind: transformers; give a hub id or a "
+            "local save_pretrained folder"
+        )
+    model_type = _pretrained_type(str(source))
+    if model_type not in PRETRAINED_TYPES:
+        raise DistinctcapError(
+            f"captioner.pretrained = {source!r} is a {model_type!r} model; supported: "
+            f"{', '.join(PRETRAINED_TYPES)}"
+        )
+    for name, run in runs.items():
+        if run.get("method") in NATIVE_ONLY:
+            raise DistinctcapError(
+                f"runs.{name}.method = {run['method']!r} is not supported with captioner.kind "
+                "transformers: its straight-through step needs a retrieval model that shares "
+                "the captioner's tokenizer (CLIP shares the native one; BLIP's own image-text "
+                "head is not wired in); use the native captioner or another method"
+            )
+
+
+def _pretrained_type(source: str) -> str:
+    """model_type of `source`'s config.json: a local folder, or a hub id (its cached copy when
+    offline). Raises a DistinctcapError saying what was tried."""
+    key = f"captioner.pretrained = {source!r}"
+    path = Path(source).expanduser()
+    looks_local = path.is_absolute() or source.startswith((".", "~")) or source.count("/") > 1
+    if path.exists() or looks_local:
+        config = path / "config.json"
+        if not config.is_file():
+            what = "no config.json in that folder" if path.is_dir() else "no such folder"
+            raise DistinctcapError(f"{key}: tried the local folder {path}: {what}")
+        return _read_model_type(config, key)
+    from huggingface_hub import try_to_load_from_cache
+
+    cached = try_to_load_from_cache(source, "config.json")  # no network: every parse runs this
+    if isinstance(cached, str):
+        return _read_model_type(Path(cached), key)
+    if _offline():
+        raise DistinctcapError(
+            f"{key}: no local folder of that name, and as a hub id it is not in the "
+            "Hugging Face cache while HF_HUB_OFFLINE is set; download it with internet "
+            "access (unset HF_HUB_OFFLINE) or point at a local folder"
+        )
+    return _hub_model_type(source, key)
+
+
+def _offline() -> bool:
+    truthy = ("1", "on", "yes", "true")
+    return any(os.environ.get(v, "").lower() in truthy
+               for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def _read_model_type(config: Path, key: str) -> str:
+    import json
+
+    try:
+        return str(json.loads(config.read_text()).get("model_type"))
+    except (OSError, ValueError) as error:
+        raise DistinctcapError(f"{key}: cannot read {config} ({error})") from error
+
+
+def _hub_model_type(source: str, key: str) -> str:
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    try:
+        return _read_model_type(Path(hf_hub_download(source, "config.json")), key)
+    except (HfHubHTTPError, LocalEntryNotFoundError, OSError) as error:
+        raise DistinctcapError(
+            f"{key}: no local folder of that name, and the hub gave no config.json for it "
+            f"({type(error).__name__})"
+        ) from error
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from distinctcap.data.batches import ImageFeatures
 from distinctcap.devices import resolve_device
 from distinctcap.errors import DistinctcapError
 from distinctcap.io import read_table, write_table
-from distinctcap.model import Captioner
+from distinctcap.model import Captioner, load_captioner
 from distinctcap.search import generate
 
 log = logging.getLogger(__name__)
@@ -86,16 +86,16 @@ def decode_run(
     device: str = "auto",
 ) -> pd.DataFrame:
     """Decode the images of `split` with the run's model and write the `generated` table."""
-    from distinctcap.data.tokenizer import CaptionTokenizer
+    from distinctcap.hf_captioner import caption_tokenizer
 
     dev = resolve_device(device)
-    model = Captioner.load(model_path, map_location=dev).eval()
+    model = load_captioner(model_path, map_location=dev).eval()
     images = read_table(images_path, "images")
     ids = np.sort(images.image_id[images.split == split].to_numpy())
     if len(ids) == 0:
         raise DistinctcapError(f"no images in split {split!r} to decode for run {run}")
     features = ImageFeatures.load(features_index, ids)
-    tokenizer = CaptionTokenizer.load(vocab_path)
+    tokenizer = caption_tokenizer(model, vocab_path)
     table = generate_table(model, features, setting, run, tokenizer.decode, seed)
     write_table(table, out_path, "generated")
     log.info(

@@ -103,6 +103,7 @@ class EvalPaths:
     vocab: str
     features: str  # the CLIP features index JSON (distinctcap.features)
     model: str | None = None  # the run's captioner, for model-based self-retrieval
+    captioner_features: str | None = None  # the captioner's own image features, if not CLIP's
 
 
 def read_generated(path: str | Path) -> tuple[str, dict[int, list[str]]]:
@@ -475,12 +476,13 @@ def model_metrics(
             )
         return out
     from distinctcap.data.batches import ImageFeatures
-    from distinctcap.data.tokenizer import CaptionTokenizer
-    from distinctcap.model import Captioner
+    from distinctcap.hf_captioner import caption_tokenizer
+    from distinctcap.model import load_captioner
 
-    features = ImageFeatures.load(paths.features, ids)  # these images' rows only
-    model = Captioner.load(paths.model, map_location=settings.device)
-    tokenizer = CaptionTokenizer.load(paths.vocab)
+    # these images' rows only; a pre-trained captioner reads its own vision states
+    features = ImageFeatures.load(paths.captioner_features or paths.features, ids)
+    model = load_captioner(paths.model, map_location=settings.device)
+    tokenizer = caption_tokenizer(model, paths.vocab)
     return self_retrieval_metrics(
         model, tokenizer, features.grid.float(), features.pooled, texts, settings
     )
@@ -523,7 +525,7 @@ def evaluate_stage(
     from distinctcap.devices import resolve_device
 
     settings = EvalSettings.from_config(block, seed=seed, device=str(resolve_device(device)))
-    names = ("generated", "images", "captions", "vocab", "features", "model")
+    names = ("generated", "images", "captions", "vocab", "features", "model", "captioner_features")
     paths = EvalPaths(**{k: str(inputs[k]) for k in names if k in inputs})
     evaluation = evaluate_decoding(paths, split, decoding, settings)
     write_metrics(evaluation, outputs["metrics"])

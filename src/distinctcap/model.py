@@ -314,10 +314,24 @@ class Captioner(nn.Module):
     def load(cls, path: str | os.PathLike, map_location: str | torch.device = "cpu") -> Captioner:
         """The saved model, on `map_location` (its weights were copied into a CPU model before, so
         a frozen teacher or reference loaded for a GPU run stayed on the CPU)."""
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+        return cls.from_checkpoint(torch.load(path, map_location=map_location, weights_only=True),
+                                   map_location)
+
+    @classmethod
+    def from_checkpoint(cls, ckpt: dict, map_location: str | torch.device = "cpu") -> Captioner:
         model = cls(CaptionerConfig(**ckpt["config"])).to(map_location)
         model.load_state_dict(ckpt["state_dict"])
         return model
+
+
+def load_captioner(path: str | os.PathLike, map_location: str | torch.device = "cpu"):
+    """A run's model.pt, native (`Captioner`) or transformers (distinctcap.hf_captioner)."""
+    ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    if ckpt.get("kind") == "transformers":
+        from distinctcap.hf_captioner import HFCaptioner
+
+        return HFCaptioner.from_checkpoint(ckpt, map_location)
+    return Captioner.from_checkpoint(ckpt, map_location)
 
 
 def label_logprobs(logits: Tensor, labels: Tensor, pad_id: int = PAD) -> Tensor:

@@ -82,7 +82,14 @@ from distinctcap.errors import DistinctcapError
 from distinctcap.io import atomic_path, read_table, write_json
 from distinctcap.methods import METHODS
 from distinctcap.methods.base import TrainContext
-from distinctcap.model import PAD, Captioner, CaptionerConfig, DecoderBlock, EncoderBlock
+from distinctcap.model import (
+    PAD,
+    Captioner,
+    CaptionerConfig,
+    DecoderBlock,
+    EncoderBlock,
+    load_captioner,
+)
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +117,12 @@ def load_run_data(cfg: dict) -> RunData:
     captions = read_table(paths["captions"], "captions")
     features = ImageFeatures.load(paths["features"])
     max_len = cfg["captioner"]["max_len"]
+    if pretrained_kind(cfg):  # the model's own tokenizer (distinctcap.hf_captioner)
+        from distinctcap.hf_captioner import retokenize
+
+        captions, tokenizer = retokenize(captions, cfg["captioner"]["pretrained"])
+    else:
+        tokenizer = CaptionTokenizer.load(paths["vocab"])
     chosen = select_captions(captions, "train", cfg.get("data", "all"), paths.get("subset"))
     val = select_captions(captions, "val")
     log.info(
@@ -122,8 +135,13 @@ def load_run_data(cfg: dict) -> RunData:
     return RunData(
         CaptionData.from_table(chosen, features, max_len),
         CaptionData.from_table(val, features, max_len) if len(val) else None,
-        CaptionTokenizer.load(paths["vocab"]),
+        tokenizer,
     )
+
+
+def pretrained_kind(cfg: dict) -> bool:
+    """Whether the run's captioner is a pre-trained transformers model (captioner.kind)."""
+    return cfg.get("captioner", {}).get("kind", "native") == "transformers"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -332,6 +350,8 @@ def compile_blocks(model: Captioner, probe: Callable[[], None], backend: str) ->
     only at its first call fails here. Returns None, or why compiling failed; then the blocks
     are left uncompiled."""
     blocks = [m for m in model.modules() if isinstance(m, EncoderBlock | DecoderBlock)]
+    if not blocks:
+        return "the captioner has no native blocks to compile (captioner.kind transformers)"
     try:
         for block in blocks:
             block.compile(backend=backend)
@@ -501,21 +521,7 @@ class Trainer:
     # -- setup ---------------------------------------------------------------------------------
 
     def _build_model(self) -> Captioner:
-        cap = dict(self.cfg.get("captioner", {}))
-        vocab = cap.pop("vocab_size", None) or self.data.vocab_size
-        if vocab is None:
-            raise DistinctcapError(
-                "captioner vocab_size unknown: give a tokenizer or captioner.vocab_size"
-            )
-        feats = self.data.train.features
-        model = Captioner(
-            CaptionerConfig(
-                vocab_size=vocab,
-                visual_dim=feats.grid.shape[-1],
-                pooled_dim=feats.pooled.shape[-1],
-                **cap,
-            )
-        )
+        model = self._new_model()
         init = self.cfg.get("paths", {}).get("init")
         if self.cfg.get("init"):
             if not init:
@@ -524,12 +530,34 @@ class Trainer:
                     f"{self.cfg['init']!r} but no init model path given"
                 )
             try:
-                model.load_state_dict(Captioner.load(init).state_dict())
+                model.load_state_dict(load_captioner(init).state_dict())
             except RuntimeError as error:
                 raise DistinctcapError(
                     f"init model {init} does not fit the captioner config: {str(error)[:300]}"
                 ) from error
         return model
+
+    def _new_model(self) -> Captioner:
+        cap = dict(self.cfg.get("captioner", {}))
+        if pretrained_kind(self.cfg):
+            from distinctcap.hf_captioner import HFCaptioner
+
+            vision = cap.get("vision", "frozen")
+            return HFCaptioner.from_pretrained(cap["pretrained"], cap["max_len"], vision)
+        vocab = cap.pop("vocab_size", None) or self.data.vocab_size
+        if vocab is None:
+            raise DistinctcapError(
+                "captioner vocab_size unknown: give a tokenizer or captioner.vocab_size"
+            )
+        feats = self.data.train.features
+        return Captioner(
+            CaptionerConfig(
+                vocab_size=vocab,
+                visual_dim=feats.grid.shape[-1],
+                pooled_dim=feats.pooled.shape[-1],
+                **cap,
+            )
+        )
 
     def _load_frozen(self, edge: str) -> Captioner:
         path = self.cfg.get("paths", {}).get(edge)
@@ -538,7 +566,7 @@ class Trainer:
                 f"run {self.cfg.get('name')}: method {self.cfg.get('method')!r} needs a "
                 f"{edge} run (runs.<name>.{edge}) and its model path"
             )
-        model = Captioner.load(path, map_location=self.device).eval()
+        model = load_captioner(path, map_location=self.device).eval()
         return model.requires_grad_(False)
 
     def _selection_metric(self, name: str) -> ValMetric:

@@ -41,6 +41,15 @@ RUNS = config["runs"]
 DECODING = config["decoding"]
 RUN_DIR = "results/runs"
 FEATURES_INDEX = "results/features/index.json"  # extract_features (features.smk)
+# captioner.kind transformers: the pre-trained model's frozen vision states are the runs' grid
+# (extract_captioner_features) and each run is also exported for transformers (export_hf)
+PRETRAINED = config["captioner"].get("kind", "native") == "transformers"
+CAPTIONER_FEATURES = "results/features/captioner/index.json" if PRETRAINED else FEATURES_INDEX
+# a local pretrained folder is an input of the jobs that read it (editing it reruns them); a
+# hub id names no file
+PRETRAINED_DIR = [
+    p for p in [config["captioner"].get("pretrained")] if PRETRAINED and Path(p).is_dir()
+]
 ENTROPY_SUBSETS = {"D-": "results/entropy/D-", "D+": "results/entropy/D+"}  # split_entropy
 # the neighbours rule's table of the top {pct} percent (neighbours.smk; the same name as
 # distinctcap.neighbours.table_path, which imports torch)
@@ -102,8 +111,10 @@ def train_inputs(wildcards):
     inputs = {
         "captions": f"{DATA}/captions.parquet",
         "vocab": f"{DATA}/vocab.json",
-        "features": FEATURES_INDEX,
+        "features": CAPTIONER_FEATURES,
     }
+    if PRETRAINED_DIR:
+        inputs["pretrained"] = PRETRAINED_DIR[0]
     if run.get("data", "all") != "all":
         inputs["subset"] = ENTROPY_SUBSETS[run["data"]]
     for edge in ("init", "teacher", "reference"):

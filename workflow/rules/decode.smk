@@ -5,7 +5,7 @@
 rule decode:
     input:
         model=f"{RUN_DIR}/{{run}}/model.pt",
-        features=FEATURES_INDEX,
+        features=CAPTIONER_FEATURES,
         images=f"{DATA}/images.parquet",
         vocab=f"{DATA}/vocab.json",
     output:

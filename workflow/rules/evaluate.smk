@@ -30,6 +30,7 @@ rule evaluate:
         features=FEATURES_INDEX,
         clip=CLIP_FILES,
         model=f"{RUN_DIR}/{{run}}/model.pt",
+        captioner_features=CAPTIONER_FEATURES,
     output:
         metrics="results/metrics/{run}/{split}-{decoding}.parquet",
         curve="results/metrics/{run}/{split}-{decoding}-cider_vs_n.csv",

@@ -61,6 +61,30 @@ rule extract_features:
         "../scripts/extract_features.py"
 
 
+rule extract_captioner_features:
+    input:
+        images=f"{DATA}/images.parquet",
+        pretrained=PRETRAINED_DIR,
+    output:
+        index="results/features/captioner/index.json",
+    params:
+        pretrained=config["captioner"].get("pretrained"),
+        vision=config["captioner"].get("vision", "frozen"),
+        settings=CLIP["features"],
+        device=config["device"],
+        cache=lambda w, output: str(Path(output.index).parent / "cache"),
+    threads: 256  # as extract_features: DataLoader workers on a GPU, one thread on the CPU
+    log:
+        "logs/features/extract_captioner_features.log",
+    benchmark:
+        "benchmarks/features/extract_captioner_features.tsv"
+    conda:
+        "../../envs/torch.yaml"
+    script:
+        "../scripts/extract_captioner_features.py"
+
+
+ALL_TARGETS.extend([CAPTIONER_FEATURES] if PRETRAINED else [])
 ALL_TARGETS.extend(
     [
         *rules.extract_features.output,

@@ -28,3 +28,20 @@ rule train_run:
 
 
 ALL_TARGETS.extend(run_model(run) for run in RUNS)
+
+
+rule export_hf:
+    """A transformers run as a save_pretrained folder (from_pretrained, pipeline)."""
+    input:
+        model=f"{RUN_DIR}/{{run}}/model.pt",
+    output:
+        directory(f"{RUN_DIR}/{{run}}/hf"),
+    log:
+        "logs/train/{run}-export_hf.log",
+    conda:
+        "../../envs/torch.yaml"
+    script:
+        "../scripts/export_hf.py"
+
+
+ALL_TARGETS.extend(f"{RUN_DIR}/{run}/hf" for run in RUNS if PRETRAINED)

@@ -8,7 +8,8 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
-configfile: "config.yaml"
+# beside this file, so `snakemake --directory DIR` (one folder per experiment) still reads it
+configfile: f"{workflow.basedir}/config.yaml"
 
 
 include: "workflow/rules/common.smk"

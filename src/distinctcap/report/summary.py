@@ -121,13 +121,75 @@ def headline_markdown(
         f"{h} ({n_samples} samples)" for h, _, _ in HEADLINE_DIVERSITY
     ]
     lines = ["| run | " + " | ".join(headers) + " |", "|---" * (len(headers) + 1) + "|"]
-    for name, run in runs.items():
+    for name in run_order(runs):
+        run = runs[name]
         cells = [
             _cell(rows, (name, decoding), column, digits)
             for decoding, columns in ((quality, HEADLINE_QUALITY), (diversity, HEADLINE_DIVERSITY))
             for _, column, digits in columns
         ]
         lines.append(f"| {run_label(name, run)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def run_order(runs: dict) -> list[str]:
+    """Run names in reading order: the MLE reference, the other MLE runs (teachers), then the
+    methods, each group in config order."""
+    reference = reference_run(runs)
+    mle = [n for n, r in runs.items() if r.get("method", "mle") == "mle" and n != reference]
+    rest = [n for n in runs if n != reference and n not in mle]
+    return [*([reference] if reference else []), *mle, *rest]
+
+
+def read_summary(results: Path) -> pd.DataFrame:
+    path = results / "metrics" / "summary.csv"
+    if not path.is_file():
+        raise DistinctcapError(
+            f"{path} does not exist: run the pipeline first (make quick, make run), or pass "
+            "--results pointing at an experiment's results folder"
+        )
+    return pd.read_csv(path)
+
+
+def summary_runs(results: Path, summary: pd.DataFrame) -> dict:
+    """{run: its config block} from the run cards, for every run of the summary."""
+    from distinctcap.runcard import list_runs
+
+    cards = {card["name"]: card["run"] for card in list_runs(results)}
+    return {name: cards.get(name, {"method": "?"}) for name in summary.run.unique()}
+
+
+def pick_decodings(summary: pd.DataFrame) -> tuple[str, str]:
+    """(quality decoding, diversity decoding): greedy and the most-sample setting present."""
+    names = list(dict.fromkeys(summary.decoding))
+    quality = "greedy" if "greedy" in names else names[0]
+    sampled = sorted((n for n in names if n.startswith("sample")), key=lambda n: len(n))
+    return quality, (sampled[-1] if sampled else quality)
+
+
+def compare_table(results: Path, split: str = "test") -> str:
+    """`distinctcap compare`: the headline table of a results folder."""
+    summary = read_summary(results)
+    quality, diversity = pick_decodings(summary)
+    return headline_markdown(summary, summary_runs(results, summary), split, quality, diversity)
+
+
+def run_table(results: Path, split: str = "test") -> str:
+    """`distinctcap runs`: each finished run folder, its method and headline numbers."""
+    from distinctcap.runcard import list_runs
+
+    cards = {card["name"]: card for card in list_runs(results)}
+    if not cards:
+        raise DistinctcapError(f"no finished runs under {results / 'runs'} (no run.json)")
+    done = (results / "metrics" / "summary.csv").is_file()
+    summary = read_summary(results) if done else pd.DataFrame(columns=[*KEYS, "cider", "r_at_1"])
+    quality = pick_decodings(summary)[0] if done else "greedy"
+    rows = summary[summary.split == split].set_index(["run", "decoding"])
+    lines = [f"| run | method | folder | CIDEr ({quality}) | R@1 ({quality}) |", "|---" * 5 + "|"]
+    for name in run_order({n: c["run"] for n, c in cards.items()}):
+        cells = [_cell(rows, (name, quality), column, 3) for column in ("cider", "r_at_1")]
+        folder = results / "runs" / name
+        lines.append(f"| {name} | {cards[name]['method']} | {folder} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -82,6 +82,29 @@ rule report_tables:
         "../scripts/report_tables.py"
 
 
+rule versus_reference:
+    """Each run against the MLE reference, paired bootstrap CIs over the images
+    (distinctcap.report.versus)."""
+    input:
+        generated=[f"results/generated/{r}/{s}-{d}.parquet" for r, s, d in EVALUATIONS],
+        images=f"{DATA}/images.parquet",
+        captions=f"{DATA}/captions.parquet",
+    output:
+        csv=report(f"{REPORT}/versus.csv", caption="../report/versus.rst", **TABLES),
+        markdown=f"{REPORT}/versus.md",
+        latex=f"{REPORT}/versus.tex",
+    params:
+        reference=reference_run(RUNS),
+        runs=RUNS,
+        seed=config["seed"],
+    log:
+        "logs/evaluate/versus_reference.log",
+    conda:
+        "../../envs/eval.yaml"
+    script:
+        "../scripts/versus_reference.py"
+
+
 rule report_plots:
     input:
         metrics=METRICS,
@@ -125,6 +148,7 @@ if EVALUATIONS:
             *CIDER_CURVES,
             *rules.summarize.output,
             *rules.report_tables.output,
+            *(rules.versus_reference.output if reference_run(RUNS) else []),
             *rules.report_plots.output,
             *(rules.report_gallery.output if GALLERY else []),
         ]

@@ -244,6 +244,7 @@ def test_the_paper_tables_claim_no_wins_and_the_reference_is_found(metrics):
 
 REPORT_TARGETS = [
     "results/metrics/summary.csv",
+    "results/report/versus.csv",
     "results/report/tables.html",
     "results/report/metric_bars.png",
     "results/report/gallery.html",
@@ -259,7 +260,7 @@ def test_report_rules_run_and_the_html_report_builds(workdir):
         "captioner": {"width": 32, "enc_layers": 1, "dec_layers": 1, "heads": 2, "ffn": 64},
         "train": {"steps": 4, "warmup_steps": 1, "val_every": 2, "log_every": 1,
                   "checkpoint_every": 0, "val_captions": 20},
-        "runs": {"reference": {"method": "mle"}},
+        "runs": {"reference": {"method": "mle"}, "smile": {"method": "smile", "init": "reference"}},
         "decoding": {"sample3": {"kind": "sample", "n": 3}},
         "evaluate": {"oracle_ns": [3], "curve_ns": [1, 3], "self_retrieval_pool": 6,
                      "gallery_images": 6},
@@ -267,7 +268,9 @@ def test_report_rules_run_and_the_html_report_builds(workdir):
     run = snakemake(workdir, *REPORT_TARGETS, config=config, timeout=900)
     assert run.returncode == 0, run.stderr[-4000:]
     summary = pd.read_csv(workdir / "results/metrics/summary.csv")
-    assert summary[list(KEYS)].values.tolist() == [["reference", "test", "sample3"]]
+    assert summary[list(KEYS)].values.tolist() == [
+        ["reference", "test", "sample3"], ["smile", "test", "sample3"]
+    ]
     assert "oracle_cider_3" in summary and summary.spice.isna().all()
     tables = (workdir / "results/report/tables.md").read_text()
     assert "| reference | sample3 | test |" in tables and "Published: CL Table 4" in tables
@@ -283,8 +286,27 @@ def test_report_rules_run_and_the_html_report_builds(workdir):
         "cider_vs_n.png",
         "gallery.png",
         "gallery.html",
+        "versus.csv",
+        "headline.csv",
     ):
         assert name in page, name
+    # the front page opens on the headline table; R@1 is never a mailto: link
+    front = (workdir / ".snakemake/distinctcap/front.rst").read_text()
+    assert front.index("**Headline**") < front.index("How to read it")
+    assert "   * - reference (MLE)" in front and "- smile, sample3:" in front
+    assert "mailto" not in page
+
+
+def test_a_report_of_an_unfinished_run_shows_what_exists(workdir):
+    """`make report` before (or during) a run: the report builds from what exists."""
+    config = {"data": {"source": "shapes", "shapes": {"n_train": 20, "n_val": 4, "n_test": 4}}}
+    data = snakemake(workdir, "results/data/images.parquet", config=config, timeout=300)
+    assert data.returncode == 0, data.stderr[-3000:]
+    html = workdir / "results/report.html"
+    report = snakemake(workdir, "--report", str(html))
+    assert report.returncode == 0, report.stderr[-3000:]
+    assert "No evaluation yet" in (workdir / ".snakemake/distinctcap/front.rst").read_text()
+    assert html.stat().st_size > 0
 
 
 def test_the_readme_headline_table_is_rendered_from_the_summary():
@@ -299,10 +321,11 @@ def test_the_readme_headline_table_is_rendered_from_the_summary():
     runs = {"reference": {"method": "mle", "data": "all"}, "smile": {"method": "smile"},
             "missing": {"method": "mle", "data": "D-"}}
     lines = headline_markdown(pd.DataFrame(rows), runs).splitlines()
-    assert lines[0].startswith("| run | BLEU-4 | METEOR | CIDEr | R@1 | mean rank | CLIPScore")
-    assert lines[0].endswith("| Div-2 (20 samples) | distinct (20 samples) |")
+    assert lines[0].startswith("| run | BLEU-4 ↑ | METEOR ↑ | CIDEr ↑ | R@1 ↑ | mean rank ↓ |")
+    assert lines[0].endswith("| Div-2 (20 samples) ↑ | distinct (20 samples) ↑ |")
     assert lines[2] == (
         "| reference (MLE) | 0.400 | 0.300 | 1.077 | 0.300 | 45.6 | 0.93 | - | 0.352 | 0.760 |"
     )
-    assert lines[3].startswith("| smile | 0.500 |")
-    assert lines[4] == "| missing (MLE on D-) |" + " - |" * 9
+    # rows: the reference, the other MLE runs (teachers), then the methods
+    assert lines[3] == "| missing (MLE on D-) |" + " - |" * 9
+    assert lines[4].startswith("| smile | 0.500 |")

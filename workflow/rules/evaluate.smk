@@ -57,6 +57,11 @@ rule summarize:
         metrics=METRICS,
     output:
         summary=report(SUMMARY, caption="../report/summary.rst", **TABLES),
+        headline_csv=report(f"{REPORT}/headline.csv", caption="../report/headline.rst", **TABLES),
+        headline_md=f"{REPORT}/headline.md",
+        headline_tex=f"{REPORT}/headline.tex",
+    params:
+        runs=RUNS,
     log:
         "logs/evaluate/summarize.log",
     conda:

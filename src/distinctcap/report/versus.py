@@ -180,7 +180,9 @@ def markdown(table: pd.DataFrame, reference: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def latex(headers: Sequence[str], rows: Sequence[Sequence[str]], caption: str) -> str:
+def latex(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], caption: str, labels: int = 2
+) -> str:
     """A booktabs table (arrows as $\\uparrow$/$\\downarrow$, bold as \\textbf)."""
     def tex(text: str) -> str:
         text = text.replace("\\", "\\textbackslash{}")
@@ -190,7 +192,7 @@ def latex(headers: Sequence[str], rows: Sequence[Sequence[str]], caption: str) -
         parts = text.split("**")
         return "".join(f"\\textbf{{{p}}}" if i % 2 else p for i, p in enumerate(parts))
 
-    spec = "l" * 2 + "r" * (len(headers) - 2)
+    spec = "l" * labels + "r" * (len(headers) - labels)
     body = [" & ".join(tex(c) for c in r) + " \\\\" for r in rows]
     return "\n".join([
         "\\begin{table}[t]", "\\centering", f"\\caption{{{tex(caption)}}}",

@@ -214,13 +214,15 @@ def test_gallery_shows_every_run_for_the_chosen_images(tmp_path_factory, tmp_pat
     world = build(tmp_path_factory.getbasetemp() / "evaluate-world")
     generated = [world.generated(r, d) for r in ("perfect", "generic") for d in ("greedy",)]
     images, captions = read_table(world.images), read_table(world.captions)
-    write_gallery(
-        images, captions, generated, "test", tmp_path / "g.png", tmp_path / "g.html", count=5
-    )
+    runs = {"generic": {"method": "mle"}, "perfect": {"method": "smile"}}
+    write_gallery(images, captions, generated, "test", tmp_path / "g.html", count=5, runs=runs)
     page = (tmp_path / "g.html").read_text()
-    assert page.count("<img") == 5 and page.count("perfect/greedy") == 5
+    assert page.count("<div class='card'>") == 5 and page.count("<img") == 5
+    assert page.count("<span class='who'>human</span>") == 5  # never "reference"
+    assert page.count("perfect (SMILE)</span>, greedy") == 5
+    # the MLE run comes first, before the methods, on every card
+    assert page.index("generic (MLE)") < page.index("perfect (SMILE)")
     assert page.count("a picture of some shapes") >= 5  # the generic run's caption each time
-    assert (tmp_path / "g.png").read_bytes()[:4] == PNG
 
 
 def test_read_metrics_decodes_skips(metrics, tmp_path):
@@ -284,7 +286,6 @@ def test_report_rules_run_and_the_html_report_builds(workdir):
         "training.png",
         "metric_bars.png",
         "cider_vs_n.png",
-        "gallery.png",
         "gallery.html",
         "versus.csv",
         "headline.csv",

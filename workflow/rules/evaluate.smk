@@ -133,11 +133,11 @@ rule report_gallery:
         images=f"{DATA}/images.parquet",
         captions=f"{DATA}/captions.parquet",
     output:
-        png=report(f"{REPORT}/gallery.png", caption="../report/gallery.rst", **SHOWCASE),
         html=report(f"{REPORT}/gallery.html", caption="../report/gallery.rst", **SHOWCASE),
     params:
         split=GALLERY_SPLIT,
         images=EVALUATE["gallery_images"],
+        runs=RUNS,
     log:
         "logs/evaluate/report_gallery.log",
     conda:

@@ -184,6 +184,14 @@ def test_html_tables_mark_ours_and_the_reference_blocks(metrics):
     assert "skipped [1]" in page and "unkt" in page
 
 
+def test_metric_panels_leave_out_noise():
+    from distinctcap.report.plots import informative
+
+    assert not informative(pd.Series([3.1e-10, 3.01e-10]))  # BLEU-4 of runs matching nothing
+    assert not informative(pd.Series([np.nan, np.nan]))
+    assert informative(pd.Series([0.0, 0.31]))
+
+
 def test_plots_are_written(metrics, tmp_path):
     curves = {}
     for run in ("reference", "unkt"):

@@ -404,13 +404,18 @@ class TrainProgress:
 
 
 def log_epoch(record: dict, epochs: int, note: str = "") -> None:
+    """One progress line per epoch, with the time left at the mean epoch time so far."""
+    left = record["seconds"] / record["epoch"] * (epochs - record["epoch"])
     log.info(
-        "epoch %d/%d: contrastive loss %.4f, logit scale %.2f, %.0f s%s",
+        "epoch %d/%d (%d %%): contrastive loss %.4f, logit scale %.2f, %.0f s, about %.0f min "
+        "left%s",
         record["epoch"],
         epochs,
+        100 * record["epoch"] // epochs,
         record["loss"],
         record["logit_scale"],
         record["seconds"],
+        left / 60,
         note,
     )
 

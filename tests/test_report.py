@@ -338,3 +338,16 @@ def test_the_readme_headline_table_is_rendered_from_the_summary():
     # rows: the reference, the other MLE runs (teachers), then the methods
     assert lines[3] == "| missing (MLE on D-) |" + " - |" * 9
     assert lines[4].startswith("| smile | 0.500 |")
+
+
+def test_every_paper_table_exports_to_latex_and_csv(metrics, tmp_path):
+    from distinctcap.report.tables import blocks, write_tables
+
+    write_tables(metrics, "shapes", tmp_path / "t.md", tmp_path / "t.html",
+                 tex_path=tmp_path / "t.tex", csv_path=tmp_path / "t.csv")
+    tex, table = (tmp_path / "t.tex").read_text(), pd.read_csv(tmp_path / "t.csv")
+    every = blocks(metrics)
+    assert tex.count("\\begin{tabular}") == len(every)
+    with_rows = {(s, k, b.title) for s, k, b in every if b.rows}
+    assert set(map(tuple, table[["section", "kind", "table"]].values)) == with_rows
+    assert "skipped [1]" in set(table.value)

@@ -76,6 +76,8 @@ rule report_tables:
     output:
         markdown=f"{REPORT}/tables.md",
         html=report(f"{REPORT}/tables.html", caption="../report/tables.rst", **TABLES),
+        latex=f"{REPORT}/tables.tex",
+        csv=f"{REPORT}/tables.csv",
     params:
         source=config["data"]["source"],
         reference=reference_run(RUNS),

@@ -411,15 +411,54 @@ def tables_html(metrics: pd.DataFrame, source: str, reference: str | None = None
     return "\n".join(parts + ["</body></html>"])
 
 
+def blocks(metrics: pd.DataFrame) -> list[tuple[str, str, Block]]:
+    """(section, ours | published, block) of every table, in report order."""
+    return [
+        (section.title, kind, block)
+        for section in report_sections(metrics)
+        for kind, group in (("ours", [section.ours]), ("published", section.published))
+        for block in group
+    ]
+
+
+def tables_latex(metrics: pd.DataFrame) -> str:
+    """Every table as a LaTeX (booktabs) table, captioned with its section and block."""
+    from distinctcap.report.versus import latex
+
+    return "\n".join(
+        latex(block.headers, block.rows, f"{section}: {block.title}", labels=block.labels)
+        for section, _, block in blocks(metrics)
+    )
+
+
+def tables_csv(metrics: pd.DataFrame) -> pd.DataFrame:
+    """Every table in long form: section, kind, table, row, column, value (as printed)."""
+    rows = [
+        (section, kind, block.title, r, header, cell)
+        for section, kind, block in blocks(metrics)
+        for r, row in enumerate(block.rows)
+        for header, cell in zip(block.headers, row, strict=True)
+    ]
+    return pd.DataFrame(rows, columns=["section", "kind", "table", "row", "column", "value"])
+
+
 def write_tables(
     metrics: pd.DataFrame,
     source: str,
     md_path: str | Path,
     html_path: str | Path,
     reference: str | None = None,
+    tex_path: str | Path | None = None,
+    csv_path: str | Path | None = None,
 ) -> None:
-    """tables.md and tables.html; `reference` names the MLE run the others are compared to."""
+    """tables.md and tables.html, and every table as LaTeX and long-form CSV when asked."""
     with atomic_path(md_path) as tmp:
         tmp.write_text(tables_markdown(metrics, source, reference))
     with atomic_path(html_path) as tmp:
         tmp.write_text(tables_html(metrics, source, reference))
+    if tex_path:
+        with atomic_path(tex_path) as tmp:
+            tmp.write_text(tables_latex(metrics))
+    if csv_path:
+        with atomic_path(csv_path) as tmp:
+            tables_csv(metrics).to_csv(tmp, index=False)

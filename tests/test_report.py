@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import ROOT, snakemake
+from conftest import ROOT, snakemake, tiny_config
 from evaluate_world import build
 
 from distinctcap import published
@@ -308,7 +308,8 @@ def test_report_rules_run_and_the_html_report_builds(workdir):
 
 def test_a_report_of_an_unfinished_run_shows_what_exists(workdir):
     """`make report` before (or during) a run: the report builds from what exists."""
-    config = {"data": {"source": "shapes", "shapes": {"n_train": 20, "n_val": 4, "n_test": 4}}}
+    config = {**tiny_config(), "data": {"source": "shapes",
+                                        "shapes": {"n_train": 20, "n_val": 4, "n_test": 4}}}
     data = snakemake(workdir, "results/data/images.parquet", config=config, timeout=300)
     assert data.returncode == 0, data.stderr[-3000:]
     html = workdir / "results/report.html"

@@ -41,7 +41,7 @@ rule run_card:
     params:
         run=lambda w: RUN_CONFIGS[w.run],
         decoding=DECODING,
-        clip=TRAINED_CLIP if TRAIN_CLIP else CLIP["pretrained"],
+        clip=lambda w, input: input.clip[0] if TRAIN_CLIP else CLIP["pretrained"],
     log:
         "logs/train/{run}-card.log",
     conda:

@@ -35,7 +35,7 @@ quick: install
 
 # Reports what the experiment folder holds; runs nothing (make run first for a full report).
 report: install
-	$(SNAKEMAKE) --report $(EXP)/results/report.html
+	$(SNAKEMAKE) --report results/report.html  # relative to $(EXP)
 
 test: install
 	$(PY) -m pytest -q

@@ -55,6 +55,7 @@ from distinctcap.data.quality import decoding
 from distinctcap.devices import resolve_device
 from distinctcap.errors import DistinctcapError
 from distinctcap.io import atomic_path
+from distinctcap.logs import expect_random_init
 from distinctcap.model import BOS, EOS, PAD
 
 log = logging.getLogger(__name__)
@@ -311,6 +312,7 @@ def train_clip(
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     dev = resolve_device(device)
+    expect_random_init()  # open_clip warns that it starts from random weights: the plan here
     model, _, preprocess = open_clip.create_model_and_transforms(arch, device=dev, output_dict=True)
     to_bytes, mean, std = byte_transform(preprocess)
     tokenizer = open_clip.get_tokenizer(arch)

@@ -52,9 +52,11 @@ class ExplainRandomInit(logging.Filter):
 
 
 def expect_random_init() -> None:
-    """Explain open_clip's random-initialisation warning on every handler (ExplainRandomInit)."""
+    """Explain open_clip's random-initialisation warning on every handler (ExplainRandomInit);
+    called where the pipeline builds a CLIP to train it (clip.train_clip)."""
     for handler in logging.getLogger().handlers:
-        handler.addFilter(ExplainRandomInit())
+        if not any(isinstance(f, ExplainRandomInit) for f in handler.filters):
+            handler.addFilter(ExplainRandomInit())
 
 
 def reason(error: BaseException) -> str:

@@ -8,7 +8,6 @@ from distinctcap.devices import job_device
 from distinctcap.io import read_table, write_json
 
 logs.setup(snakemake.log[0])
-logs.expect_random_init()  # the CLIP starts from random weights here, by design
 device = str(job_device(snakemake.params.device, snakemake.resources.get("gpu", 0)))
 torch.set_num_threads(snakemake.threads)
 model, metrics = train_clip(

@@ -1,8 +1,16 @@
-# Two commands from a fresh clone: `make run` (pipeline on the embedded default) and
-# `make test` (the test suite). Both create .venv from the committed requirements first.
+# From a fresh clone: `make quick` (a first run in minutes), `make run` (the pipeline on the
+# embedded default) and `make test` (the test suite). Each creates .venv first.
+# One folder per experiment: EXP=experiments/NAME CONFIGS="presets/X.yaml" runs config.yaml
+# overlaid with the presets in that folder (snakemake --directory), so runs never overwrite
+# each other; `make report` with the same EXP and CONFIGS reports what that folder holds.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 CORES ?= 2
+EXP ?= .
+CONFIGS ?=
+SNAKEMAKE = $(VENV)/bin/snakemake --cores $(CORES) --directory $(EXP) $(if $(CONFIGS),--configfile $(CONFIGS))
+QUICK := experiments/quick
+QUICK_TARGETS := $(foreach run,reference smile,results/runs/$(run)/run.json results/metrics/$(run)/test-greedy.parquet)
 export HF_HUB_OFFLINE ?= 1
 export MPLBACKEND ?= Agg
 
@@ -13,14 +21,21 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $@
 
-.PHONY: install run test report readme-table cleanup
+.PHONY: install run quick test report readme-table cleanup
 install: $(VENV)/.installed
 
 run: install
-	$(VENV)/bin/snakemake --cores $(CORES)
+	$(SNAKEMAKE)
 
-report: run
-	$(VENV)/bin/snakemake --cores $(CORES) --report results/report.html
+# The MLE reference and its SMILE fine-tune on a small world (presets/quick.yaml), then the
+# captions both give six test images.
+quick: install
+	$(VENV)/bin/snakemake $(QUICK_TARGETS) --cores $(CORES) --directory $(QUICK) --configfile presets/quick.yaml
+	for run in reference smile; do echo "== $$run"; $(PY) -m distinctcap caption $(QUICK)/results/runs/$$run $$(ls $(QUICK)/results/data/images/*.png | tail -n 6); done
+
+# Reports what the experiment folder holds; runs nothing (make run first for a full report).
+report: install
+	$(SNAKEMAKE) --report results/report.html  # relative to $(EXP)
 
 test: install
 	$(PY) -m pytest -q

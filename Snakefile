@@ -8,7 +8,8 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
-configfile: "config.yaml"
+# beside this file, so `snakemake --directory DIR` (one folder per experiment) still reads it
+configfile: f"{workflow.basedir}/config.yaml"
 
 
 include: "workflow/rules/common.smk"
@@ -21,6 +22,10 @@ include: "workflow/rules/decode.smk"
 include: "workflow/rules/evaluate.smk"
 
 
+# the report's front page: what was run, the headline table, how to read it (common.smk)
+report: report_front_page()
+
+
 onstart:
     # runs after the DAG is built, before the first job (not for dry runs)
     require_java(workflow.dag.needrun_jobs())
@@ -28,5 +33,5 @@ onstart:
 
 rule all:
     input:
-        ALL_TARGETS,
+        reported_targets(ALL_TARGETS),
     default_target: True

@@ -133,3 +133,34 @@ def test_a_failing_torchrun_process_logs_its_error(tmp_path):
     for rank in (0, 1):
         assert f"ERROR rank{rank} distinctcap: FileNotFoundError:" in text
     assert "Traceback" in text and "no-such-data.pt" in text
+
+
+def test_open_clips_random_init_warning_is_explained_when_training_a_clip(tmp_path):
+    """Training a CLIP from scratch: open_clip's "initialized randomly" warning becomes one
+    INFO line that says why it is expected."""
+    import logging
+
+    import open_clip
+
+    from distinctcap import clip, logs  # clip registers the shapes architectures
+
+    assert clip.MODEL_CONFIGS.is_dir()
+    log_file = tmp_path / "train_clip.log"
+    logs.setup(str(log_file))
+    logs.expect_random_init()
+    open_clip.create_model("shapes-rn-tiny")
+    text = log_file.read_text()
+    assert "INFO root: No pretrained weights loaded for model 'shapes-rn-tiny'" in text
+    assert "(expected: clip.pretrained = train" in text and "WARNING" not in text
+    logging.getLogger().handlers.clear()
+
+
+def test_evaluation_logs_its_headline_numbers():
+    from distinctcap.evaluate import Evaluation, headline_line
+
+    row = {"run": "smile", "split": "test", "decoding": "greedy", "bleu4": 0.4771,
+           "meteor": 0.452, "cider": 1.4544, "r_at_1": 0.93, "mean_rank": 1.12,
+           "clipscore": 1.244, "scene_f1": 0.629, "div2": None, "distinct": None}
+    line = headline_line(Evaluation(row, {"div2": "one caption per image"}, None))
+    assert line.startswith("smile test/greedy: BLEU-4 ↑ 0.477, METEOR ↑ 0.452, CIDEr ↑ 1.454")
+    assert "mean rank ↓ 1.1" in line and "Div-2 skipped" in line and "distinct skipped" in line

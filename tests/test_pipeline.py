@@ -83,3 +83,38 @@ def test_html_report_builds(finished):
     result = snakemake(workdir, "--report", "results/report.html")
     assert result.returncode == 0, result.stderr[-3000:]
     assert (workdir / "results/report.html").stat().st_size > 10_000
+
+
+def test_a_trained_run_folder_captions_new_images(finished, tmp_path):
+    """The pipeline's run folders are self-contained: the command and load_run caption images
+    that are not in the data (copies of test images under new names, and a JPEG)."""
+    import os
+    import subprocess
+    import sys
+
+    from PIL import Image
+
+    from distinctcap import load_run
+
+    workdir, config = finished
+    for name in config["runs"]:
+        assert (workdir / f"results/runs/{name}/run.json").is_file(), name
+    images = pd.read_parquet(workdir / "results/data/images.parquet")
+    files = images[images.split == "test"].file.head(3).tolist()
+    for k, file in enumerate(files):
+        shutil.copy(workdir / file, tmp_path / f"mine{k}.png")
+    Image.open(workdir / files[0]).convert("RGB").save(tmp_path / "mine.jpg")
+    run = load_run(workdir / "results/runs/smile", device="cpu")
+    results = run.caption([tmp_path])
+    assert len(results) == 4 and all(r["caption"] for r in results)
+    generated = pd.read_parquet(workdir / "results/generated/smile/test-greedy.parquet")
+    first = images[images.file == files[0]].image_id.item()
+    # the same image gives the pipeline's own greedy caption
+    assert results[1]["caption"] == generated[generated.image_id == first].text.item()
+    done = subprocess.run(
+        [sys.executable, "-m", "distinctcap", "caption", "results/runs/smile", str(tmp_path)],
+        cwd=workdir, capture_output=True, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+    )
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.splitlines()) == 4

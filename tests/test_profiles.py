@@ -53,7 +53,8 @@ def workflow_rules(tmp_path_factory) -> set[str]:
         text=True,
     )
     assert out.returncode == 0, out.stderr
-    return {line.split()[0] for line in out.stdout.splitlines() if line.strip()}  # name (doc)
+    # "name (docstring)", the docstring's further lines indented
+    return {line.split()[0] for line in out.stdout.splitlines() if line[:1].strip()}
 
 
 @pytest.mark.parametrize("name", sorted(PROFILES))

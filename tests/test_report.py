@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import ROOT, snakemake
+from conftest import ROOT, snakemake, tiny_config
 from evaluate_world import build
 
 from distinctcap import published
@@ -184,6 +184,14 @@ def test_html_tables_mark_ours_and_the_reference_blocks(metrics):
     assert "skipped [1]" in page and "unkt" in page
 
 
+def test_metric_panels_leave_out_noise():
+    from distinctcap.report.plots import informative
+
+    assert not informative(pd.Series([3.1e-10, 3.01e-10]))  # BLEU-4 of runs matching nothing
+    assert not informative(pd.Series([np.nan, np.nan]))
+    assert informative(pd.Series([0.0, 0.31]))
+
+
 def test_plots_are_written(metrics, tmp_path):
     curves = {}
     for run in ("reference", "unkt"):
@@ -214,13 +222,15 @@ def test_gallery_shows_every_run_for_the_chosen_images(tmp_path_factory, tmp_pat
     world = build(tmp_path_factory.getbasetemp() / "evaluate-world")
     generated = [world.generated(r, d) for r in ("perfect", "generic") for d in ("greedy",)]
     images, captions = read_table(world.images), read_table(world.captions)
-    write_gallery(
-        images, captions, generated, "test", tmp_path / "g.png", tmp_path / "g.html", count=5
-    )
+    runs = {"generic": {"method": "mle"}, "perfect": {"method": "smile"}}
+    write_gallery(images, captions, generated, "test", tmp_path / "g.html", count=5, runs=runs)
     page = (tmp_path / "g.html").read_text()
-    assert page.count("<img") == 5 and page.count("perfect/greedy") == 5
+    assert page.count("<div class='card'>") == 5 and page.count("<img") == 5
+    assert page.count("<span class='who'>human</span>") == 5  # never "reference"
+    assert page.count("perfect (SMILE)</span>, greedy") == 5
+    # the MLE run comes first, before the methods, on every card
+    assert page.index("generic (MLE)") < page.index("perfect (SMILE)")
     assert page.count("a picture of some shapes") >= 5  # the generic run's caption each time
-    assert (tmp_path / "g.png").read_bytes()[:4] == PNG
 
 
 def test_read_metrics_decodes_skips(metrics, tmp_path):
@@ -233,17 +243,18 @@ def test_read_metrics_decodes_skips(metrics, tmp_path):
     assert table.skipped[0]["spice"] == SPICE_WHY and len(table) == 4
 
 
-def test_versus_reference_names_the_metrics_each_run_wins_and_loses(metrics):
-    lower = metrics.assign(mean_rank=np.where(metrics.run == "unkt", 3.0, 2.0))
-    text = tables_markdown(lower, "shapes", reference=reference_run({"reference": {}}))
-    assert "## Versus the MLE reference (reference)" in text
-    assert "| unkt | greedy | test | cider 1.1 vs 0.9 | mean_rank 3 vs 2 |" in text
+def test_the_paper_tables_claim_no_wins_and_the_reference_is_found(metrics):
+    """Wins against the reference are the versus_reference rule's, only with an interval
+    excluding 0 (test_versus); the paper tables list values only."""
+    text = tables_markdown(metrics, "shapes", reference=reference_run({"reference": {}}))
+    assert "better than" not in text and "Versus" not in text
     assert reference_run({"a": {"method": "unkt"}, "b": {"method": "mle"}}) == "b"
     assert reference_run({"b": {"method": "mle", "data": "D-"}}) is None
 
 
 REPORT_TARGETS = [
     "results/metrics/summary.csv",
+    "results/report/versus.csv",
     "results/report/tables.html",
     "results/report/metric_bars.png",
     "results/report/gallery.html",
@@ -259,7 +270,7 @@ def test_report_rules_run_and_the_html_report_builds(workdir):
         "captioner": {"width": 32, "enc_layers": 1, "dec_layers": 1, "heads": 2, "ffn": 64},
         "train": {"steps": 4, "warmup_steps": 1, "val_every": 2, "log_every": 1,
                   "checkpoint_every": 0, "val_captions": 20},
-        "runs": {"reference": {"method": "mle"}},
+        "runs": {"reference": {"method": "mle"}, "smile": {"method": "smile", "init": "reference"}},
         "decoding": {"sample3": {"kind": "sample", "n": 3}},
         "evaluate": {"oracle_ns": [3], "curve_ns": [1, 3], "self_retrieval_pool": 6,
                      "gallery_images": 6},
@@ -267,7 +278,9 @@ def test_report_rules_run_and_the_html_report_builds(workdir):
     run = snakemake(workdir, *REPORT_TARGETS, config=config, timeout=900)
     assert run.returncode == 0, run.stderr[-4000:]
     summary = pd.read_csv(workdir / "results/metrics/summary.csv")
-    assert summary[list(KEYS)].values.tolist() == [["reference", "test", "sample3"]]
+    assert summary[list(KEYS)].values.tolist() == [
+        ["reference", "test", "sample3"], ["smile", "test", "sample3"]
+    ]
     assert "oracle_cider_3" in summary and summary.spice.isna().all()
     tables = (workdir / "results/report/tables.md").read_text()
     assert "| reference | sample3 | test |" in tables and "Published: CL Table 4" in tables
@@ -281,10 +294,29 @@ def test_report_rules_run_and_the_html_report_builds(workdir):
         "training.png",
         "metric_bars.png",
         "cider_vs_n.png",
-        "gallery.png",
         "gallery.html",
+        "versus.csv",
+        "headline.csv",
     ):
         assert name in page, name
+    # the front page opens on the headline table; R@1 is never a mailto: link
+    front = (workdir / ".snakemake/distinctcap/front.rst").read_text()
+    assert front.index("**Headline**") < front.index("How to read it")
+    assert "   * - reference (MLE)" in front and "- smile, sample3:" in front
+    assert "<strong>Headline</strong>" in page and 'href=\\"mailto:' not in page
+
+
+def test_a_report_of_an_unfinished_run_shows_what_exists(workdir):
+    """`make report` before (or during) a run: the report builds from what exists."""
+    config = {**tiny_config(), "data": {"source": "shapes",
+                                        "shapes": {"n_train": 20, "n_val": 4, "n_test": 4}}}
+    data = snakemake(workdir, "results/data/images.parquet", config=config, timeout=300)
+    assert data.returncode == 0, data.stderr[-3000:]
+    html = workdir / "results/report.html"
+    report = snakemake(workdir, "--report", str(html))
+    assert report.returncode == 0, report.stderr[-3000:]
+    assert "No evaluation yet" in (workdir / ".snakemake/distinctcap/front.rst").read_text()
+    assert html.stat().st_size > 0
 
 
 def test_the_readme_headline_table_is_rendered_from_the_summary():
@@ -299,10 +331,24 @@ def test_the_readme_headline_table_is_rendered_from_the_summary():
     runs = {"reference": {"method": "mle", "data": "all"}, "smile": {"method": "smile"},
             "missing": {"method": "mle", "data": "D-"}}
     lines = headline_markdown(pd.DataFrame(rows), runs).splitlines()
-    assert lines[0].startswith("| run | BLEU-4 | METEOR | CIDEr | R@1 | mean rank | CLIPScore")
-    assert lines[0].endswith("| Div-2 (20 samples) | distinct (20 samples) |")
+    assert lines[0].startswith("| run | BLEU-4 ↑ | METEOR ↑ | CIDEr ↑ | R@1 ↑ | mean rank ↓ |")
+    assert lines[0].endswith("| Div-2 (20 samples) ↑ | distinct (20 samples) ↑ |")
     assert lines[2] == (
         "| reference (MLE) | 0.400 | 0.300 | 1.077 | 0.300 | 45.6 | 0.93 | - | 0.352 | 0.760 |"
     )
-    assert lines[3].startswith("| smile | 0.500 |")
-    assert lines[4] == "| missing (MLE on D-) |" + " - |" * 9
+    # rows: the reference, the other MLE runs (teachers), then the methods
+    assert lines[3] == "| missing (MLE on D-) |" + " - |" * 9
+    assert lines[4].startswith("| smile | 0.500 |")
+
+
+def test_every_paper_table_exports_to_latex_and_csv(metrics, tmp_path):
+    from distinctcap.report.tables import blocks, write_tables
+
+    write_tables(metrics, "shapes", tmp_path / "t.md", tmp_path / "t.html",
+                 tex_path=tmp_path / "t.tex", csv_path=tmp_path / "t.csv")
+    tex, table = (tmp_path / "t.tex").read_text(), pd.read_csv(tmp_path / "t.csv")
+    every = blocks(metrics)
+    assert tex.count("\\begin{tabular}") == len(every)
+    with_rows = {(s, k, b.title) for s, k, b in every if b.rows}
+    assert set(map(tuple, table[["section", "kind", "table"]].values)) == with_rows
+    assert "skipped [1]" in set(table.value)

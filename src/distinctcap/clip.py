@@ -55,6 +55,7 @@ from distinctcap.data.quality import decoding
 from distinctcap.devices import resolve_device
 from distinctcap.errors import DistinctcapError
 from distinctcap.io import atomic_path
+from distinctcap.logs import expect_random_init
 from distinctcap.model import BOS, EOS, PAD
 
 log = logging.getLogger(__name__)
@@ -311,6 +312,7 @@ def train_clip(
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     dev = resolve_device(device)
+    expect_random_init()  # open_clip warns that it starts from random weights: the plan here
     model, _, preprocess = open_clip.create_model_and_transforms(arch, device=dev, output_dict=True)
     to_bytes, mean, std = byte_transform(preprocess)
     tokenizer = open_clip.get_tokenizer(arch)
@@ -404,13 +406,18 @@ class TrainProgress:
 
 
 def log_epoch(record: dict, epochs: int, note: str = "") -> None:
+    """One progress line per epoch, with the time left at the mean epoch time so far."""
+    left = record["seconds"] / record["epoch"] * (epochs - record["epoch"])
     log.info(
-        "epoch %d/%d: contrastive loss %.4f, logit scale %.2f, %.0f s%s",
+        "epoch %d/%d (%d %%): contrastive loss %.4f, logit scale %.2f, %.0f s, about %.0f min "
+        "left%s",
         record["epoch"],
         epochs,
+        100 * record["epoch"] // epochs,
         record["loss"],
         record["logit_scale"],
         record["seconds"],
+        left / 60,
         note,
     )
 

@@ -511,6 +511,22 @@ def read_metrics(paths: Sequence[str | Path]) -> pd.DataFrame:
     return table.sort_values(list(KEYS), kind="stable").reset_index(drop=True)
 
 
+def headline_line(evaluation: Evaluation) -> str:
+    """The headline numbers of an evaluation in one log line (README's columns; skipped ones
+    say so)."""
+    from distinctcap.report.summary import HEADLINE_DIVERSITY, HEADLINE_QUALITY
+
+    row = evaluation.row
+    parts = []
+    for header, column, digits, arrow in (*HEADLINE_QUALITY, *HEADLINE_DIVERSITY):
+        value = row.get(column)
+        if column in evaluation.skipped or value is None or pd.isna(value):
+            parts.append(f"{header} skipped")
+        else:
+            parts.append(f"{header} {arrow} {value:.{digits}f}")
+    return f"{row['run']} {row['split']}/{row['decoding']}: " + ", ".join(parts)
+
+
 def evaluate_stage(
     inputs: dict[str, str],
     outputs: dict[str, str],
@@ -530,6 +546,7 @@ def evaluate_stage(
     evaluation = evaluate_decoding(paths, split, decoding, settings)
     write_metrics(evaluation, outputs["metrics"])
     write_curve(evaluation, outputs["curve"])
+    log.info("%s", headline_line(evaluation))
     for part, (wall, cpu, child) in evaluation.timings.items():
         log.info("time %-60s %6.1f s wall %6.1f s CPU %6.1f s child CPU", part, wall, cpu, child)
     return evaluation

@@ -33,6 +33,32 @@ def setup_append(log_file: str | None, level: int = logging.INFO, fmt: str = FOR
     sys.excepthook = log_uncaught
 
 
+RANDOM_INIT = "No pretrained weights loaded for model"
+
+
+class ExplainRandomInit(logging.Filter):
+    """open_clip warns "No pretrained weights loaded ... initialized randomly" whenever it
+    builds a model without weights; where the pipeline trains a CLIP from scratch that is
+    the plan, so the line is logged at INFO with the reason instead of alarming newcomers."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.WARNING and record.getMessage().startswith(RANDOM_INIT):
+            record.msg = (
+                f"{record.getMessage()} (expected: clip.pretrained = train, so the pipeline "
+                "trains this CLIP from random weights)"
+            )
+            record.args, record.levelno, record.levelname = (), logging.INFO, "INFO"
+        return True
+
+
+def expect_random_init() -> None:
+    """Explain open_clip's random-initialisation warning on every handler (ExplainRandomInit);
+    called where the pipeline builds a CLIP to train it (clip.train_clip)."""
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, ExplainRandomInit) for f in handler.filters):
+            handler.addFilter(ExplainRandomInit())
+
+
 def reason(error: BaseException) -> str:
     """The one-line reason of `error`: a DistinctcapError's message is written for users, any
     other error is named by its type."""

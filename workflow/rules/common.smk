@@ -139,6 +139,27 @@ def decode_targets():
     ]
 
 
+# --- The report's front page (the Snakefile's `report:`) --------------------------------------
+
+def reported_targets(targets):
+    """`rule all`'s targets; for `--report` only those that exist, so a report of a run that
+    has not finished (or has not started) shows what there is instead of failing."""
+    if "--report" not in sys.argv:
+        return targets
+    return [t for t in targets if Path(t).exists()]
+
+
+def report_front_page():
+    """The front page of `snakemake --report`, written from what exists under results/
+    (distinctcap.report.front); the static description for every other command."""
+    if "--report" not in sys.argv:
+        return "workflow/report/front.rst"
+    from distinctcap.report.front import write_front_page
+
+    page = Path(".snakemake/distinctcap/front.rst").resolve()
+    return str(write_front_page(config, Path("results"), page))
+
+
 # --- Checks before the first job (the Snakefile's onstart) -----------------------------------
 
 def require_java(jobs):

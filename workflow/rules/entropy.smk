@@ -52,7 +52,11 @@ rule entropy_report:
         captions=f"{DATA}/captions.parquet",
     output:
         histogram=report("results/report/entropy_histogram.png", category="Retrieval entropy"),
-        extremes="results/report/entropy_extremes.md",
+        extremes=report(
+            "results/report/entropy_extremes.md",
+            caption="../report/entropy_extremes.rst",
+            category="Retrieval entropy",
+        ),
     params:
         top=ENTROPY["report_top"],
     log:

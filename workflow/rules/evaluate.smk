@@ -58,6 +58,11 @@ rule summarize:
         metrics=METRICS,
     output:
         summary=report(SUMMARY, caption="../report/summary.rst", **TABLES),
+        headline_csv=report(f"{REPORT}/headline.csv", caption="../report/headline.rst", **TABLES),
+        headline_md=f"{REPORT}/headline.md",
+        headline_tex=f"{REPORT}/headline.tex",
+    params:
+        runs=RUNS,
     log:
         "logs/evaluate/summarize.log",
     conda:
@@ -72,6 +77,8 @@ rule report_tables:
     output:
         markdown=f"{REPORT}/tables.md",
         html=report(f"{REPORT}/tables.html", caption="../report/tables.rst", **TABLES),
+        latex=f"{REPORT}/tables.tex",
+        csv=f"{REPORT}/tables.csv",
     params:
         source=config["data"]["source"],
         reference=reference_run(RUNS),
@@ -81,6 +88,29 @@ rule report_tables:
         "../../envs/eval.yaml"
     script:
         "../scripts/report_tables.py"
+
+
+rule versus_reference:
+    """Each run against the MLE reference, paired bootstrap CIs over the images
+    (distinctcap.report.versus)."""
+    input:
+        generated=[f"results/generated/{r}/{s}-{d}.parquet" for r, s, d in EVALUATIONS],
+        images=f"{DATA}/images.parquet",
+        captions=f"{DATA}/captions.parquet",
+    output:
+        csv=report(f"{REPORT}/versus.csv", caption="../report/versus.rst", **TABLES),
+        markdown=f"{REPORT}/versus.md",
+        latex=f"{REPORT}/versus.tex",
+    params:
+        reference=reference_run(RUNS),
+        runs=RUNS,
+        seed=config["seed"],
+    log:
+        "logs/evaluate/versus_reference.log",
+    conda:
+        "../../envs/eval.yaml"
+    script:
+        "../scripts/versus_reference.py"
 
 
 rule report_plots:
@@ -106,11 +136,11 @@ rule report_gallery:
         images=f"{DATA}/images.parquet",
         captions=f"{DATA}/captions.parquet",
     output:
-        png=report(f"{REPORT}/gallery.png", caption="../report/gallery.rst", **SHOWCASE),
         html=report(f"{REPORT}/gallery.html", caption="../report/gallery.rst", **SHOWCASE),
     params:
         split=GALLERY_SPLIT,
         images=EVALUATE["gallery_images"],
+        runs=RUNS,
     log:
         "logs/evaluate/report_gallery.log",
     conda:
@@ -126,6 +156,7 @@ if EVALUATIONS:
             *CIDER_CURVES,
             *rules.summarize.output,
             *rules.report_tables.output,
+            *(rules.versus_reference.output if reference_run(RUNS) else []),
             *rules.report_plots.output,
             *(rules.report_gallery.output if GALLERY else []),
         ]

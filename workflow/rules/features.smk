@@ -13,7 +13,9 @@ rule train_clip:
         captions=f"{DATA}/captions.parquet",
     output:
         weights=TRAINED_CLIP,
-        retrieval="results/clip/retrieval.json",
+        retrieval=report(
+            "results/clip/retrieval.json", caption="../report/retrieval.rst", category="CLIP"
+        ),
     params:
         arch=CLIP["arch"],
         train=CLIP["train"],

@@ -27,6 +27,29 @@ rule train_run:
         "../scripts/train.py"
 
 
+rule run_card:
+    """The run folder's card and vocabulary copy, so `distinctcap caption` needs only the
+    folder and its CLIP (distinctcap.runcard)."""
+    input:
+        model=f"{RUN_DIR}/{{run}}/model.pt",
+        vocab=f"{DATA}/vocab.json",
+        features=FEATURES_INDEX,
+        clip=CLIP_FILES,
+    output:
+        card=f"{RUN_DIR}/{{run}}/run.json",
+        vocab=f"{RUN_DIR}/{{run}}/vocab.json",
+    params:
+        run=lambda w: RUN_CONFIGS[w.run],
+        decoding=DECODING,
+        clip=lambda w, input: input.clip[0] if TRAIN_CLIP else CLIP["pretrained"],
+    log:
+        "logs/train/{run}-card.log",
+    conda:
+        "../../envs/data.yaml"
+    script:
+        "../scripts/run_card.py"
+
+
 ALL_TARGETS.extend(run_model(run) for run in RUNS)
 
 
@@ -45,3 +68,4 @@ rule export_hf:
 
 
 ALL_TARGETS.extend(f"{RUN_DIR}/{run}/hf" for run in RUNS if PRETRAINED)
+ALL_TARGETS.extend(f"{RUN_DIR}/{run}/run.json" for run in RUNS)

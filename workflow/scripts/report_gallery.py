@@ -1,4 +1,4 @@
-"""Rule report_gallery: test images with every run's captions side by side (PNG and HTML)."""
+"""Rule report_gallery: test images with every run's captions side by side (HTML cards)."""
 
 from distinctcap import logs
 from distinctcap.io import read_table
@@ -10,7 +10,7 @@ write_gallery(
     read_table(snakemake.input.captions),
     list(snakemake.input.generated),
     snakemake.params.split,
-    snakemake.output.png,
     snakemake.output.html,
     count=snakemake.params.images,
+    runs=snakemake.params.runs,
 )

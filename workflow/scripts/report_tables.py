@@ -11,4 +11,6 @@ write_tables(
     snakemake.output.markdown,
     snakemake.output.html,
     reference=snakemake.params.reference,
+    tex_path=snakemake.output.latex,
+    csv_path=snakemake.output.csv,
 )

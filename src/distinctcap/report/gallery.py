@@ -1,12 +1,10 @@
-"""The caption gallery (rule `report_gallery`): images of one split with their longest
-reference caption and sample 0 of every run and decoding, as a PNG grid and an HTML page."""
+"""The caption gallery (rule `report_gallery`): images of one split, one card each, with their
+longest human caption and sample 0 of every run and decoding, as an HTML page."""
 
 from __future__ import annotations
 
 import base64
 import html
-import math
-import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -15,8 +13,7 @@ import pandas as pd
 
 from distinctcap.errors import DistinctcapError
 from distinctcap.io import atomic_path, read_table
-from distinctcap.report.plots import pyplot, save_png
-from distinctcap.report.tables import STYLE
+from distinctcap.report.summary import run_order
 
 
 def gallery_images(images: pd.DataFrame, split: str, count: int = 24) -> list[int]:
@@ -41,11 +38,35 @@ def gallery_captions(generated: Sequence[str | Path], image_ids: Sequence[int]) 
     return pd.DataFrame(rows, columns=["run", "decoding", "image_id", "text"])
 
 
-def _gallery_lines(caps: pd.DataFrame, image_id: int, reference: str) -> list[tuple[str, str]]:
-    sub = caps[caps.image_id == image_id]
-    return [("reference", reference)] + [
-        (f"{r.run}/{r.decoding}", r.text) for r in sub.itertuples()
+GALLERY_STYLE = """<style>body{font-family:sans-serif;font-size:14px;margin:1em}
+.cards{display:flex;flex-wrap:wrap;gap:12px}.card{width:380px;border:1px solid #ccc;
+border-radius:6px;padding:8px;text-align:left}.card img{width:192px;height:192px;
+image-rendering:pixelated;display:block;margin-bottom:6px}.who{font-weight:bold}
+.human{color:#555}.line{margin:3px 0}</style>"""
+
+
+def run_labels(runs: dict) -> dict[str, str]:
+    """run -> "name (METHOD)", e.g. "reference (MLE)", "smile (SMILE)"."""
+    return {
+        name: f"{name} ({block.get('method', 'mle').upper()}"
+        + (f" on {block['data']}" if block.get("data", "all") != "all" else "") + ")"
+        for name, block in runs.items()
+    }
+
+
+def card(image_id: int, file: str, human: str, caps: pd.DataFrame, labels: dict) -> str:
+    """One image: the picture, its human caption and every run's caption, labelled."""
+    data = base64.b64encode(Path(file).read_bytes()).decode()
+    lines = [f"<div class='line human'><span class='who'>human</span>: {html.escape(human)}</div>"]
+    lines += [
+        f"<div class='line'><span class='who'>{html.escape(labels.get(r.run, r.run))}</span>, "
+        f"{html.escape(r.decoding)}: {html.escape(r.text)}</div>"
+        for r in caps[caps.image_id == image_id].itertuples()
     ]
+    return (
+        f"<div class='card'><img src='data:image/png;base64,{data}' alt='image {image_id}'>"
+        f"<div>image {image_id}</div>{''.join(lines)}</div>"
+    )
 
 
 def write_gallery(
@@ -53,76 +74,29 @@ def write_gallery(
     captions: pd.DataFrame,
     generated: Sequence[str | Path],
     split: str,
-    png_path: str | Path,
     html_path: str | Path,
     count: int = 24,
+    runs: dict | None = None,
 ) -> None:
-    """For `count` images of the split: the image, its longest reference caption and sample 0
-    of every run and decoding, as a PNG grid and an HTML table (images embedded)."""
+    """For `count` images of the split, one card each: the image, its longest human caption
+    and sample 0 of every run (labelled with its method, `runs`: the config's blocks, in
+    report order) and decoding, as an HTML page with the images embedded."""
     ids = gallery_images(images, split, count)
-    caps = gallery_captions(generated, ids).sort_values(["run", "decoding"], kind="stable")
+    caps = gallery_captions(generated, ids)
+    runs = runs or {r: {} for r in caps.run.unique()}
+    order = {name: k for k, name in enumerate(run_order(runs))}
+    caps = caps.assign(k=caps.run.map(order)).sort_values(["k", "decoding"], kind="stable")
     files = images.set_index("image_id").file
     refs = captions[captions.image_id.isin(ids)]
     refs = refs.assign(n=refs.text.str.len()).sort_values(["image_id", "n"], kind="stable")
     refs = refs.groupby("image_id").text.last()  # the longest, usually the most specific
-    _gallery_png(ids, files, refs, caps, png_path)
-    rows = []
-    for i in ids:
-        data = base64.b64encode(Path(files[i]).read_bytes()).decode()
-        lines = "".join(
-            f"<div><b>{html.escape(who)}</b>: {html.escape(text)}</div>"
-            for who, text in _gallery_lines(caps, i, refs.get(i, ""))
-        )
-        rows.append(
-            f"<tr><td><img src='data:image/png;base64,{data}' width='128'><br>"
-            f"image {i}</td><td>{lines}</td></tr>"
-        )
+    labels = run_labels(runs)
+    cards = [card(i, files[i], refs.get(i, ""), caps, labels) for i in ids]
     with atomic_path(html_path) as tmp:
         tmp.write_text(
-            f"<html><head><meta charset='utf-8'>{STYLE}</head><body>"
-            f"<h2>Caption gallery: {len(ids)} {split} images, every run</h2>"
-            f"<table>{''.join(rows)}</table></body></html>"
+            f"<html><head><meta charset='utf-8'>{GALLERY_STYLE}</head><body>"
+            f"<h2>Caption gallery: {len(ids)} {split} images</h2><p>Each card: the image, its "
+            "longest human caption (<b>human</b>) and the first caption of every run (with its "
+            "method) under each decoding.</p>"
+            f"<div class='cards'>{''.join(cards)}</div></body></html>"
         )
-
-
-def _gallery_png(
-    ids: list[int],
-    files: pd.Series,
-    refs: pd.Series,
-    caps: pd.DataFrame,
-    path: str | Path,
-    cols: int = 3,
-    width: int = 64,
-) -> None:
-    """Grid of (image, text) cells; each caption wrapped to `width` monospace characters."""
-    from PIL import Image
-
-    plt = pyplot()
-    texts = {
-        i: "\n".join(
-            textwrap.fill(f"{who}: {t}", width, subsequent_indent="  ")
-            for who, t in _gallery_lines(caps, i, refs.get(i, ""))
-        )
-        for i in ids
-    }
-    lines = max(t.count("\n") + 1 for t in texts.values())
-    rows = math.ceil(len(ids) / cols)
-    fig, axes = plt.subplots(
-        rows,
-        2 * cols,
-        figsize=(7.0 * cols, max(1.3, 0.11 * lines + 0.3) * rows),
-        squeeze=False,
-        gridspec_kw={"width_ratios": [1, 4] * cols},
-    )
-    for ax in axes.flat:
-        ax.axis("off")
-    for k, i in enumerate(ids):
-        img_ax, txt_ax = axes[k // cols, 2 * (k % cols)], axes[k // cols, 2 * (k % cols) + 1]
-        with Image.open(files[i]) as image:
-            img_ax.imshow(image.convert("RGB"))
-        img_ax.set_title(f"image {i}", fontsize=7)
-        txt_ax.text(0, 1, texts[i], va="top", ha="left", fontsize=6, family="monospace",
-                    transform=txt_ax.transAxes)  # fmt: skip
-    fig.suptitle("Caption gallery: the longest reference and sample 0 of every run/decoding")
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.4 / fig.get_figheight()))
-    save_png(fig, path, dpi=100)

@@ -33,13 +33,20 @@ def save_png(fig, path: str | Path, dpi: int = 110) -> None:
     pyplot().close(fig)
 
 
-def _finish_panels(fig, axes, used: int, title: str, path: str | Path) -> None:
-    """A grid of panels: blank the unused axes, legend on the first, title, save as PNG."""
+def _finish_panels(
+    fig, axes, used: int, title: str, path: str | Path, shared_legend: bool = True
+) -> None:
+    """A grid of panels: blank the unused axes, one legend for all panels under the title
+    (or each panel's own), title, save as PNG."""
     for ax in list(axes.flat)[used:]:
         ax.axis("off")
-    axes.flat[0].legend(fontsize=7)
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    if shared_legend and handles:
+        fig.legend(handles, labels, loc="upper center", ncol=min(6, len(labels)), fontsize=8,
+                   bbox_to_anchor=(0.5, 1 - 0.55 / fig.get_figheight()))
     fig.suptitle(title)
-    fig.tight_layout()
+    top = 1 - (1.0 if shared_legend and handles else 0.5) / fig.get_figheight()
+    fig.tight_layout(rect=(0, 0, 1, top))
     save_png(fig, path)
 
 
@@ -47,53 +54,71 @@ CURVE_SKIP = frozenset({"step", "epoch", "lr", "grad_norm", "tokens_per_s"})
 
 
 def plot_training_curves(curves: dict[str, str | Path], path: str | Path) -> None:
-    """Each run's curve.csv against the step: the training objective (`loss`), every
-    validation column and the objectives' own terms (e.g. UNKT's mle, pred, hid, att, lambda)."""
+    """One panel per run, from its curve.csv against the step: the training objective (`loss`)
+    and validation loss on the left axis, its other validation columns (e.g. self-retrieval,
+    the selection metric) dashed on the right."""
     plt = pyplot()
     tables = {run: pd.read_csv(p) for run, p in curves.items()}
-    names = {c for t in tables.values() for c in t.columns if c not in CURVE_SKIP}
-    vals = sorted(c for c in names if c.startswith("val_"))
-    panels = ["loss", *vals, *sorted(names - {"loss", *vals})]
-    cols = min(4, len(panels))
-    rows = math.ceil(len(panels) / cols)
+    cols = min(4, len(tables))
+    rows = math.ceil(len(tables) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
-    colour = {run: f"C{k % 10}" for k, run in enumerate(tables)}  # one colour per run
-    for ax, panel in zip(axes.flat, panels, strict=False):
-        for run, t in tables.items():
-            if panel in t and t[panel].notna().any():
-                sub = t[["step", panel]].dropna()
-                marker = "." if len(sub) < 30 else None
-                ax.plot(sub.step, sub[panel], label=run, color=colour[run], marker=marker)
-        ax.set_title(panel if panel != "loss" else "loss (each run's objective)", fontsize=9)
+    for ax, (run, t) in zip(axes.flat, tables.items(), strict=False):
+        for k, column in enumerate(c for c in ("loss", "val_loss") if c in t):
+            sub = t[["step", column]].dropna()
+            ax.plot(sub.step, sub[column], color=f"C{k}", label=column,
+                    marker="." if len(sub) < 30 else None)
+        others = [c for c in t.columns if c.startswith("val_") and c != "val_loss"
+                  and t[c].notna().any()]
+        if others:
+            twin = ax.twinx()
+            for k, column in enumerate(others, start=2):
+                sub = t[["step", column]].dropna()
+                twin.plot(sub.step, sub[column], "--", color=f"C{k}", label=column, marker=".")
+            twin.tick_params(labelsize=7)
+            lines = ax.get_legend_handles_labels(), twin.get_legend_handles_labels()
+            ax.legend(lines[0][0] + lines[1][0], lines[0][1] + lines[1][1], fontsize=6)
+        else:
+            ax.legend(fontsize=6)
+        ax.set_title(f"{run}: loss ↓ (its objective)", fontsize=9)
         ax.set_xlabel("optimiser step", fontsize=8)
         ax.grid(alpha=0.3)
-    _finish_panels(fig, axes, len(panels), "Training curves (curve.csv of each run)", path)
+    _finish_panels(fig, axes, len(tables), "Training curves, one panel per run (curve.csv)",
+                   path, shared_legend=False)
 
 
-BAR_METRICS = (
-    ("cider", "CIDEr-D", 1),
-    ("bleu4", "BLEU-4", 1),
-    ("meteor", "METEOR", 1),
-    ("spice", "SPICE", 1),
-    ("div1", "Div-1 (samples)", 1),
-    ("self_cider", "SelfCIDEr", 1),
-    ("distinct_corpus", "distinct captions %", 100),
-    ("novelty", "novelty %", 100),
-    ("vocab", "vocabulary", 1),
-    ("length", "length (words)", 1),
-    ("r_at_1", "CLIP R@1 %", 100),
-    ("mean_rank", "CLIP mean rank", 1),
-    ("clipscore", "CLIPScore x100", 100),
-    ("self_r_at_1", "model self-R@1 %", 100),
-    ("scene_f1", "scene F1 %", 100),
-    ("oracle_cider_20", "oracle CIDEr (20)", 1),
+BAR_METRICS = (  # (column, title with the direction that is better); values as computed
+    ("cider", "CIDEr-D ↑"),
+    ("bleu4", "BLEU-4 ↑"),
+    ("meteor", "METEOR ↑"),
+    ("spice", "SPICE ↑"),
+    ("div1", "Div-1 (samples) ↑"),
+    ("self_cider", "SelfCIDEr ↑"),
+    ("distinct_corpus", "distinct captions ↑"),
+    ("novelty", "novelty ↑"),
+    ("vocab", "vocabulary ↑"),
+    ("length", "length (words; neither)"),
+    ("r_at_1", "CLIP R@1 ↑"),
+    ("mean_rank", "CLIP mean rank ↓"),
+    ("clipscore", "CLIPScore ↑"),
+    ("self_r_at_1", "model self-R@1 ↑"),
+    ("scene_f1", "scene F1 ↑"),
+    ("oracle_cider_20", "oracle CIDEr (20) ↑"),
 )
+NOISE = 1e-6  # a panel whose values are all below this in size shows only noise
+
+
+def informative(values: pd.Series) -> bool:
+    """Worth a panel: some value present and not all of them zero up to noise (e.g. BLEU-4 of
+    1e-10 on a run too short to match any 4-gram)."""
+    values = values.dropna()
+    return bool(len(values)) and float(values.abs().max()) > NOISE
 
 
 def plot_metric_bars(metrics: pd.DataFrame, path: str | Path) -> None:
-    """One panel per metric: a bar per run, grouped by decoding; skipped metrics left out."""
+    """One panel per metric: a bar per run, grouped by decoding, values on the metric's own
+    scale; skipped metrics and those all zero up to noise are left out."""
     plt = pyplot()
-    panels = [(m, t, s) for m, t, s in BAR_METRICS if m in metrics and metrics[m].notna().any()]
+    panels = [(m, t) for m, t in BAR_METRICS if m in metrics and informative(metrics[m])]
     runs = list(dict.fromkeys(metrics.run))
     decodings = list(dict.fromkeys(metrics.split + "/" + metrics.decoding))
     cols = 4
@@ -101,10 +126,10 @@ def plot_metric_bars(metrics: pd.DataFrame, path: str | Path) -> None:
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 2.8 * rows), squeeze=False)
     width = 0.8 / max(1, len(decodings))
     x = np.arange(len(runs))
-    for ax, (metric, title, scale) in zip(axes.flat, panels, strict=False):
+    for ax, (metric, title) in zip(axes.flat, panels, strict=False):
         for j, dec in enumerate(decodings):
             sub = metrics[metrics.split + "/" + metrics.decoding == dec].set_index("run")
-            values = [sub[metric].get(r, np.nan) * scale for r in runs]
+            values = [sub[metric].get(r, np.nan) for r in runs]
             ax.bar(x + j * width - 0.4 + width / 2, values, width, label=dec)
         ax.set_xticks(x, runs, rotation=30, ha="right", fontsize=7)
         ax.set_title(title, fontsize=9)

@@ -91,14 +91,14 @@ def write_summary(metrics: pd.DataFrame, path: str | Path) -> pd.DataFrame:
     return table
 
 
-# The README's headline table: (header, column, decimals); quality on one decoding, diversity
-# on a sampled one.
+# The README's headline table: (header, column, decimals, direction); quality on one decoding,
+# diversity on a sampled one. Every value on its metric's own scale (fractions stay fractions).
 HEADLINE_QUALITY = (
-    ("BLEU-4", "bleu4", 3), ("METEOR", "meteor", 3), ("CIDEr", "cider", 3),
-    ("R@1", "r_at_1", 3), ("mean rank", "mean_rank", 1), ("CLIPScore", "clipscore", 2),
-    ("scene F1", "scene_f1", 3),
+    ("BLEU-4", "bleu4", 3, "↑"), ("METEOR", "meteor", 3, "↑"), ("CIDEr", "cider", 3, "↑"),
+    ("R@1", "r_at_1", 3, "↑"), ("mean rank", "mean_rank", 1, "↓"),
+    ("CLIPScore", "clipscore", 2, "↑"), ("scene F1", "scene_f1", 3, "↑"),
 )
-HEADLINE_DIVERSITY = (("Div-2", "div2", 3), ("distinct", "distinct", 3))
+HEADLINE_DIVERSITY = (("Div-2", "div2", 3, "↑"), ("distinct", "distinct", 3, "↑"))
 
 
 def run_label(name: str, run: dict) -> str:
@@ -109,25 +109,112 @@ def run_label(name: str, run: dict) -> str:
     return f"{name} (MLE)" if data == "all" else f"{name} (MLE on {data})"
 
 
+def headline_table(
+    summary: pd.DataFrame, runs: dict, split: str = "test", quality: str = "greedy",
+    diversity: str = "sample20",
+) -> tuple[list[str], list[list[str]]]:
+    """(headers with their direction, rounded rows): one row per run in `run_order`, quality
+    and retrieval columns of decoding `quality`, diversity columns of decoding `diversity`."""
+    rows = summary[summary.split == split].set_index(["run", "decoding"])
+    n_samples = "".join(c for c in diversity if c.isdigit())
+    headers = ["run"] + [f"{h} {arrow}" for h, _, _, arrow in HEADLINE_QUALITY] + [
+        f"{h} ({n_samples} samples) {arrow}" for h, _, _, arrow in HEADLINE_DIVERSITY
+    ]
+    table = []
+    for name in run_order(runs):
+        cells = [
+            _cell(rows, (name, decoding), column, digits)
+            for decoding, columns in ((quality, HEADLINE_QUALITY), (diversity, HEADLINE_DIVERSITY))
+            for _, column, digits, _ in columns
+        ]
+        table.append([run_label(name, runs[name]), *cells])
+    return headers, table
+
+
 def headline_markdown(
     summary: pd.DataFrame, runs: dict, split: str = "test", quality: str = "greedy",
     diversity: str = "sample20",
 ) -> str:
-    """The README's results table from summary.csv: one row per run in `runs` order, quality
-    and retrieval columns of decoding `quality`, diversity columns of decoding `diversity`."""
+    """The README's results table from summary.csv (`headline_table` as markdown)."""
+    headers, rows = headline_table(summary, runs, split, quality, diversity)
+    lines = ["| " + " | ".join(headers) + " |", "|---" * len(headers) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def write_headline(summary: pd.DataFrame, runs: dict, csv: Path, md: Path, tex: Path) -> None:
+    """The headline table of the test split as csv, markdown and LaTeX (rule summarize)."""
+    from distinctcap.report.versus import latex
+
+    quality, diversity = pick_decodings(summary)
+    headers, rows = headline_table(summary, runs, "test", quality, diversity)
+    with atomic_path(csv) as tmp:
+        pd.DataFrame(rows, columns=headers).to_csv(tmp, index=False)
+    with atomic_path(md) as tmp:
+        tmp.write_text(headline_markdown(summary, runs, "test", quality, diversity))
+    caption = f"Test split; {quality} decoding, diversity over {diversity}"
+    with atomic_path(tex) as tmp:
+        tmp.write_text(latex(headers, rows, caption, labels=1))
+
+
+def run_order(runs: dict) -> list[str]:
+    """Run names in reading order: the MLE reference, the other MLE runs (teachers), then the
+    methods, each group in config order."""
+    reference = reference_run(runs)
+    mle = [n for n, r in runs.items() if r.get("method", "mle") == "mle" and n != reference]
+    rest = [n for n in runs if n != reference and n not in mle]
+    return [*([reference] if reference else []), *mle, *rest]
+
+
+def read_summary(results: Path) -> pd.DataFrame:
+    path = results / "metrics" / "summary.csv"
+    if not path.is_file():
+        raise DistinctcapError(
+            f"{path} does not exist: run the pipeline first (make quick, make run), or pass "
+            "--results pointing at an experiment's results folder"
+        )
+    return pd.read_csv(path)
+
+
+def summary_runs(results: Path, summary: pd.DataFrame) -> dict:
+    """{run: its config block} from the run cards, for every run of the summary."""
+    from distinctcap.runcard import list_runs
+
+    cards = {card["name"]: card["run"] for card in list_runs(results)}
+    return {name: cards.get(name, {"method": "?"}) for name in summary.run.unique()}
+
+
+def pick_decodings(summary: pd.DataFrame) -> tuple[str, str]:
+    """(quality decoding, diversity decoding): greedy and the most-sample setting present."""
+    names = list(dict.fromkeys(summary.decoding))
+    quality = "greedy" if "greedy" in names else names[0]
+    sampled = sorted((n for n in names if n.startswith("sample")), key=lambda n: len(n))
+    return quality, (sampled[-1] if sampled else quality)
+
+
+def compare_table(results: Path, split: str = "test") -> str:
+    """`distinctcap compare`: the headline table of a results folder."""
+    summary = read_summary(results)
+    quality, diversity = pick_decodings(summary)
+    return headline_markdown(summary, summary_runs(results, summary), split, quality, diversity)
+
+
+def run_table(results: Path, split: str = "test") -> str:
+    """`distinctcap runs`: each finished run folder, its method and headline numbers."""
+    from distinctcap.runcard import list_runs
+
+    cards = {card["name"]: card for card in list_runs(results)}
+    if not cards:
+        raise DistinctcapError(f"no finished runs under {results / 'runs'} (no run.json)")
+    done = (results / "metrics" / "summary.csv").is_file()
+    summary = read_summary(results) if done else pd.DataFrame(columns=[*KEYS, "cider", "r_at_1"])
+    quality = pick_decodings(summary)[0] if done else "greedy"
     rows = summary[summary.split == split].set_index(["run", "decoding"])
-    n_samples = "".join(c for c in diversity if c.isdigit())
-    headers = [h for h, _, _ in HEADLINE_QUALITY] + [
-        f"{h} ({n_samples} samples)" for h, _, _ in HEADLINE_DIVERSITY
-    ]
-    lines = ["| run | " + " | ".join(headers) + " |", "|---" * (len(headers) + 1) + "|"]
-    for name, run in runs.items():
-        cells = [
-            _cell(rows, (name, decoding), column, digits)
-            for decoding, columns in ((quality, HEADLINE_QUALITY), (diversity, HEADLINE_DIVERSITY))
-            for _, column, digits in columns
-        ]
-        lines.append(f"| {run_label(name, run)} | " + " | ".join(cells) + " |")
+    lines = [f"| run | method | folder | CIDEr ({quality}) | R@1 ({quality}) |", "|---" * 5 + "|"]
+    for name in run_order({n: c["run"] for n, c in cards.items()}):
+        cells = [_cell(rows, (name, quality), column, 3) for column in ("cider", "r_at_1")]
+        folder = results / "runs" / name
+        lines.append(f"| {name} | {cards[name]['method']} | {folder} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -1,5 +1,6 @@
 """Our runs in the papers' table layouts, each beside the paper's published numbers (rule
-`report_tables`: tables.md and tables.html), and how each run fares against the MLE reference.
+`report_tables`: tables.md and tables.html). How each run fares against the MLE reference,
+with confidence intervals, is distinctcap.report.versus.
 
 Tables follow UNKT Tables 1-3 (oracle quality, best-5 diversity, ablation layout), CL
 Tables 1 and 4 (self-retrieval; quality of one caption), SMILE Table 1 (length, lexical
@@ -333,58 +334,10 @@ SECTIONS: tuple[Callable[[pd.DataFrame], list[Section]], ...] = (
 )
 
 
-LOWER_IS_BETTER = frozenset(
-    {"mbleu4", "consensus_mbleu4", "mean_rank", "hard_mean_rank", "self_mean_rank", "ppl"}
-)
-VERSUS = (
-    "bleu4", "meteor", "rouge_l", "cider", "spice", "div1", "div2", "mbleu4", "self_cider",
-    "distinct_corpus", "novelty", "vocab", "r_at_1", "r_at_5", "mean_rank", "hard_r_at_1",
-    "clipscore", "self_r_at_1", "self_mean_rank", "consensus_div1", "consensus_self_cider",
-    "consensus_mbleu4", "ppl", "scene_precision", "scene_recall", "scene_f1",
-)  # fmt: skip
-
-
-def _versus(row: pd.Series, ref: pd.Series, metrics: Sequence[str]) -> tuple[str, str]:
-    better, worse = [], []
-    for m in metrics:
-        a, b = row.get(m, math.nan), ref.get(m, math.nan)
-        if math.isnan(a) or math.isnan(b) or math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12):
-            continue
-        up = (a < b) if m in LOWER_IS_BETTER else (a > b)
-        (better if up else worse).append(f"{m} {a:.3g} vs {b:.3g}")
-    return "; ".join(better) or "-", "; ".join(worse) or "-"
-
-
-def versus_section(metrics: pd.DataFrame, reference: str | None) -> list[Section]:
-    """Per run and decoding: the metrics on which it beats / trails the MLE reference run
-    under the same split and decoding (lower is better for mBLEU, mean ranks and PPL)."""
-    if reference is None or reference not in set(metrics.run):
-        return []
-    cols = [*VERSUS, *(c for c in metrics.columns if c.startswith("oracle_cider_"))]
-    refs = metrics[metrics.run == reference].set_index(["split", "decoding"])
-    rows = []
-    for _, r in metrics[metrics.run != reference].iterrows():
-        if (r.split, r.decoding) in refs.index:
-            better, worse = _versus(r, refs.loc[(r.split, r.decoding)], cols)
-            rows.append([str(r.run), str(r.decoding), str(r.split), better, worse])
-    headers = ["Run", "Decoding", "Split", f"better than {reference}", f"worse than {reference}"]
-    intro = (
-        f"Each run against the MLE reference run `{reference}` under the same split and "
-        "decoding (values: run vs reference). Differences are not significance-tested."
-    )
-    return [
-        Section(
-            f"Versus the MLE reference ({reference})",
-            intro,
-            Block("Ours", headers, rows, labels=5),
-            [],
-        )
-    ]
-
-
 def report_sections(metrics: pd.DataFrame, reference: str | None = None) -> list[Section]:
-    sections = [s for make in SECTIONS for s in make(metrics)]
-    return sections + versus_section(metrics, reference)
+    """The papers' sections; how each run fares against `reference` (with confidence
+    intervals) is the versus_reference rule's table (distinctcap.report.versus)."""
+    return [s for make in SECTIONS for s in make(metrics)]
 
 
 def _md_table(block: Block) -> list[str]:
@@ -458,15 +411,54 @@ def tables_html(metrics: pd.DataFrame, source: str, reference: str | None = None
     return "\n".join(parts + ["</body></html>"])
 
 
+def blocks(metrics: pd.DataFrame) -> list[tuple[str, str, Block]]:
+    """(section, ours | published, block) of every table, in report order."""
+    return [
+        (section.title, kind, block)
+        for section in report_sections(metrics)
+        for kind, group in (("ours", [section.ours]), ("published", section.published))
+        for block in group
+    ]
+
+
+def tables_latex(metrics: pd.DataFrame) -> str:
+    """Every table as a LaTeX (booktabs) table, captioned with its section and block."""
+    from distinctcap.report.versus import latex
+
+    return "\n".join(
+        latex(block.headers, block.rows, f"{section}: {block.title}", labels=block.labels)
+        for section, _, block in blocks(metrics)
+    )
+
+
+def tables_csv(metrics: pd.DataFrame) -> pd.DataFrame:
+    """Every table in long form: section, kind, table, row, column, value (as printed)."""
+    rows = [
+        (section, kind, block.title, r, header, cell)
+        for section, kind, block in blocks(metrics)
+        for r, row in enumerate(block.rows)
+        for header, cell in zip(block.headers, row, strict=True)
+    ]
+    return pd.DataFrame(rows, columns=["section", "kind", "table", "row", "column", "value"])
+
+
 def write_tables(
     metrics: pd.DataFrame,
     source: str,
     md_path: str | Path,
     html_path: str | Path,
     reference: str | None = None,
+    tex_path: str | Path | None = None,
+    csv_path: str | Path | None = None,
 ) -> None:
-    """tables.md and tables.html; `reference` names the MLE run the others are compared to."""
+    """tables.md and tables.html, and every table as LaTeX and long-form CSV when asked."""
     with atomic_path(md_path) as tmp:
         tmp.write_text(tables_markdown(metrics, source, reference))
     with atomic_path(html_path) as tmp:
         tmp.write_text(tables_html(metrics, source, reference))
+    if tex_path:
+        with atomic_path(tex_path) as tmp:
+            tmp.write_text(tables_latex(metrics))
+    if csv_path:
+        with atomic_path(csv_path) as tmp:
+            tables_csv(metrics).to_csv(tmp, index=False)

@@ -1,0 +1,205 @@
+"""A new user captions a folder of their own PNG/JPEG images with a run folder: one command
+(`python -m distinctcap caption`, the `distinctcap` console script) or three lines of Python.
+The run folder is built as rule run_card builds one (distinctcap.runcard), around a seeded
+untrained captioner and CLIP, so no training is needed; the pipeline test captions with a
+trained one."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+
+import pandas as pd
+import pytest
+from conftest import ROOT, tiny_captioner
+from PIL import Image, ImageDraw
+
+from distinctcap.errors import DistinctcapError
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+ARCH = "shapes-rn-tiny"
+
+
+def save_clip(path, seed):
+    import open_clip
+    import torch
+
+    from distinctcap.clip import save_weights
+
+    torch.manual_seed(seed)
+    save_weights(open_clip.create_model(ARCH), path)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """results/runs/smile of a results folder, as the pipeline leaves it."""
+    import torch
+
+    from distinctcap.clip import load_clip
+    from distinctcap.data.tokenizer import CaptionTokenizer
+    from distinctcap.features import grid_token_count, manifest
+    from distinctcap.io import write_json
+    from distinctcap.runcard import write_run_card
+
+    results = tmp_path_factory.mktemp("results")
+    clip_path = results / "clip" / f"{ARCH}.pt"
+    clip_path.parent.mkdir()
+    save_clip(clip_path, seed=0)
+    clip = load_clip(ARCH, str(clip_path))
+    tokenizer = CaptionTokenizer.fit(["a red circle on a grey background", "a blue square"])
+    tokenizer.save(results / "vocab.json")
+    write_json({"manifest": manifest(clip, torch.float32)}, results / "index.json")
+    blank = torch.zeros(1, 3, 64, 64)
+    from distinctcap.features import pooled_and_grid
+
+    with torch.inference_mode():
+        pooled, grid = pooled_and_grid(clip.model.visual, blank)
+    assert grid.shape[1] == grid_token_count(clip)
+    run = results / "runs" / "smile"
+    run.mkdir(parents=True)
+    tiny_captioner(tokenizer.vocab_size, grid.shape[-1], pooled.shape[-1]).save(run / "model.pt")
+    decoding = {"greedy": {"kind": "greedy"}, "beam3": {"kind": "beam", "k": 3}}
+    write_run_card(
+        run, "smile", {"method": "smile", "init": "reference"}, decoding,
+        results / "vocab.json", results / "index.json", str(clip_path),
+    )
+    return run
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    """A user's folder: PNG and JPEG of several sizes and modes, and three bad files."""
+    folder = tmp_path_factory.mktemp("photos")
+    for i, (size, mode, suffix) in enumerate(
+        [((64, 64), "RGB", "png"), ((120, 90), "RGB", "jpg"), ((50, 70), "L", "PNG")]
+    ):
+        image = Image.new(mode, size, "grey" if mode == "RGB" else 128)
+        ImageDraw.Draw(image).ellipse((5, 5, 30, 30), fill="red" if mode == "RGB" else 255)
+        image.save(folder / f"good{i}.{suffix}")
+    (folder / "empty.png").write_bytes(b"")
+    (folder / "text.jpg").write_text("not an image")
+    (folder / "cut.png").write_bytes((folder / "good0.png").read_bytes()[:60])
+    (folder / "notes.txt").write_text("a folder's other files are not images and are left out")
+    return folder
+
+
+def cli(*args):
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    return subprocess.run(
+        [sys.executable, "-m", "distinctcap", *map(str, args)],
+        capture_output=True, text=True, env=env, timeout=600,
+    )
+
+
+def test_one_command_captions_a_folder_and_reports_each_bad_file(run_dir, photos, tmp_path):
+    out, page = tmp_path / "captions.jsonl", tmp_path / "vis.html"
+    done = cli("caption", run_dir, photos, "--out", out, "--html", page, "--device", "cpu")
+    assert done.returncode == 1, done.stderr  # some files were bad; the rest were captioned
+    captioned = dict(line.split("\t") for line in done.stdout.splitlines())
+    assert sorted(os.path.basename(f) for f in captioned) == ["good0.png", "good1.jpg", "good2.PNG"]
+    assert all(captioned.values())
+    assert "empty.png: not captioned: empty file (0 bytes)" in done.stderr
+    assert "text.jpg: not captioned: unreadable image" in done.stderr
+    assert "cut.png: not captioned: unreadable image" in done.stderr
+    assert "3 of 6 files could not be read" in done.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [os.path.basename(r["file"]) for r in rows] == sorted(
+        p.name for p in photos.iterdir() if p.suffix.lower() != ".txt"
+    )
+    assert {r["file"]: r["caption"] for r in rows if "caption" in r} == captioned
+    text = page.read_text()
+    assert text.count("<figure>") == 6 and "good1.jpg" in text and "empty file" in text
+
+
+def test_three_lines_of_python_give_the_commands_captions(run_dir, photos):
+    from distinctcap import load_run
+
+    run = load_run(run_dir, device="cpu")
+    results = run.caption([photos / "good0.png", photos / "good1.jpg"])
+    assert [os.path.basename(r["file"]) for r in results] == ["good0.png", "good1.jpg"]
+    assert all(isinstance(r["caption"], str) and r["logprob"] < 0 for r in results)
+    again = run.caption(photos / "good0.png")  # one path is fine too; greedy is deterministic
+    assert again[0]["caption"] == results[0]["caption"]
+    beam = run.caption([photos / "good0.png"], decoding="beam3")[0]
+    assert beam["logprob"] >= results[0]["logprob"] - 1e-4  # beam finds no worse a caption
+    with pytest.raises(DistinctcapError, match="choose one of beam3, greedy"):
+        run.caption([photos / "good0.png"], decoding="beam7")
+
+
+def test_the_console_script_is_the_module_command():
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts == {"distinctcap": "distinctcap.cli:main"}
+    done = cli("--help")
+    assert done.returncode == 0 and "caption" in done.stdout and "compare" in done.stdout
+
+
+def test_a_run_whose_clip_is_missing_or_different_stops_naming_it(run_dir, tmp_path):
+    from distinctcap import load_run
+
+    moved = tmp_path / "moved"
+    shutil.copytree(run_dir.parents[1], moved)  # the whole results folder moves: still fine
+    assert load_run(moved / "runs" / "smile", device="cpu").name == "smile"
+    clip = moved / "clip" / f"{ARCH}.pt"
+    clip.unlink()
+    with pytest.raises(DistinctcapError, match=f"CLIP {ARCH} at .*{ARCH}.pt, which is missing"):
+        load_run(moved / "runs" / "smile", device="cpu")
+    save_clip(clip, seed=1)  # another CLIP of the same architecture
+    with pytest.raises(DistinctcapError, match="with weights sha256 .* but .* has"):
+        load_run(moved / "runs" / "smile", device="cpu")
+    done = cli("caption", moved / "runs" / "smile", clip)
+    assert done.returncode == 2 and "meaningless captions" in done.stderr
+
+
+def test_a_folder_without_a_card_says_what_it_is(tmp_path):
+    done = cli("caption", tmp_path, tmp_path)
+    assert done.returncode == 2 and "is not a finished run folder" in done.stderr
+
+
+def test_runs_and_compare_list_the_results_folder(run_dir):
+    results = run_dir.parents[1]
+    listed = cli("runs", "--results", results)
+    assert listed.returncode == 0, listed.stderr
+    assert "| smile | smile |" in listed.stdout and "| - | - |" in listed.stdout  # no metrics yet
+    missing = cli("compare", "--results", results)
+    assert missing.returncode == 2 and "summary.csv does not exist" in missing.stderr
+
+
+def test_compare_orders_reference_teachers_methods(tmp_path):
+    from distinctcap.io import write_json
+    from distinctcap.report.summary import SUMMARY_BASE, SUMMARY_TAIL, compare_table
+
+    blocks = {
+        "smile": {"method": "smile"},
+        "teacher_neg": {"method": "mle", "data": "D-"},
+        "reference": {"method": "mle", "data": "all"},
+    }
+    for name, block in blocks.items():  # the run cards' part that compare reads
+        write_json({"name": name, "method": block["method"], "run": block},
+                   tmp_path / "runs" / name / "run.json")
+    rows = [
+        {"run": run, "split": "test", "decoding": decoding, "cider": cider}
+        for run, cider in (("smile", 1.4), ("teacher_neg", 0.6), ("reference", 1.0))
+        for decoding in ("greedy", "sample5")
+    ]
+    (tmp_path / "metrics").mkdir()
+    pd.DataFrame(rows).reindex(columns=[*SUMMARY_BASE, *SUMMARY_TAIL]).to_csv(
+        tmp_path / "metrics" / "summary.csv", index=False
+    )
+    table = compare_table(tmp_path)
+    names = [line.split(" | ")[0].strip("| ") for line in table.splitlines()[2:]]
+    assert names == ["reference (MLE)", "teacher_neg (MLE on D-)", "smile"]
+    assert "Div-2 (5 samples)" in table
+
+
+def test_importing_the_package_and_the_command_loads_no_torch():
+    code = (
+        "import sys, distinctcap, distinctcap.cli, distinctcap.runcard; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'open_clip'}))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+    )
+    assert done.stdout.strip() == "[]"

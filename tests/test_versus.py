@@ -1,0 +1,100 @@
+"""Each run against the MLE reference with paired bootstrap intervals: a noise-level difference
+is never listed as a win, a real one is (on a generated shapes world, real captions)."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from distinctcap.data import shapes
+from distinctcap.report.versus import (
+    compare_runs,
+    markdown,
+    mean_statistic,
+    paired_bootstrap,
+    verdict,
+    wide,
+    write_versus,
+)
+
+GENERIC = "a picture of some shapes"
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    images, captions = shapes.generate(
+        shapes.ShapesConfig(n_train=10, n_val=5, n_test=60), tmp_path_factory.mktemp("world")
+    )
+    test = images[images.split == "test"]
+    return test, captions[captions.image_id.isin(test.image_id)]
+
+
+def generated(run, texts):
+    return pd.DataFrame({"run": run, "image_id": list(texts), "sample": 0,
+                         "text": list(texts.values()), "logprob": -1.0})
+
+
+def runs_of(world, **texts_of):
+    images, captions = world
+    return {(run, "test", "greedy"): generated(run, texts(images, captions))
+            for run, texts in texts_of.items()}
+
+
+def generic(images, captions):
+    return dict.fromkeys(images.image_id, GENERIC)
+
+
+def specific(images, captions):  # the longest human caption: the fully specific one
+    return captions.groupby("image_id").text.agg(lambda t: max(t, key=len)).to_dict()
+
+
+def almost_generic(images, captions):  # noise: one image of 60 differs
+    texts = generic(images, captions)
+    first = next(iter(texts))
+    texts[first] = specific(images, captions)[first]
+    return texts
+
+
+def test_a_real_gain_is_better_and_noise_is_never_a_win(world):
+    images, captions = world
+    runs = runs_of(world, reference=generic, smile=specific, noise=almost_generic, same=generic)
+    table = compare_runs(runs, captions, images, "reference").set_index(["run", "metric"])
+    for metric in ("cider", "scene_f1"):
+        assert table.loc[("smile", metric), "verdict"] == "better"
+        assert table.loc[("smile", metric), "ci_low"] > 0
+        for run in ("noise", "same"):
+            assert table.loc[(run, metric), "verdict"] == "no significant difference", run
+    assert table.loc[("same", "cider"), "difference"] == 0
+    assert table.loc[("noise", "cider"), "difference"] > 0  # higher, yet not called better
+
+
+def test_rows_follow_reference_teachers_methods(world):
+    images, captions = world
+    runs = runs_of(world, smile=specific, reference=generic, teacher_neg=generic)
+    blocks = {"reference": {"method": "mle"}, "teacher_neg": {"method": "mle", "data": "D-"},
+              "smile": {"method": "smile"}}
+    table = compare_runs(runs, captions, images, "reference", blocks)
+    assert list(dict.fromkeys(table.run)) == ["teacher_neg", "smile"]
+
+
+def test_paired_bootstrap_of_a_mean():
+    rng = np.random.default_rng(1)
+    a = rng.normal(1.0, 1.0, size=(200, 1))
+    b = a - 0.5 + rng.normal(0, 0.1, size=(200, 1))  # paired: the difference is nearly constant
+    value, ref, diff, low, high = paired_bootstrap(a, b, mean_statistic(200), seed=0)
+    assert diff == pytest.approx(a.mean() - b.mean())
+    assert 0.45 < low < diff < high < 0.55  # pairing removes the images' own spread
+    assert verdict(low, high) == "better" and verdict(-high, -low) == "worse"
+    assert verdict(-0.1, 0.2) == "no significant difference"
+
+
+def test_markdown_csv_and_latex_exports(world, tmp_path):
+    images, captions = world
+    table = compare_runs(runs_of(world, reference=generic, smile=specific), captions, images,
+                         "reference")
+    write_versus(table, "reference", tmp_path / "v.csv", tmp_path / "v.md", tmp_path / "v.tex")
+    headers, rows = wide(table)
+    assert headers == ["run", "decoding", "CIDEr ↑", "scene precision ↑", "scene F1 ↑"]
+    assert "**better**" in markdown(table, "reference")
+    assert len(pd.read_csv(tmp_path / "v.csv")) == 3
+    tex = (tmp_path / "v.tex").read_text()
+    assert "\\textbf{better}" in tex and "$\\uparrow$" in tex and "\\toprule" in tex

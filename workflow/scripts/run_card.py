@@ -1,0 +1,17 @@
+"""Rule run_card: results/runs/{run}/run.json and its vocabulary copy (distinctcap.runcard)."""
+
+from pathlib import Path
+
+from distinctcap import logs
+from distinctcap.runcard import write_run_card
+
+logs.setup(snakemake.log[0])
+write_run_card(
+    Path(snakemake.output.card).parent,
+    snakemake.wildcards.run,
+    snakemake.params.run,
+    snakemake.params.decoding,
+    snakemake.input.vocab,
+    snakemake.input.features,
+    snakemake.params.clip,
+)

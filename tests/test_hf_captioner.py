@@ -216,3 +216,15 @@ def test_end_to_end_runs_the_vision_tower_on_cached_pixels_with_gradients(blip_d
     loss.backward()
     tower = [p.grad for p in model.hf.vision_model.parameters()]
     assert all(g is not None for g in tower) and any(g.abs().sum() > 0 for g in tower)
+
+
+def test_distinctcap_caption_sends_a_transformers_run_to_its_hf_folder(blip, tmp_path):
+    # its captioner reads its own vision states, which `distinctcap caption` (CLIP) cannot give
+    from distinctcap.caption import Run
+    from distinctcap.io import write_json
+
+    blip.save(tmp_path / "model.pt")
+    write_json({"name": "blip_smile", "model": "model.pt", "vocab": "vocab.json"},
+               tmp_path / "run.json")
+    with pytest.raises(DistinctcapError, match=r"transformers captioner: caption with .*hf"):
+        Run(tmp_path, device="cpu")

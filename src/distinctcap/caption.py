@@ -34,7 +34,7 @@ from distinctcap.devices import resolve_device
 from distinctcap.errors import DistinctcapError
 from distinctcap.features import compute_dtype, pooled_and_grid
 from distinctcap.io import atomic_path, file_sha256
-from distinctcap.model import Captioner
+from distinctcap.model import Captioner, load_captioner
 from distinctcap.runcard import read_run_card, resolve_clip
 from distinctcap.search import generate
 
@@ -73,8 +73,14 @@ class Run:
         self.card = read_run_card(self.dir)
         self.name = self.card["name"]
         self.device = resolve_device(device)
+        self.model = load_captioner(self.dir / self.card["model"], self.device).eval()
+        if not isinstance(self.model, Captioner):  # it reads its own vision states, not CLIP's
+            raise DistinctcapError(
+                f"run {self.name} is a transformers captioner: caption with its folder "
+                f"{self.dir / 'hf'} and transformers' pipeline('image-text-to-text') (README, "
+                "Pre-trained captioners)"
+            )
         self.clip = load_run_clip(self.card, self.dir, clip, self.device)
-        self.model = Captioner.load(self.dir / self.card["model"], self.device).eval()
         self.tokenizer = CaptionTokenizer.load(self.dir / self.card["vocab"])
         self.to_bytes, self.mean, self.std = byte_transform(self.clip.preprocess)
 

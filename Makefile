@@ -21,7 +21,7 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $@
 
-.PHONY: install run quick test report readme-table cleanup
+.PHONY: install run quick test report readme-table cleanup times
 install: $(VENV)/.installed
 
 run: install
@@ -48,3 +48,8 @@ readme-table: install
 COCO_DIR ?= resources/coco
 cleanup: install
 	$(PY) -c 'from distinctcap.data.coco import remove_extracted_zips as r; print(*r("$(COCO_DIR)"))'
+
+# Where the time went: per rule, the sum and max of wall and CPU seconds and the peak memory,
+# from the benchmark file every job writes under benchmarks/ (also in the report).
+times: install
+	$(PY) -m distinctcap.report.times $(EXP)/benchmarks

@@ -20,6 +20,7 @@ include: "workflow/rules/neighbours.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/decode.smk"
 include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/times.smk"
 
 
 # the report's front page: what was run, the headline table, how to read it (common.smk)

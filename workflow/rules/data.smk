@@ -12,6 +12,8 @@ rule prepare_data:
         on_bad_input=config["on_bad_input"],
     log:
         "logs/data/prepare_data.log",
+    benchmark:
+        "benchmarks/prepare_data.tsv"
     conda:
         "../../envs/data.yaml"
     script:

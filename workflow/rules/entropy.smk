@@ -20,7 +20,7 @@ rule retrieval_entropy:
     log:
         "logs/entropy/retrieval_entropy.log",
     benchmark:
-        "benchmarks/entropy/retrieval_entropy.tsv"
+        "benchmarks/retrieval_entropy.tsv"
     conda:
         "../../envs/torch.yaml"
     script:
@@ -40,6 +40,8 @@ rule split_entropy:
         shard_size=ENTROPY["shard_size"],
     log:
         "logs/entropy/split_entropy.log",
+    benchmark:
+        "benchmarks/split_entropy.tsv"
     conda:
         "../../envs/torch.yaml"
     script:
@@ -61,6 +63,8 @@ rule entropy_report:
         top=ENTROPY["report_top"],
     log:
         "logs/entropy/entropy_report.log",
+    benchmark:
+        "benchmarks/entropy_report.tsv"
     conda:
         "../../envs/torch.yaml"
     script:

@@ -65,6 +65,8 @@ rule summarize:
         runs=RUNS,
     log:
         "logs/evaluate/summarize.log",
+    benchmark:
+        "benchmarks/summarize.tsv"
     conda:
         "../../envs/eval.yaml"
     script:
@@ -84,6 +86,8 @@ rule report_tables:
         reference=reference_run(RUNS),
     log:
         "logs/evaluate/report_tables.log",
+    benchmark:
+        "benchmarks/report_tables.tsv"
     conda:
         "../../envs/eval.yaml"
     script:
@@ -107,6 +111,8 @@ rule versus_reference:
         seed=config["seed"],
     log:
         "logs/evaluate/versus_reference.log",
+    benchmark:
+        "benchmarks/versus_reference.tsv"
     conda:
         "../../envs/eval.yaml"
     script:
@@ -124,6 +130,8 @@ rule report_plots:
         cider=report(f"{REPORT}/cider_vs_n.png", caption="../report/cider_vs_n.rst", **PLOTS),
     log:
         "logs/evaluate/report_plots.log",
+    benchmark:
+        "benchmarks/report_plots.tsv"
     conda:
         "../../envs/eval.yaml"
     script:
@@ -143,6 +151,8 @@ rule report_gallery:
         runs=RUNS,
     log:
         "logs/evaluate/report_gallery.log",
+    benchmark:
+        "benchmarks/report_gallery.tsv"
     conda:
         "../../envs/eval.yaml"
     script:

@@ -29,7 +29,7 @@ rule train_clip:
     log:
         "logs/features/train_clip.log",
     benchmark:
-        "benchmarks/features/train_clip.tsv"
+        "benchmarks/train_clip.tsv"
     conda:
         "../../envs/torch.yaml"
     script:
@@ -56,7 +56,7 @@ rule extract_features:
     log:
         "logs/features/extract_features.log",
     benchmark:
-        "benchmarks/features/extract_features.tsv"
+        "benchmarks/extract_features.tsv"
     conda:
         "../../envs/torch.yaml"
     script:
@@ -79,7 +79,7 @@ rule extract_captioner_features:
     log:
         "logs/features/extract_captioner_features.log",
     benchmark:
-        "benchmarks/features/extract_captioner_features.tsv"
+        "benchmarks/extract_captioner_features.tsv"
     conda:
         "../../envs/torch.yaml"
     script:

@@ -20,7 +20,7 @@ rule train_run:
     log:
         "logs/train/{run}.log",
     benchmark:
-        "benchmarks/train/{run}.tsv"
+        "benchmarks/train_run/{run}.tsv"
     conda:
         "../../envs/torch.yaml"
     script:
@@ -44,6 +44,8 @@ rule run_card:
         clip=lambda w, input: input.clip[0] if TRAIN_CLIP else CLIP["pretrained"],
     log:
         "logs/train/{run}-card.log",
+    benchmark:
+        "benchmarks/run_card/{run}.tsv"
     conda:
         "../../envs/data.yaml"
     script:
@@ -61,6 +63,8 @@ rule export_hf:
         directory(f"{RUN_DIR}/{{run}}/hf"),
     log:
         "logs/train/{run}-export_hf.log",
+    benchmark:
+        "benchmarks/export_hf/{run}.tsv"
     conda:
         "../../envs/torch.yaml"
     script:

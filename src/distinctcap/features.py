@@ -1,6 +1,8 @@
 """CLIP features of every image and caption, in resumable shards (ARCHITECTURE.md, data contracts).
 
-Per image: the pooled embedding (L2-normalised, float32) and the grid tokens (float16, G x Dv),
+Per image: the pooled embedding (L2-normalised, float32), its norm before normalising (the
+unnormalised projection is pooled * pooled_norm: the specificity paper's dp and cdp, eq. 2 and 4,
+use it) and the grid tokens (float16, G x Dv),
 the captioner's input: for a ViT the last layer's tokens after its final LayerNorm
 (`model.visual.output_tokens = True`); for a conv tower (open_clip's ModifiedResNet, timm
 convnets) its last feature map, H x W positions of C channels, the input of its pooling head
@@ -9,7 +11,7 @@ convnets) its last feature map, H x W positions of C channels, the input of its 
 
 Layout (under `cache_dir`, which is NOT a declared Snakemake output, so a killed run keeps it):
     images/part-00000.parquet  image_id int64, pooled fixed_size_list<float>[D],
-                               grid fixed_size_list<halffloat>[G * Dv]
+                               pooled_norm float, grid fixed_size_list<halffloat>[G * Dv]
     texts/part-00000.parquet   caption_id int64, embedding fixed_size_list<float>[D]
     manifest.json              what the features were computed with (for people)
 The rule's output is a small index JSON listing the shards. Each shard is written under a
@@ -49,7 +51,7 @@ from distinctcap.io import atomic_path, file_sha256, read_json, write_json
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
+FORMAT = 2  # 2: images carry pooled_norm
 KEY = b"distinctcap.key"
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -256,13 +258,15 @@ def encode_images(
     mean: torch.Tensor,
     std: torch.Tensor,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """(pooled L2-normalised float32 (B, D), grid tokens (B, G, Dv)) per batch, on `device`."""
+    """(pooled L2-normalised float32 (B, D), its norms (B,), grid tokens (B, G, Dv)) per batch,
+    on `device`."""
     amp = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
     with torch.inference_mode(), amp:
         for batch in own_errors(loader):
             x = normalize(batch.to(device, non_blocking=True), mean, std)
             pooled, tokens = pooled_and_grid(clip.model.visual, x)
-            yield F.normalize(pooled.float(), dim=-1), tokens
+            pooled = pooled.float()
+            yield F.normalize(pooled, dim=-1), pooled.norm(dim=-1), tokens
 
 
 def own_errors(loader: DataLoader) -> Iterator[torch.Tensor]:
@@ -336,13 +340,15 @@ def extract_images(
     with bar, ShardWriter(on_shard) as writer:
         for shard in shards:
             pooled = grid = None
+            norms = torch.empty(len(shard.rows), dtype=torch.float32)
             done = 0
             while done < len(shard.rows):
-                p, g = next(batches)
+                p, n, g = next(batches)
                 if pooled is None:  # copy_ converts to the stored dtype on the way to the CPU
                     pooled = torch.empty((len(shard.rows), *p.shape[1:]), dtype=torch.float32)
                     grid = torch.empty((len(shard.rows), *g.shape[1:]), dtype=torch.float16)
                 pooled[done : done + len(p)].copy_(p)
+                norms[done : done + len(n)].copy_(n)
                 grid[done : done + len(g)].copy_(g)
                 done += len(p)
                 bar.update(len(p))
@@ -352,6 +358,7 @@ def extract_images(
                 {
                     "image_id": pa.array(ids[shard.rows], pa.int64()),
                     "pooled": fixed_list(pooled.numpy()),
+                    "pooled_norm": pa.array(norms.numpy(), pa.float32()),
                     "grid": fixed_list(grid.numpy()),
                 },
             )
@@ -522,6 +529,15 @@ def load_image_features(
         return ids, pooled, None
     tokens = read_json(index_path)["images"]["grid_tokens"]
     return ids, pooled, _matrix(tables, "grid", np.float16).reshape(len(ids), tokens, -1)
+
+
+def load_image_norms(index_path: str | Path) -> np.ndarray:
+    """Norm of each image's pooled embedding before L2 normalisation, float32 (N,), in the
+    order of `load_image_features` (pooled * norm is CLIP's unnormalised projection)."""
+    tables = _read_shards(index_path, "images", ["pooled_norm"])
+    if not tables:
+        return np.zeros(0, np.float32)
+    return np.concatenate([t.column("pooled_norm").to_numpy() for t in tables]).astype(np.float32)
 
 
 def load_text_features(index_path: str | Path) -> tuple[np.ndarray, np.ndarray]:

@@ -38,6 +38,9 @@ class ImageFeatures:
     image_ids: np.ndarray  # (N,) int64
     pooled: Tensor  # (N, Dp) float32, L2-normalised
     grid: Tensor  # (N, G, Dv) float16
+    # (N,) float32: pooled's norm before normalising (pooled * pooled_norm is CLIP's
+    # unnormalised projection, specificity dp/cdp); None where not loaded
+    pooled_norm: Tensor | None = None
 
     @classmethod
     def load(
@@ -46,11 +49,14 @@ class ImageFeatures:
         """The image features of a features index (distinctcap.features): every image, sorted
         by image id, or those of `image_ids` in that order (a DistinctcapError names ids that
         have none)."""
-        from distinctcap.features import load_image_features
+        from distinctcap.features import load_image_features, load_image_norms
 
         ids, pooled, grid = load_image_features(index_path)
         features = cls(
-            np.asarray(ids, dtype=np.int64), torch.as_tensor(pooled), torch.as_tensor(grid)
+            np.asarray(ids, dtype=np.int64),
+            torch.as_tensor(pooled),
+            torch.as_tensor(grid),
+            torch.as_tensor(load_image_norms(index_path)),
         )
         return features if image_ids is None else features.subset(image_ids)
 
@@ -65,9 +71,19 @@ class ImageFeatures:
 
     def subset(self, image_ids: Sequence[int] | np.ndarray) -> ImageFeatures:
         rows = torch.as_tensor(self.rows(image_ids))
+        norm = None if self.pooled_norm is None else self.pooled_norm[rows]
         return ImageFeatures(
-            np.asarray(image_ids, dtype=np.int64), self.pooled[rows], self.grid[rows]
+            np.asarray(image_ids, dtype=np.int64), self.pooled[rows], self.grid[rows], norm
         )
+
+    def unnormalised(self, rows: Tensor) -> Tensor:
+        """CLIP's image projections before L2 normalisation at `rows`, float32 (B, Dp)."""
+        if self.pooled_norm is None:
+            raise DistinctcapError(
+                "these image features carry no pooled_norm (made before it was stored); "
+                "rerun the extract_features rule"
+            )
+        return self.pooled[rows].float() * self.pooled_norm[rows].float().unsqueeze(-1)
 
 
 @dataclass

@@ -17,7 +17,9 @@ Per micro-batch:
 4. The frozen CLIP text encoder embeds the caption (`distinctcap.clip.ClipTextEncoder`, the
    project's one CLIP text encoding, run from token embeddings), and `specificity_loss`
    (eq. 2-5) compares it with the true image's and, for cdp/ccos, a contrastive image's CLIP
-   embedding. The contrastive image is drawn uniformly from the image's top-1% most similar
+   embedding: dp and cdp on CLIP's unnormalised projections (text: the tower's output before
+   normalising; image: the stored pooled embedding times its stored norm), cos and ccos on
+   unit vectors, as the paper defines them. The contrastive image is drawn uniformly from the image's top-1% most similar
    training images (`distinctcap.neighbours`), reproducibly per (seed, step, micro-batch).
 
 The paper replaces MLE by this loss (§4: mle_weight 0, the default); `mle_weight` = lambda
@@ -188,6 +190,17 @@ class Specificity(facts.Specificity):
         self._micro = (step, count)
         return count
 
+    @property
+    def cosine(self) -> bool:
+        return self.kind in ("cos", "ccos")
+
+    def _images(self, rows: Tensor) -> Tensor:
+        """CLIP image embeddings of training-feature rows: L2-normalised for cos/ccos, the
+        unnormalised projections for dp/cdp. (B, D) float32 on the CPU."""
+        if self.cosine:
+            return self.features.pooled[rows].float()
+        return self.features.unnormalised(rows)
+
     def loss(
         self, model: Captioner, batch: Batch, step: int, total_steps: int
     ) -> tuple[Tensor, dict[str, float]]:
@@ -206,13 +219,14 @@ class Specificity(facts.Specificity):
         grid, pooled = batch.grid[first], batch.pooled[first]
         seqs, noise = generate_ids(model, grid, pooled, self.sampling, gen)
         probs = output_probs(model, grid, pooled, seqs, noise, self.temperature)
-        text = self.encoder(seqs, probs)[inverse.to(batch.grid.device)]  # (B, E)
-        image = batch.pooled.float()
+        # dp/cdp compare CLIP's unnormalised projections (eq. 2, 4); cos/ccos normalise (eq. 3, 5)
+        text = self.encoder(seqs, probs, normalize=self.cosine)[inverse.to(batch.grid.device)]
+        image = self._images(batch.image_rows).to(text.device)
         contrast = None
         if self.neighbours is not None:
             cpu_gen = _step_generator(self.seed, step, micro, torch.device("cpu"))
-            rows = self.neighbours.draw(batch.image_rows, cpu_gen)
-            contrast = self.features.pooled[rows].to(image.device).float()
+            contrast = self._images(self.neighbours.draw(batch.image_rows, cpu_gen))
+            contrast = contrast.to(text.device)
         spec = specificity_loss(text, image, contrast, self.kind)
         text = text.detach()
         extras = {

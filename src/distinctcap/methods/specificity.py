@@ -19,8 +19,9 @@ Per micro-batch:
    (eq. 2-5) compares it with the true image's and, for cdp/ccos, a contrastive image's CLIP
    embedding: dp and cdp on CLIP's unnormalised projections (text: the tower's output before
    normalising; image: the stored pooled embedding times its stored norm), cos and ccos on
-   unit vectors, as the paper defines them. The contrastive image is drawn uniformly from the image's top-1% most similar
-   training images (`distinctcap.neighbours`), reproducibly per (seed, step, micro-batch).
+   unit vectors, as the paper defines them. The contrastive image is drawn uniformly from the
+   image's top-1% most similar training images (`distinctcap.neighbours`), reproducibly per
+   (seed, step, micro-batch).
 
 The paper replaces MLE by this loss (§4: mle_weight 0, the default); `mle_weight` = lambda
 in (0, 1] mixes in the MLE loss of the batch's reference captions as SMILE's eq. 4 does,

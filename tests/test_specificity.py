@@ -22,6 +22,7 @@ from distinctcap.errors import DistinctcapError
 from distinctcap.losses import specificity_loss
 from distinctcap.methods import METHODS
 from distinctcap.methods.base import TrainContext
+from distinctcap.methods.clipval import clip_val_ranks
 from distinctcap.methods.specificity import (
     Specificity,
     caption_ids_tensor,
@@ -338,6 +339,23 @@ def test_val_mean_rank(clip, tok):
     )
     with pytest.raises(DistinctcapError, match="mean_rank"):
         objective.val_metric("cider", model, data)
+
+
+def test_smile_selects_on_validation_clip_self_retrieval(clip, tok):
+    """SMILE §3.3: R@1 of the greedy captions' CLIP retrieval among the validation images."""
+    from distinctcap.methods.smile import SMILE
+
+    feats, data = world(clip, tok)
+    model = captioner(tok)
+    ctx = TrainContext(torch.device("cpu"), data, {}, tok)
+    ctx.clip = clip
+    objective = SMILE({"seed": 0}, ctx)
+    assert objective.val_metrics == {"clip_self_retrieval": "max"}
+    ranks = clip_val_ranks(model, data, ClipTextEncoder(clip, tok.clip_ids))
+    assert objective.val_metric("clip_self_retrieval", model, data) == np.mean(ranks == 1)
+    assert val_mean_rank(model, data, ClipTextEncoder(clip, tok.clip_ids)) == ranks.mean()
+    with pytest.raises(DistinctcapError, match="clip_self_retrieval"):
+        objective.val_metric("mean_rank", model, data)
 
 
 # ------------------------------------------------------------------ the neighbour table

@@ -71,6 +71,13 @@ class SMILE(Objective):
         "first_token_mle": True,  # the first position uses the full vocabulary (§3.3)
         "mle_weight": 0.0,  # lambda of eq. 4, L = lambda L_MLE + (1 - lambda) L_SMILE
     }
+    # §3.3: checkpoints chosen on CLIP self-retrieval on the validation set (R@1)
+    val_metrics = {"clip_self_retrieval": "max"}
+
+    @classmethod
+    def extra_inputs(cls, run: dict) -> dict[str, str | float | None]:
+        """The CLIP, for selection on validation CLIP self-retrieval (§3.3)."""
+        return {"clip": None}
 
 
 class Specificity(Objective):

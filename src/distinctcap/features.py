@@ -531,9 +531,12 @@ def load_image_features(
     return ids, pooled, _matrix(tables, "grid", np.float16).reshape(len(ids), tokens, -1)
 
 
-def load_image_norms(index_path: str | Path) -> np.ndarray:
+def load_image_norms(index_path: str | Path) -> np.ndarray | None:
     """Norm of each image's pooled embedding before L2 normalisation, float32 (N,), in the
-    order of `load_image_features` (pooled * norm is CLIP's unnormalised projection)."""
+    order of `load_image_features` (pooled * norm is CLIP's unnormalised projection); None for
+    features of format 1, which did not store it (only specificity dp/cdp need it)."""
+    if read_json(index_path)["manifest"].get("format", 1) < 2:
+        return None
     tables = _read_shards(index_path, "images", ["pooled_norm"])
     if not tables:
         return np.zeros(0, np.float32)

@@ -56,7 +56,7 @@ class ImageFeatures:
             np.asarray(ids, dtype=np.int64),
             torch.as_tensor(pooled),
             torch.as_tensor(grid),
-            torch.as_tensor(load_image_norms(index_path)),
+            None if (norms := load_image_norms(index_path)) is None else torch.as_tensor(norms),
         )
         return features if image_ids is None else features.subset(image_ids)
 

@@ -38,6 +38,7 @@ class UNKT(Objective):
         "warmup_epochs": 5.0,  # progressive warm-up (paper: 5 epochs)
         "warmup_steps": None,  # progressive warm-up in optimiser steps; overrides epochs
         "temperature": 1.0,  # t in p = softmax(logits / t), eq. 5 (paper: 1)
+        "exclude_gold": False,  # L_pred without the gold token's teacher mass (not in UNKT)
     }
 
     @classmethod

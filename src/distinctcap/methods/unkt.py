@@ -90,6 +90,7 @@ class UNKTConfig:
     warmup_epochs: float
     warmup_steps: int | None
     temperature: float
+    exclude_gold: bool
 
     def __post_init__(self) -> None:
         for key, allowed in (
@@ -294,7 +295,8 @@ class UNKT(facts.UNKT):
         c, pad = self.cfg, self.pad_id
         if c.targets == "soft":
             return soft_unlikelihood_loss(
-                logits.float(), teacher_logits.float(), batch.labels, pad, c.temperature
+                logits.float(), teacher_logits.float(), batch.labels, pad, c.temperature,
+                c.exclude_gold,
             )
         if c.targets == "hard":
             negatives = self.greedy(batch.image_rows)

@@ -178,3 +178,71 @@ def test_parsing_the_workflow_imports_no_torch():
         env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
     )
     assert done.stdout.strip() == "[]", (modules, done.stdout)
+
+
+# --- Schedules in epochs and the COCO preset ------------------------------------------------
+
+COCO_TRAIN_CAPTIONS = 591_753  # mrnn train split: 118,287 images (issue 17's count)
+
+
+def _coco_run(name: str) -> dict:
+    import yaml
+
+    from distinctcap.config import effective_run_config
+
+    config = validate(yaml.safe_load((ROOT / "config.coco.yaml").read_text()), SCHEMA)
+    return effective_run_config(config, name, SCHEMA)
+
+
+def test_epochs_become_steps_with_the_trainers_epoch_length():
+    from distinctcap.config import TrainConfig
+
+    tc = TrainConfig(epochs=2.5, warmup_epochs=0.5, batch_size=8, grad_accum=2).in_steps(40)
+    assert (tc.steps, tc.warmup_steps, tc.epochs) == (6, 1, None)  # 40 // 8 / 2 = 2.5 a step
+    assert TrainConfig(steps=7).in_steps(40).steps == 7  # no epochs: steps as given
+    with pytest.raises(DistinctcapError, match="train.epochs = 0"):
+        TrainConfig(epochs=0)
+
+
+def test_coco_unkt_lambda_warmup_ends_before_the_decay_has_half_the_run_left():
+    """UNKT §4.1: lambda rises over 5 epochs, then eq. 10 decays it; the run must leave the
+    decay at least half of its steps (at 60,000 steps the warm-up took 59,175)."""
+    from distinctcap.config import TrainConfig, steps_per_epoch
+
+    run = _coco_run("unkt")
+    tc = TrainConfig.from_dict(run["train"]).in_steps(COCO_TRAIN_CAPTIONS)
+    per_epoch = steps_per_epoch(COCO_TRAIN_CAPTIONS, tc.batch_size, tc.grad_accum)
+    lambda_warmup = round(run["warmup_epochs"] * per_epoch)
+    assert run["warmup_epochs"] == 5 and run["temperature"] == 1.0
+    assert lambda_warmup <= tc.steps / 2, (lambda_warmup, tc.steps)
+    assert (tc.lr, tc.warmup_steps) == (3e-4, 3000)  # UNKT §4.1
+    assert tc.warmup_steps < lambda_warmup
+
+
+def test_coco_preset_follows_the_papers_where_they_give_values():
+    unkt = _coco_run("unkt")
+    assert {k: unkt["captioner"][k] for k in ("width", "enc_layers", "dec_layers", "heads")} == {
+        "width": 512, "enc_layers": 6, "dec_layers": 6, "heads": 8
+    }
+    assert (unkt["captioner"]["ffn"], unkt["captioner"]["dropout"]) == (2048, 0.1)
+    cl = _coco_run("cl")["train"]  # CL §5.2: Adam, fixed lr 1e-6
+    assert (cl["lr"], cl["schedule"], cl["warmup_steps"], cl["weight_decay"]) == (
+        1e-6, "constant", 0, 0.0
+    )
+    assert cl["select_metric"] == "cider"
+    smile = _coco_run("smile")["train"]  # SMILE §3.3: self-retrieval, within 3 epochs
+    assert (smile["epochs"], smile["select_metric"]) == (3, "clip_self_retrieval")
+    spec = _coco_run("specificity")["train"]  # specificity §4
+    assert (spec["batch_size"], spec["steps"], spec["epochs"]) == (2, 190000, None)
+    assert spec["lr"] == 1e-6
+    assert spec["select_metric"] == "mean_rank" and spec["group_by_image"] is False
+
+
+def test_select_metric_must_be_one_the_runs_method_computes():
+    from distinctcap.config import effective_run_config
+
+    config = validate(
+        {"runs": {"r": {"method": "mle", "train": {"select_metric": "mean_rank"}}}}, SCHEMA
+    )
+    with pytest.raises(DistinctcapError, match=r"runs.r.train.select_metric = 'mean_rank'"):
+        effective_run_config(config, "r", SCHEMA)

@@ -22,6 +22,7 @@ from distinctcap.features import (
     extract_features,
     grid_token_count,
     load_image_features,
+    load_image_norms,
     load_text_features,
 )
 from distinctcap.io import read_json, read_table
@@ -91,7 +92,11 @@ def test_features_match_the_model_and_the_contract(run, world):
     with torch.no_grad():
         x = torch.stack([clip.preprocess(Image.open(f)) for f in first.file])
         want = clip.model.encode_image(x, normalize=True).numpy()
+        raw = clip.model.encode_image(x).numpy()
     np.testing.assert_allclose(pooled[:3], want, atol=1e-5)
+    # the stored norms give back the unnormalised projection (specificity dp/cdp)
+    norms = load_image_norms(world / "contents/index.json")
+    np.testing.assert_allclose(pooled[:3] * norms[:3, None], raw, rtol=1e-4, atol=1e-5)
     assert load_image_features(world / "contents/index.json", grid=False)[2] is None
 
     # ImageFeatures.load, what training and decoding read: the same arrays, or a selection

@@ -332,3 +332,24 @@ def test_specificity_errors():
         specificity_loss(c, c, c, kind="l2")
     with pytest.raises(DistinctcapError, match="contrastive_image_emb"):
         specificity_loss(c, c, kind="ccos")
+
+
+def test_soft_unlikelihood_where_the_teacher_is_sure_of_the_gold_token():
+    """Eq. 9 with eq. 5 as printed: where the negative teacher puts all its mass on the gold
+    token, (1 - lam) L_mle + lam L_pred is least at p_s(gold) = 1 - lam (1/2 at eq. 10's end),
+    whatever the model; `exclude_gold` leaves that token out and the optimum is p_s(gold) = 1."""
+    labels = torch.tensor([[2]])
+    teacher = torch.full((1, 1, 5), -30.0)
+    teacher[0, 0, 2] = 30.0
+    for lam, exclude in ((0.5, False), (0.3, False), (0.5, True)):
+        z = torch.zeros(1, 1, 5, requires_grad=True)
+        opt = torch.optim.SGD([z], lr=0.5)
+        for _ in range(2000):
+            loss = (1 - lam) * mle_loss(z, labels, PAD) + lam * soft_unlikelihood_loss(
+                z, teacher, labels, PAD, exclude_gold=exclude
+            )
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        p_gold = float(z.detach().softmax(-1)[0, 0, 2])
+        assert p_gold == pytest.approx(1.0 if exclude else 1 - lam, abs=0.02), (lam, exclude)

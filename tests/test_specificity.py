@@ -9,6 +9,7 @@ import numpy as np
 import open_clip
 import pytest
 import torch
+import torch.nn.functional as F
 import yaml
 from conftest import ROOT, shrink_runs, tiny_captioner
 
@@ -21,6 +22,7 @@ from distinctcap.errors import DistinctcapError
 from distinctcap.losses import specificity_loss
 from distinctcap.methods import METHODS
 from distinctcap.methods.base import TrainContext
+from distinctcap.methods.clipval import clip_val_ranks
 from distinctcap.methods.specificity import (
     Specificity,
     caption_ids_tensor,
@@ -68,11 +70,11 @@ def world(clip, tok, n_images=6, seed=0):
     """Images whose CLIP embedding is the text embedding of one caption each, so the
     specificity loss has a clear optimum; grid features are random."""
     with torch.no_grad():
-        pooled = clip.encode_text(open_clip.get_tokenizer(ARCH)(TEXTS[:n_images]), normalize=True)
+        raw = clip.encode_text(open_clip.get_tokenizer(ARCH)(TEXTS[:n_images]))
     g = torch.Generator().manual_seed(seed)
     grid = torch.randn(n_images, 4, 16, generator=g).half()
     ids = np.arange(100, 100 + n_images)
-    feats = ImageFeatures(ids, pooled, grid)
+    feats = ImageFeatures(ids, F.normalize(raw, dim=-1), grid, raw.norm(dim=-1))
     data = CaptionData(
         feats, np.arange(n_images), ids, [tok.encode(t) for t in TEXTS[:n_images]], max_len=12
     )
@@ -246,6 +248,33 @@ def test_each_loss_kind_builds(clip, tok, kind, sampling):
     assert float(loss.detach()) == pytest.approx(expected, abs=1e-5)
 
 
+def test_the_four_kinds_give_four_different_losses(clip, tok):
+    """Table 1's four rows are four objectives: dp/cdp on CLIP's unnormalised projections,
+    cos/ccos on unit vectors (eq. 2-5), so one batch gives four different losses."""
+    feats, data = world(clip, tok)
+    model, batch = captioner(tok), data.batch(torch.arange(6))
+    losses = {}
+    for kind in ("dp", "cos", "cdp", "ccos"):
+        objective = make_objective(clip, tok, data, feats, loss=kind)
+        losses[kind] = float(objective.loss(model, batch, 0, 1)[0].detach())
+    assert len({round(v, 6) for v in losses.values()}) == 4, losses
+    seqs, _ = generate_ids(model, batch.grid, batch.pooled)
+    with torch.no_grad():
+        text = ClipTextEncoder(clip, tok.clip_ids)(seqs, normalize=False)
+    image = feats.unnormalised(torch.arange(6))
+    assert losses["dp"] == pytest.approx(-float((text * image).sum(-1).mean()), rel=1e-5)
+    assert losses["cos"] == pytest.approx(-float(F.cosine_similarity(text, image).mean()), rel=1e-5)
+
+
+def test_dp_needs_the_stored_norms(clip, tok):
+    feats, data = world(clip, tok)
+    bare = ImageFeatures(feats.image_ids, feats.pooled, feats.grid)
+    data = CaptionData(bare, np.arange(6), bare.image_ids, [tok.encode(t) for t in TEXTS], 12)
+    objective = make_objective(clip, tok, data, bare, loss="dp")
+    with pytest.raises(DistinctcapError, match="pooled_norm"):
+        objective.loss(captioner(tok), data.batch(torch.arange(6)), 0, 1)
+
+
 def test_duplicate_images_decoded_once_give_the_per_caption_loss(clip, tok):
     """Several captions of one image in a batch: argmax decodes each image once, and the loss
     is still the mean over the batch's captions."""
@@ -310,6 +339,23 @@ def test_val_mean_rank(clip, tok):
     )
     with pytest.raises(DistinctcapError, match="mean_rank"):
         objective.val_metric("cider", model, data)
+
+
+def test_smile_selects_on_validation_clip_self_retrieval(clip, tok):
+    """SMILE §3.3: R@1 of the greedy captions' CLIP retrieval among the validation images."""
+    from distinctcap.methods.smile import SMILE
+
+    feats, data = world(clip, tok)
+    model = captioner(tok)
+    ctx = TrainContext(torch.device("cpu"), data, {}, tok)
+    ctx.clip = clip
+    objective = SMILE({"seed": 0}, ctx)
+    assert objective.val_metrics == {"clip_self_retrieval": "max"}
+    ranks = clip_val_ranks(model, data, ClipTextEncoder(clip, tok.clip_ids))
+    assert objective.val_metric("clip_self_retrieval", model, data) == np.mean(ranks == 1)
+    assert val_mean_rank(model, data, ClipTextEncoder(clip, tok.clip_ids)) == ranks.mean()
+    with pytest.raises(DistinctcapError, match="clip_self_retrieval"):
+        objective.val_metric("mean_rank", model, data)
 
 
 # ------------------------------------------------------------------ the neighbour table

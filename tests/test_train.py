@@ -715,3 +715,33 @@ def test_a_nan_loss_read_at_the_next_log_step_names_its_own_step(monkeypatch):
     order = BatchOrder(len(data.train), 8, 0, groups=data.train.image_rows)
     assert info.value.step == 4
     assert info.value.caption_ids == data.train.caption_ids[order.indices(3)].tolist()
+
+
+def test_generic_selection_metrics_are_the_ones_the_config_allows():
+    from distinctcap.config import SELECT_METRICS
+    from distinctcap.train import VAL_METRICS
+
+    assert set(VAL_METRICS) == SELECT_METRICS
+
+
+def test_cider_selection_metrics():
+    """cider (CL), oracle_cider / sample_cider (UNKT): CIDEr-D of greedy captions / the best and
+    mean of seeded samples against each validation image's references."""
+    from distinctcap.metrics.cider import CiderD
+    from distinctcap.search import greedy
+    from distinctcap.selection import references, val_cider, val_oracle_cider, val_sample_cider
+
+    data = tiny_data()
+    result = train(tiny_cfg(select_metric="cider", steps=8), data)
+    model, val = result.model.eval(), data.val
+    rows = torch.unique(val.image_rows, sorted=True)
+    refs = references(val, rows)
+    assert [len(r) for r in refs] == [4, 4]  # val: the first two images' 4 captions each
+    caps = greedy(model, val.features.grid[rows].float(), val.features.pooled[rows])
+    scorer = CiderD(refs)
+    words = [" ".join(map(str, c.tokens)) for c in caps]
+    by_hand = np.mean([scorer.score(w, r) for w, r in zip(words, refs, strict=True)])
+    assert val_cider(model, val) == pytest.approx(by_hand)
+    oracle, mean = val_oracle_cider(model, val), val_sample_cider(model, val)
+    assert oracle >= mean >= 0 and oracle == val_oracle_cider(model, val)  # seeded
+    assert result.metric == "cider" and result.best_metric >= 0

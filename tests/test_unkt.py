@@ -12,6 +12,7 @@ import torch
 import yaml
 from conftest import tiny_captioner
 
+from distinctcap.config import steps_per_epoch
 from distinctcap.data.batches import CaptionData, ImageFeatures
 from distinctcap.errors import DistinctcapError
 from distinctcap.losses import mle_loss, soft_unlikelihood_loss
@@ -22,7 +23,6 @@ from distinctcap.methods.unkt import (
     GreedyCaptions,
     align_negatives,
     attention_maps,
-    steps_per_epoch,
 )
 from distinctcap.model import EOS, PAD, Captioner
 from distinctcap.search import greedy
@@ -149,9 +149,9 @@ def test_lambda_zero_is_exactly_mle(data):
 
 
 def test_lambda_schedules_and_epoch_warmup(data):
-    assert steps_per_epoch(40, {"batch_size": 8}) == 5
-    assert steps_per_epoch(40, {"batch_size": 8, "grad_accum": 2}) == 2.5
-    assert steps_per_epoch(40, {"batch_size": 64}) == 1  # one smaller batch, as BatchOrder
+    assert steps_per_epoch(40, 8) == 5
+    assert steps_per_epoch(40, 8, grad_accum=2) == 2.5
+    assert steps_per_epoch(40, 64) == 1  # one smaller batch, as BatchOrder
     obj = make(data, {"warmup_epochs": 2})  # 40 captions / 8 = 5 steps an epoch -> 10
     assert obj.warmup == 10
     assert obj.lam(5, 110) == pytest.approx(0.5)

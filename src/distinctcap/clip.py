@@ -751,13 +751,20 @@ class ClipTextEncoder(torch.nn.Module):
         """Row position whose features are the text embedding, from the hard ids (B, L)."""
         return self.text.pool_index(tok)
 
-    def forward_embeddings(self, x: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
-        """Token embeddings x (B, L, W) of CLIP ids tok (B, L) -> L2-normalised (B, E), on the
-        positions up to the pooled one (`TextTower.features` with `cut`)."""
-        return F.normalize(self.text.features(x, tok, cut=True).float(), dim=-1)
+    def forward_embeddings(
+        self, x: torch.Tensor, tok: torch.Tensor, normalize: bool = True
+    ) -> torch.Tensor:
+        """Token embeddings x (B, L, W) of CLIP ids tok (B, L) -> float32 (B, E), L2-normalised
+        unless `normalize` is false, on the positions up to the pooled one (`TextTower.features`
+        with `cut`)."""
+        x = self.text.features(x, tok, cut=True).float()
+        return F.normalize(x, dim=-1) if normalize else x
 
-    def forward(self, seqs: torch.Tensor, probs: torch.Tensor | None = None) -> torch.Tensor:
-        """Generated captioner ids (B, T) -> L2-normalised CLIP text embeddings (B, E).
+    def forward(
+        self, seqs: torch.Tensor, probs: torch.Tensor | None = None, normalize: bool = True
+    ) -> torch.Tensor:
+        """Generated captioner ids (B, T) -> CLIP text embeddings (B, E), L2-normalised unless
+        `normalize` is false (the unnormalised projection of the specificity paper's dp/cdp).
 
         With `probs` (B, T, V_cap), the captioner's (differentiable) output probabilities at
         those positions, the forward pass is unchanged (hard tokens) and the gradient w.r.t.
@@ -772,4 +779,4 @@ class ClipTextEncoder(torch.nn.Module):
             emb = self.tower.token_embedding.weight[self.clip_ids]  # (V_cap, W)
             delta = residual.to(emb.dtype) @ emb  # (B, n_fit, W)
             x = x + F.pad(delta, (0, 0, 1, self.context_length - 1 - n_fit))
-        return self.forward_embeddings(x, tok)
+        return self.forward_embeddings(x, tok, normalize)

@@ -14,6 +14,7 @@ Snakemake parses it.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
@@ -245,6 +246,17 @@ def _hub_model_type(source: str, key: str) -> str:
 # The `train` section
 
 SCHEDULES = ("linear", "cosine", "constant")
+# selection metrics every method has (distinctcap.train.VAL_METRICS); a method's facts add its
+# own `val_metrics`
+SELECT_METRICS = frozenset({"val_loss", "self_retrieval", "cider", "oracle_cider", "sample_cider"})
+
+
+def steps_per_epoch(n_captions: int, batch_size: int, grad_accum: int = 1) -> float:
+    """Optimiser steps per pass over `n_captions` training captions, as the trainer counts them
+    (data/batches.py BatchOrder drops the last incomplete micro-batch; grad_accum micro-batches
+    a step). Epoch-stated schedules (train.epochs, warmup_epochs, unkt warmup_epochs) use it."""
+    batch_size = max(1, min(int(batch_size), n_captions))
+    return (n_captions // batch_size) / int(grad_accum)
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
 
@@ -253,11 +265,13 @@ class TrainConfig:
     """The `train` config section (schema: workflow/schemas/sections/train.yaml)."""
 
     steps: int = 1500  # optimiser steps
+    epochs: float | None = None  # passes over the training captions; set, it replaces steps
     batch_size: int = 64  # captions per micro-batch
     grad_accum: int = 1  # micro-batches per optimiser step
     group_by_image: bool = True  # an image's captions together in a batch (BatchOrder)
     lr: float = 1e-3  # peak learning rate (papers: 3e-4 for the 512-wide model)
     warmup_steps: int = 100  # linear warm-up from 0 (papers: 3,000)
+    warmup_epochs: float | None = None  # set, it replaces warmup_steps
     schedule: str = "linear"  # decay after warm-up: linear | cosine | constant
     final_lr_ratio: float = 0.0  # lr at the last step as a fraction of lr
     weight_decay: float = 0.01  # AdamW, on matrices and embeddings only
@@ -278,12 +292,30 @@ class TrainConfig:
         for key in ("steps", "batch_size", "grad_accum", "log_every", "val_batch_size"):
             if getattr(self, key) < 1:
                 raise DistinctcapError(f"train.{key} = {getattr(self, key)}: allowed >= 1")
+        if self.epochs is not None and self.epochs <= 0:
+            raise DistinctcapError(f"train.epochs = {self.epochs}: allowed > 0 (or null)")
+        if self.warmup_epochs is not None and self.warmup_epochs < 0:
+            raise DistinctcapError(
+                f"train.warmup_epochs = {self.warmup_epochs}: allowed >= 0 (or null)"
+            )
         if self.schedule not in SCHEDULES:
             raise DistinctcapError(f"train.schedule = {self.schedule!r}: choose one of {SCHEDULES}")
         if self.precision not in PRECISIONS:
             raise DistinctcapError(
                 f"train.precision = {self.precision!r}: choose one of {PRECISIONS}"
             )
+
+    def in_steps(self, n_captions: int) -> TrainConfig:
+        """This config with `epochs` / `warmup_epochs` turned into optimiser steps for a run on
+        `n_captions` training captions (`steps_per_epoch`); steps at least 1, epochs then None."""
+        per_epoch = steps_per_epoch(n_captions, self.batch_size, self.grad_accum)
+        steps = self.steps if self.epochs is None else max(1, round(self.epochs * per_epoch))
+        warmup = self.warmup_steps
+        if self.warmup_epochs is not None:
+            warmup = round(self.warmup_epochs * per_epoch)
+        return dataclasses.replace(
+            self, steps=steps, warmup_steps=warmup, epochs=None, warmup_epochs=None
+        )
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "train") -> TrainConfig:
@@ -316,7 +348,13 @@ def effective_run_config(config: dict, name: str, schema: dict | None = None) ->
     if schema is not None:
         _check_section(train, schema, ["runs", name, "train"])
         _check_foreign_options(block, schema, name)
-    TrainConfig.from_dict(train, where=f"runs.{name}.train")
+    select = TrainConfig.from_dict(train, where=f"runs.{name}.train").select_metric
+    own = FACTS[block["method"]].val_metrics if block.get("method") in FACTS else {}
+    if select not in SELECT_METRICS and select not in own:
+        raise DistinctcapError(
+            f"runs.{name}.train.select_metric = {select!r}: method {block.get('method')!r} "
+            f"selects on one of {sorted(SELECT_METRICS | set(own))}"
+        )
     keep = RUN_KEYS | OPTIONS.get(block.get("method"), frozenset())
     run = {k: copy.deepcopy(v) for k, v in block.items() if k in keep and k != "train"}
     return {
@@ -376,6 +414,7 @@ class EvalSettings:
     spice: bool = True
     meteor_memory: str = "2G"
     self_retrieval_pool: int = 100
+    self_retrieval_ks: list[int] = field(default_factory=lambda: [1, 5, 10])
     seed: int = 0
     batch_size: int = 256
     device: str = "cpu"

@@ -79,7 +79,7 @@ def metric_columns(settings: EvalSettings) -> list[str]:
         "clipscore",
         *[f"hard_r_at_{k}" for k in ks],
         "hard_mean_rank",
-        *[f"self_r_at_{k}" for k in ks],
+        *[f"self_r_at_{k}" for k in settings.self_retrieval_ks],
         "self_mean_rank",
         *oracle,
         *consensus,
@@ -262,7 +262,7 @@ def self_retrieval_metrics(
         [np.pad(m, ((0, 0), (0, width - m.shape[1])), constant_values=-np.inf) for m in blocks]
     )
     target = np.concatenate([np.arange(len(m)) for m in blocks])
-    return model_self_retrieval(matrix, target, settings.retrieval_ks)
+    return model_self_retrieval(matrix, target, settings.self_retrieval_ks)
 
 
 def scene_metrics(
@@ -466,7 +466,7 @@ def model_metrics(
     paths: EvalPaths, ids: list[int], texts: list[str], settings: EvalSettings
 ) -> MetricResult:
     """The captioner's self-retrieval, or skipped when no model is given or the pool is 0."""
-    names = [f"self_r_at_{k}" for k in settings.retrieval_ks] + ["self_mean_rank"]
+    names = [f"self_r_at_{k}" for k in settings.self_retrieval_ks] + ["self_mean_rank"]
     if paths.model is None or settings.self_retrieval_pool < 2 or len(ids) < 2:
         out = MetricResult()
         for name in names:

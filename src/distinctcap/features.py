@@ -1,6 +1,8 @@
 """CLIP features of every image and caption, in resumable shards (ARCHITECTURE.md, data contracts).
 
-Per image: the pooled embedding (L2-normalised, float32) and the grid tokens (float16, G x Dv),
+Per image: the pooled embedding (L2-normalised, float32), its norm before normalising (the
+unnormalised projection is pooled * pooled_norm: the specificity paper's dp and cdp, eq. 2 and 4,
+use it) and the grid tokens (float16, G x Dv),
 the captioner's input: for a ViT the last layer's tokens after its final LayerNorm
 (`model.visual.output_tokens = True`); for a conv tower (open_clip's ModifiedResNet, timm
 convnets) its last feature map, H x W positions of C channels, the input of its pooling head
@@ -9,7 +11,7 @@ convnets) its last feature map, H x W positions of C channels, the input of its 
 
 Layout (under `cache_dir`, which is NOT a declared Snakemake output, so a killed run keeps it):
     images/part-00000.parquet  image_id int64, pooled fixed_size_list<float>[D],
-                               grid fixed_size_list<halffloat>[G * Dv]
+                               pooled_norm float, grid fixed_size_list<halffloat>[G * Dv]
     texts/part-00000.parquet   caption_id int64, embedding fixed_size_list<float>[D]
     manifest.json              what the features were computed with (for people)
 The rule's output is a small index JSON listing the shards. Each shard is written under a
@@ -49,7 +51,7 @@ from distinctcap.io import atomic_path, file_sha256, read_json, write_json
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
+FORMAT = 2  # 2: images carry pooled_norm
 KEY = b"distinctcap.key"
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -267,13 +269,15 @@ def encode_images(
     mean: torch.Tensor,
     std: torch.Tensor,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """(pooled L2-normalised float32 (B, D), grid tokens (B, G, Dv)) per batch, on `device`."""
+    """(pooled L2-normalised float32 (B, D), its norms (B,), grid tokens (B, G, Dv)) per batch,
+    on `device`."""
     amp = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
     with torch.inference_mode(), amp:
         for batch in own_errors(loader):
             x = normalize(batch.to(device, non_blocking=True), mean, std)
             pooled, tokens = pooled_and_grid(clip.model.visual, x)
-            yield F.normalize(pooled.float(), dim=-1), tokens
+            pooled = pooled.float()
+            yield F.normalize(pooled, dim=-1), pooled.norm(dim=-1), tokens
 
 
 def own_errors(loader: DataLoader) -> Iterator[torch.Tensor]:
@@ -347,13 +351,15 @@ def extract_images(
     with bar, ShardWriter(on_shard) as writer:
         for shard in shards:
             pooled = grid = None
+            norms = torch.empty(len(shard.rows), dtype=torch.float32)
             done = 0
             while done < len(shard.rows):
-                p, g = next(batches)
+                p, n, g = next(batches)
                 if pooled is None:  # copy_ converts to the stored dtype on the way to the CPU
                     pooled = torch.empty((len(shard.rows), *p.shape[1:]), dtype=torch.float32)
                     grid = torch.empty((len(shard.rows), *g.shape[1:]), dtype=torch.float16)
                 pooled[done : done + len(p)].copy_(p)
+                norms[done : done + len(n)].copy_(n)
                 grid[done : done + len(g)].copy_(g)
                 done += len(p)
                 bar.update(len(p))
@@ -363,6 +369,7 @@ def extract_images(
                 {
                     "image_id": pa.array(ids[shard.rows], pa.int64()),
                     "pooled": fixed_list(pooled.numpy()),
+                    "pooled_norm": pa.array(norms.numpy(), pa.float32()),
                     "grid": fixed_list(grid.numpy()),
                 },
             )
@@ -699,6 +706,23 @@ def _write_grid_cache(index_path: str | Path, path: Path) -> None:
     for stale in path.parent.glob("*.npy"):
         if stale != path:
             stale.unlink(missing_ok=True)
+
+
+def load_image_norms(
+    index_path: str | Path, image_ids: Sequence[int] | np.ndarray | None = None
+) -> np.ndarray | None:
+    """Norm of each image's pooled embedding before L2 normalisation, float32 (N,), in the
+    order of `load_image_features` with the same `image_ids` (pooled * norm is CLIP's
+    unnormalised projection); None for features without it (format 1, and a pre-trained
+    captioner's own vision states): only specificity dp/cdp need it."""
+    files = _shard_files(index_path, "images")[1]
+    if not files or "pooled_norm" not in files[0].schema_arrow.names:
+        return None
+    per_shard = [f.read(columns=["pooled_norm"]).column(0).to_numpy() for f in files]
+    norms = np.concatenate(per_shard).astype(np.float32)
+    if image_ids is None:
+        return norms
+    return norms[feature_rows(feature_ids(index_path), image_ids)]
 
 
 def load_text_features(index_path: str | Path) -> tuple[np.ndarray, np.ndarray]:

@@ -62,15 +62,21 @@ def soft_unlikelihood_loss(
     labels: Tensor,
     pad_id: int,
     temperature: float = 1.0,
+    exclude_gold: bool = False,
 ) -> Tensor:
     """UNKT eq. 5, L_pred = -sum_k p_n(k) log(1 - p_s(k)) per position.
 
     p = softmax(logits / temperature) for student and negative teacher (UNKT uses t = 1); the
-    teacher is detached. Logits (B, N, V); labels (B, N) only give the mask. Returns a scalar,
-    mean over non-pad positions. log(1 - p_s) is computed without cancellation, so one-hot
-    extremes give finite values and gradients.
+    teacher is detached. Logits (B, N, V); labels (B, N) give the mask and, with
+    `exclude_gold` (not in UNKT), the ground-truth token whose teacher probability is set to 0,
+    as unlikelihood training leaves the target out of its negatives (Welleck et al. 2020): as
+    printed, where the teacher is sure of the gold token, (1 - lam) L_mle + lam L_pred is least
+    at p_s(gold) = 1 - lam. Returns a scalar, mean over non-pad positions. log(1 - p_s) is
+    computed without cancellation, so one-hot extremes give finite values and gradients.
     """
     p_teacher = (teacher_logits.detach() / temperature).softmax(-1)
+    if exclude_gold:
+        p_teacher = p_teacher.scatter(-1, labels.clamp_min(0).unsqueeze(-1), 0.0)
     per_position = -(p_teacher * _log_one_minus_softmax(student_logits / temperature)).sum(-1)
     return _masked_mean(per_position, labels != pad_id)
 

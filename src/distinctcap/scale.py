@@ -102,7 +102,8 @@ def write_store(
     for shard in img_shards:
         rows = len(shard.rows)
         pooled = rng.standard_normal((rows, pooled_dim), dtype=np.float32)
-        pooled /= np.linalg.norm(pooled, axis=1, keepdims=True)
+        norms = np.linalg.norm(pooled, axis=1, keepdims=True)
+        pooled /= norms
         # float16 bit patterns with magnitudes in [2^-3, 2^2) and either sign: finite, and far
         # cheaper to draw than normals (the grid is ~98% of the store)
         bits = rng.integers(0x3000, 0x4400, (rows, grid_tokens * grid_dim), dtype=np.uint16)
@@ -112,6 +113,7 @@ def write_store(
             {
                 "image_id": pa.array(image_ids[shard.rows], pa.int64()),
                 "pooled": fixed_list(pooled),
+                "pooled_norm": pa.array(norms.ravel(), pa.float32()),
                 "grid": fixed_list(bits.view(np.float16)),
             },
         )

@@ -90,6 +90,7 @@ from distinctcap.model import (
     EncoderBlock,
     load_captioner,
 )
+from distinctcap.selection import val_cider, val_oracle_cider, val_sample_cider
 
 log = logging.getLogger(__name__)
 
@@ -258,11 +259,14 @@ def self_retrieval(
     return float((scores.argmax(dim=1) == torch.arange(m)).float().mean())
 
 
-# Selection metrics by name; `train.select_metric` names one. The evaluation stage may add
-# more (e.g. "cider") with the same signature, and to the schema's enum.
+# Selection metrics by name; `train.select_metric` names one (also in the schema's enum). The
+# objectives add their own (`val_metrics`: mean_rank, clip_self_retrieval).
 VAL_METRICS: dict[str, ValMetric] = {
     "val_loss": ValMetric(val_loss, "min"),
     "self_retrieval": ValMetric(self_retrieval, "max"),
+    "cider": ValMetric(val_cider, "max"),
+    "oracle_cider": ValMetric(val_oracle_cider, "max"),
+    "sample_cider": ValMetric(val_sample_cider, "max"),
 }
 
 
@@ -465,7 +469,7 @@ class Trainer:
 
     def __init__(self, cfg: dict, data: RunData):
         self.cfg, self.data = cfg, data
-        self.tc = TrainConfig.from_dict(cfg.get("train", {}))
+        self.tc = TrainConfig.from_dict(cfg.get("train", {})).in_steps(len(data.train))
         self.dist = DistEnv.from_env()  # rank/world of torchrun processes (distinctcap.distributed)
         self.device = self.dist.device(resolve_device(cfg.get("device", "auto")))
         self.dist.init(self.device)

@@ -38,6 +38,9 @@ class ImageFeatures:
     image_ids: np.ndarray  # (N,) int64
     pooled: Tensor  # (N, Dp) float32, L2-normalised
     grid: Tensor  # (N, G, Dv) float16
+    # (N,) float32: pooled's norm before normalising (pooled * pooled_norm is CLIP's
+    # unnormalised projection, specificity dp/cdp); None where not loaded
+    pooled_norm: Tensor | None = None
 
     @classmethod
     def load(
@@ -59,18 +62,22 @@ class ImageFeatures:
             grid_cache,
             grid_cache_path,
             load_image_features,
+            load_image_norms,
         )
 
+        norms = load_image_norms(index_path, image_ids)
+        norm = None if norms is None else torch.from_numpy(norms)
         if image_ids is None:
             ids, pooled, _ = load_image_features(index_path, grid=False)
-            return cls(ids, torch.from_numpy(pooled), torch.from_numpy(grid_cache(index_path)))
-        if not grid_cache_path(index_path).is_file():
+            grid = grid_cache(index_path)
+        elif not grid_cache_path(index_path).is_file():
             ids, pooled, grid = load_image_features(index_path, image_ids=image_ids)
-            return cls(ids, torch.from_numpy(pooled), torch.from_numpy(grid))
-        ids, pooled, _ = load_image_features(index_path, grid=False, image_ids=image_ids)
-        rows = feature_rows(feature_ids(index_path), ids)
-        grid = np.ascontiguousarray(grid_cache(index_path)[rows])
-        return cls(ids, torch.from_numpy(pooled), torch.from_numpy(grid))
+        else:
+            ids, pooled, _ = load_image_features(index_path, grid=False, image_ids=image_ids)
+            grid = np.ascontiguousarray(
+                grid_cache(index_path)[feature_rows(feature_ids(index_path), ids)]
+            )
+        return cls(ids, torch.from_numpy(pooled), torch.from_numpy(grid), norm)
 
     def rows(self, image_ids: Sequence[int] | np.ndarray) -> np.ndarray:
         """Row of each image id; a DistinctcapError names the ids that have no features."""
@@ -83,9 +90,19 @@ class ImageFeatures:
 
     def subset(self, image_ids: Sequence[int] | np.ndarray) -> ImageFeatures:
         rows = torch.as_tensor(self.rows(image_ids))
+        norm = None if self.pooled_norm is None else self.pooled_norm[rows]
         return ImageFeatures(
-            np.asarray(image_ids, dtype=np.int64), self.pooled[rows], self.grid[rows]
+            np.asarray(image_ids, dtype=np.int64), self.pooled[rows], self.grid[rows], norm
         )
+
+    def unnormalised(self, rows: Tensor) -> Tensor:
+        """CLIP's image projections before L2 normalisation at `rows`, float32 (B, Dp)."""
+        if self.pooled_norm is None:
+            raise DistinctcapError(
+                "these image features carry no pooled_norm (made before it was stored); "
+                "rerun the extract_features rule"
+            )
+        return self.pooled[rows].float() * self.pooled_norm[rows].float().unsqueeze(-1)
 
 
 @dataclass

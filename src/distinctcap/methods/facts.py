@@ -38,6 +38,7 @@ class UNKT(Objective):
         "warmup_epochs": 5.0,  # progressive warm-up (paper: 5 epochs)
         "warmup_steps": None,  # progressive warm-up in optimiser steps; overrides epochs
         "temperature": 1.0,  # t in p = softmax(logits / t), eq. 5 (paper: 1)
+        "exclude_gold": False,  # L_pred without the gold token's teacher mass (not in UNKT)
     }
 
     @classmethod
@@ -71,6 +72,13 @@ class SMILE(Objective):
         "first_token_mle": True,  # the first position uses the full vocabulary (§3.3)
         "mle_weight": 0.0,  # lambda of eq. 4, L = lambda L_MLE + (1 - lambda) L_SMILE
     }
+    # §3.3: checkpoints chosen on CLIP self-retrieval on the validation set (R@1)
+    val_metrics = {"clip_self_retrieval": "max"}
+
+    @classmethod
+    def extra_inputs(cls, run: dict) -> dict[str, str | float | None]:
+        """The CLIP, for selection on validation CLIP self-retrieval (§3.3)."""
+        return {"clip": None}
 
 
 class Specificity(Objective):

@@ -13,12 +13,17 @@ Options (the run's block in `runs:`):
   L = lambda L_MLE + (1 - lambda) L_SMILE; Table 5 tries 1, 0.5, 0.1, 0.05, 0.01 and 0 and finds
   0.01 best for self-retrieval.
 
+Checkpoints are selected as §3.3 selects them, on CLIP self-retrieval R@1 of the greedy
+captions of the validation images (`train.select_metric: clip_self_retrieval`,
+distinctcap.methods.clipval; the run's CLIP is loaded at the first validation).
+
 The loss is computed from one teacher-forced forward; the random subset is drawn from a
 generator seeded by (seed, step, batch), so a resumed run draws the same subsets.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from torch import Tensor
@@ -28,9 +33,10 @@ from distinctcap.errors import DistinctcapError
 from distinctcap.losses import SMILE_SUBSETS, mle_loss, smile_loss, smile_objective
 from distinctcap.methods import facts
 from distinctcap.methods.cl import step_generator
+from distinctcap.methods.clipval import CLIP_VAL, load_clip_model
 
 if TYPE_CHECKING:
-    from distinctcap.data.batches import Batch
+    from distinctcap.data.batches import Batch, CaptionData
     from distinctcap.methods.base import TrainContext
     from distinctcap.model import Captioner
 
@@ -53,6 +59,7 @@ class SMILE(facts.SMILE):
         self.lam = float(opts["mle_weight"])
         self.seed = int(run_cfg.get("seed", 0))
         self.pad_id = ctx.pad_id
+        self.ctx, self.paths, self.encoder = ctx, run_cfg.get("paths", {}) or {}, None
 
     def loss(
         self, model: Captioner, batch: Batch, step: int, total_steps: int
@@ -70,3 +77,23 @@ class SMILE(facts.SMILE):
         mle = mle_loss(logits, batch.labels, self.pad_id)
         extras["mle"] = float(mle.detach())
         return smile_objective(smile, mle, self.lam), extras
+
+    def val_metric(
+        self,
+        name: str,
+        model: Captioner,
+        val: CaptionData,
+        batches: list | None = None,
+        autocast: Callable | None = None,
+    ) -> float:
+        """CLIP self-retrieval R@1 on every validation image (§3.3)."""
+        if name not in self.val_metrics:
+            raise DistinctcapError(f"method smile computes {list(self.val_metrics)}, not {name!r}")
+        if self.encoder is None:
+            from distinctcap.clip import ClipTextEncoder
+
+            clip = getattr(self.ctx, "clip", None) or load_clip_model(self.paths, "smile")
+            if self.ctx.tokenizer is None:
+                raise DistinctcapError("smile selection needs the caption tokenizer (clip_ids)")
+            self.encoder = ClipTextEncoder(clip, self.ctx.tokenizer.clip_ids).to(self.ctx.device)
+        return CLIP_VAL[name](model, val, self.encoder, autocast=autocast)

@@ -17,8 +17,11 @@ Per micro-batch:
 4. The frozen CLIP text encoder embeds the caption (`distinctcap.clip.ClipTextEncoder`, the
    project's one CLIP text encoding, run from token embeddings), and `specificity_loss`
    (eq. 2-5) compares it with the true image's and, for cdp/ccos, a contrastive image's CLIP
-   embedding. The contrastive image is drawn uniformly from the image's top-1% most similar
-   training images (`distinctcap.neighbours`), reproducibly per (seed, step, micro-batch).
+   embedding: dp and cdp on CLIP's unnormalised projections (text: the tower's output before
+   normalising; image: the stored pooled embedding times its stored norm), cos and ccos on
+   unit vectors, as the paper defines them. The contrastive image is drawn uniformly from the
+   image's top-1% most similar training images (`distinctcap.neighbours`), reproducibly per
+   (seed, step, micro-batch).
 
 The paper replaces MLE by this loss (§4: mle_weight 0, the default); `mle_weight` = lambda
 in (0, 1] mixes in the MLE loss of the batch's reference captions as SMILE's eq. 4 does,
@@ -28,12 +31,10 @@ the validation mean rank (§4, "early stopping ... lowest mean rank"): `val_mean
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -42,12 +43,16 @@ from distinctcap.data.batches import encode_batch
 from distinctcap.errors import DistinctcapError
 from distinctcap.losses import SPECIFICITY_KINDS, mle_loss, specificity_loss
 from distinctcap.methods import facts
-from distinctcap.model import BOS, EOS, PAD, Captioner
+from distinctcap.methods.clipval import (  # noqa: F401  (caption_ids_tensor: re-export)
+    caption_ids_tensor,
+    load_clip_model,
+    val_mean_rank,
+)
+from distinctcap.model import BOS, PAD, Captioner
 from distinctcap.neighbours import NeighbourTable
-from distinctcap.search import ban_specials, decode_ids, greedy
+from distinctcap.search import ban_specials, decode_ids
 
 if TYPE_CHECKING:
-    from distinctcap.clip import ClipTextEncoder
     from distinctcap.data.batches import Batch, CaptionData
     from distinctcap.methods.base import TrainContext
 
@@ -102,17 +107,6 @@ def _step_generator(seed: int, step: int, micro: int, device: torch.device) -> t
     return torch.Generator(device=device).manual_seed((seed * 1_000_003 + step) * 1_009 + micro)
 
 
-def _load_clip_model(paths: dict) -> nn.Module:
-    from distinctcap.clip import load_clip
-
-    if not paths.get("clip") or not paths.get("clip_arch"):
-        raise DistinctcapError(
-            "method specificity needs the CLIP model: paths.clip (weights "
-            "file or tag) and paths.clip_arch (open_clip architecture)"
-        )
-    return load_clip(paths["clip_arch"], str(paths["clip"])).model
-
-
 class Specificity(facts.Specificity):
     """Specificity loss of the captioner's own captions through frozen CLIP (eq. 2-5).
 
@@ -157,7 +151,7 @@ class Specificity(facts.Specificity):
         if clip is None:
             clip = getattr(ctx, "clip", None)
         if clip is None:
-            clip = _load_clip_model(paths)
+            clip = load_clip_model(paths, "specificity")
         from distinctcap.clip import ClipTextEncoder
 
         self.encoder = ClipTextEncoder(clip, ctx.tokenizer.clip_ids).to(ctx.device)
@@ -188,6 +182,17 @@ class Specificity(facts.Specificity):
         self._micro = (step, count)
         return count
 
+    @property
+    def cosine(self) -> bool:
+        return self.kind in ("cos", "ccos")
+
+    def _images(self, rows: Tensor) -> Tensor:
+        """CLIP image embeddings of training-feature rows: L2-normalised for cos/ccos, the
+        unnormalised projections for dp/cdp. (B, D) float32 on the CPU."""
+        if self.cosine:
+            return self.features.pooled[rows].float()
+        return self.features.unnormalised(rows)
+
     def loss(
         self, model: Captioner, batch: Batch, step: int, total_steps: int
     ) -> tuple[Tensor, dict[str, float]]:
@@ -206,13 +211,14 @@ class Specificity(facts.Specificity):
         grid, pooled = batch.grid[first], batch.pooled[first]
         seqs, noise = generate_ids(model, grid, pooled, self.sampling, gen)
         probs = output_probs(model, grid, pooled, seqs, noise, self.temperature)
-        text = self.encoder(seqs, probs)[inverse.to(batch.grid.device)]  # (B, E)
-        image = batch.pooled.float()
+        # dp/cdp compare CLIP's unnormalised projections (eq. 2, 4); cos/ccos normalise (eq. 3, 5)
+        text = self.encoder(seqs, probs, normalize=self.cosine)[inverse.to(batch.grid.device)]
+        image = self._images(batch.image_rows).to(text.device)
         contrast = None
         if self.neighbours is not None:
             cpu_gen = _step_generator(self.seed, step, micro, torch.device("cpu"))
-            rows = self.neighbours.draw(batch.image_rows, cpu_gen)
-            contrast = self.features.pooled[rows].to(image.device).float()
+            contrast = self._images(self.neighbours.draw(batch.image_rows, cpu_gen))
+            contrast = contrast.to(text.device)
         spec = specificity_loss(text, image, contrast, self.kind)
         text = text.detach()
         extras = {
@@ -246,43 +252,3 @@ class Specificity(facts.Specificity):
                 f"method specificity computes {list(self.val_metrics)}, not {name!r}"
             )
         return val_mean_rank(model, val, self.encoder, self.rank_images, autocast=autocast)
-
-
-def caption_ids_tensor(token_lists: Sequence[Sequence[int]], device: torch.device) -> Tensor:
-    """Decoded captions (tokens without eos) -> ids (B, T) with eos appended, pad after it."""
-    t = max((len(x) for x in token_lists), default=0) + 1
-    out = torch.full((len(token_lists), t), PAD, dtype=torch.long)
-    for i, toks in enumerate(token_lists):
-        out[i, : len(toks) + 1] = torch.tensor([*toks, EOS], dtype=torch.long)
-    return out.to(device)
-
-
-@torch.no_grad()
-def val_mean_rank(
-    model: Captioner,
-    val: CaptionData,
-    encoder: ClipTextEncoder,
-    images: int = 0,
-    batch_size: int = 128,
-    autocast: Callable | None = None,
-) -> float:
-    """Mean rank of the true image (specificity paper §2.2, §4 checkpoint selection): greedy
-    captions of the validation images (the first `images` by feature row, 0 = all) are embedded
-    by the CLIP text encoder and rank their own image among those images by cosine (1-based,
-    ties counted against the caption, as `metrics.retrieval`). Lower is better."""
-    from distinctcap.metrics.retrieval import mean_rank, retrieval_ranks
-
-    rows = torch.unique(val.image_rows, sorted=True)
-    rows = rows[:images] if images else rows
-    device = next(model.parameters()).device
-    texts = []
-    for s in range(0, len(rows), batch_size):
-        r = rows[s : s + batch_size]
-        grid, pooled = val.features.grid[r].to(device), val.features.pooled[r].to(device)
-        with autocast() if autocast else contextlib.nullcontext():
-            caps = greedy(model, grid.float(), pooled.float())
-            seqs = caption_ids_tensor([c.tokens for c in caps], device)
-            texts.append(encoder(seqs).float().cpu())
-    text = torch.cat(texts)
-    ranks = retrieval_ranks(text, val.features.pooled[rows].float(), np.arange(len(rows)))
-    return mean_rank(ranks)

@@ -50,6 +50,7 @@ import pyarrow.parquet as pq
 import torch
 from torch import Tensor
 
+from distinctcap.config import steps_per_epoch
 from distinctcap.data.batches import encode_batch
 from distinctcap.errors import DistinctcapError
 from distinctcap.losses import (
@@ -89,6 +90,7 @@ class UNKTConfig:
     warmup_epochs: float
     warmup_steps: int | None
     temperature: float
+    exclude_gold: bool
 
     def __post_init__(self) -> None:
         for key, allowed in (
@@ -125,13 +127,6 @@ class UNKTConfig:
     def intermediate(self) -> bool:
         """Whether eq. 7-8 need the decoder internals of both models."""
         return self.w_hid > 0 or self.w_att > 0
-
-
-def steps_per_epoch(n_captions: int, train_cfg: dict) -> float:
-    """Optimiser steps per pass over the training captions, as the trainer counts them
-    (BatchOrder drops the last incomplete micro-batch; grad_accum micro-batches a step)."""
-    batch_size = min(int(train_cfg.get("batch_size", 64)), n_captions)
-    return (n_captions // max(batch_size, 1)) / int(train_cfg.get("grad_accum", 1))
 
 
 def read_caption_ids(path: str | Path) -> np.ndarray:
@@ -217,7 +212,10 @@ class UNKT(facts.UNKT):
         if c.warmup_steps is not None:
             self.warmup = c.warmup_steps
         else:
-            per_epoch = steps_per_epoch(len(ctx.train_data), run_cfg.get("train", {}))
+            train = run_cfg.get("train", {})
+            per_epoch = steps_per_epoch(
+                len(ctx.train_data), train.get("batch_size", 64), train.get("grad_accum", 1)
+            )
             self.warmup = round(c.warmup_epochs * per_epoch)
         self.pool = self.greedy = None
         if c.targets == "hard" and c.w_pred > 0:
@@ -297,7 +295,8 @@ class UNKT(facts.UNKT):
         c, pad = self.cfg, self.pad_id
         if c.targets == "soft":
             return soft_unlikelihood_loss(
-                logits.float(), teacher_logits.float(), batch.labels, pad, c.temperature
+                logits.float(), teacher_logits.float(), batch.labels, pad, c.temperature,
+                c.exclude_gold,
             )
         if c.targets == "hard":
             negatives = self.greedy(batch.image_rows)

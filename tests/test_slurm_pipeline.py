@@ -49,7 +49,7 @@ GROUP = "decode_evaluate"  # the profile's group of decode and evaluate: one SLU
 DAG_RULES = {
     "prepare_data", "train_clip", "extract_features", "retrieval_entropy", "split_entropy",
     "entropy_report", "train_run", "decode", "evaluate", "summarize", "report_tables",
-    "report_plots", "report_gallery",
+    "report_plots", "report_gallery", "run_card", "versus_reference", "report_times",
 }  # fmt: skip
 GPU_TYPE = "fakegpu"
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL"}

@@ -10,7 +10,7 @@ import sys
 import pytest
 from conftest import ROOT, snakemake
 
-from distinctcap.config import load_schema, validate
+from distinctcap.config import load_schema, run_priorities, validate
 from distinctcap.errors import DistinctcapError
 
 SCHEMA = load_schema(ROOT / "workflow" / "schemas" / "config.schema.yaml")
@@ -246,3 +246,19 @@ def test_select_metric_must_be_one_the_runs_method_computes():
     )
     with pytest.raises(DistinctcapError, match=r"runs.r.train.select_metric = 'mean_rank'"):
         effective_run_config(config, "r", SCHEMA)
+
+
+def test_the_head_of_the_longest_training_chain_gets_the_highest_priority():
+    """Two cores: the negative teacher (UNKT waits for it) starts before the positive one."""
+    def run(steps, **edges):
+        return {"train": {"steps": steps}, **edges}
+
+    priorities = run_priorities({
+        "reference": run(1500),
+        "teacher_neg": run(1500),
+        "teacher_pos": run(1500),
+        "unkt": run(1500, teacher="teacher_neg"),
+        "cl": run(300, init="reference", reference="reference"),
+    })  # fmt: skip
+    assert priorities == {"reference": 1800, "teacher_neg": 3000, "teacher_pos": 1500,
+                          "unkt": 1500, "cl": 300}  # fmt: skip

@@ -140,6 +140,23 @@ def run_dependencies(run: dict) -> Iterator[str]:
             yield run[edge]
 
 
+def run_priorities(run_configs: dict[str, dict]) -> dict[str, int]:
+    """Scheduling priority of each run's training job (effective configs by name): its steps
+    plus the largest priority among the runs that wait for it, so the head of the longest
+    chain of training starts first (on 2 cores the negative teacher, which UNKT waits for,
+    before the positive one, which nothing waits for)."""
+    waiting = {n: [m for m, r in run_configs.items() if n in run_dependencies(r)] for n in run_configs}
+    done: dict[str, int] = {}
+
+    def chain(name: str) -> int:
+        if name not in done:
+            steps = TrainConfig.from_dict(run_configs[name]["train"]).steps
+            done[name] = steps + max((chain(m) for m in waiting[name]), default=0)
+        return done[name]
+
+    return {name: chain(name) for name in run_configs}
+
+
 def check_values(config: dict) -> None:
     """Checks the schema cannot express."""
     check_captioner(config.get("captioner", {}), config.get("runs", {}))

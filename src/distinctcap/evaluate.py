@@ -528,25 +528,35 @@ def headline_line(evaluation: Evaluation) -> str:
 
 
 def evaluate_stage(
-    inputs: dict[str, str],
-    outputs: dict[str, str],
-    split: str,
-    decoding: str,
+    inputs: dict,
+    outputs: dict,
+    evaluations: Sequence[tuple[str, str]],
     block: dict,
     seed: int = 0,
     device: str = "auto",
-) -> Evaluation:
-    """The evaluate rule: named inputs (generated, images, captions, vocab, features, model)
-    -> outputs metrics (parquet) and curve (csv). `block` is the `evaluate:` config."""
+) -> list[Evaluation]:
+    """The evaluate rule, one job per run: for each (split, decoding) of `evaluations`, the
+    generated captions at the same position of inputs["generated"] -> outputs["metrics"]
+    (parquet) and outputs["curve"] (csv) at that position. Other named inputs: images,
+    captions, vocab, features, model. The decodings share one COCO tools session, so METEOR's
+    JVM loads its paraphrase table (about 9 CPU s) once per run, not once per decoding."""
     from distinctcap.devices import resolve_device
 
     settings = EvalSettings.from_config(block, seed=seed, device=str(resolve_device(device)))
-    names = ("generated", "images", "captions", "vocab", "features", "model", "captioner_features")
-    paths = EvalPaths(**{k: str(inputs[k]) for k in names if k in inputs})
-    evaluation = evaluate_decoding(paths, split, decoding, settings)
-    write_metrics(evaluation, outputs["metrics"])
-    write_curve(evaluation, outputs["curve"])
-    log.info("%s", headline_line(evaluation))
-    for part, (wall, cpu, child) in evaluation.timings.items():
-        log.info("time %-60s %6.1f s wall %6.1f s CPU %6.1f s child CPU", part, wall, cpu, child)
-    return evaluation
+    names = ("images", "captions", "vocab", "features", "model", "captioner_features")
+    common = {k: str(inputs[k]) for k in names if k in inputs}
+    done = []
+    with CocoTools(spice=settings.spice, meteor_memory=settings.meteor_memory) as tools:
+        for k, (split, decoding) in enumerate(evaluations):
+            paths = EvalPaths(generated=str(inputs["generated"][k]), **common)
+            evaluation = evaluate_decoding(paths, split, decoding, settings, tools)
+            write_metrics(evaluation, outputs["metrics"][k])
+            write_curve(evaluation, outputs["curve"][k])
+            log.info("%s", headline_line(evaluation))
+            for part, (wall, cpu, child) in evaluation.timings.items():
+                log.info(
+                    "%s-%s: time %-60s %6.1f s wall %6.1f s CPU %6.1f s child CPU",
+                    split, decoding, part, wall, cpu, child,
+                )
+            done.append(evaluation)
+    return done

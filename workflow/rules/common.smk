@@ -8,7 +8,7 @@ import re
 import sys
 from pathlib import Path
 
-from distinctcap.config import effective_run_config, load_schema, validate
+from distinctcap.config import effective_run_config, load_schema, run_priorities, validate
 from distinctcap.errors import DistinctcapError
 from distinctcap.methods.facts import FACTS
 
@@ -61,6 +61,7 @@ try:  # every run's effective block, checked now so a bad override fails before 
 except DistinctcapError as error:
     sys.stderr.write(f"distinctcap: config error: {error}\n")
     sys.exit(1)
+RUN_PRIORITIES = run_priorities(RUN_CONFIGS)  # train.smk: longest chain of training first
 
 
 def _choice(names):

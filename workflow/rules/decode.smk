@@ -1,28 +1,33 @@
 """Decoding stage: each run's captions of a split under each named `decoding:` setting, as the
-`generated` table (ARCHITECTURE.md, "Data contracts")."""
+`generated` table (ARCHITECTURE.md, "Data contracts"). One job per run decodes all its
+(split, decoding) pairs: one Python and torch start per run, not per decoding (issue 19)."""
+
+DECODES = list(dict.fromkeys((s, d) for d, setting in DECODING.items() for s in setting["splits"]))
 
 
-rule decode:
-    input:
-        model=f"{RUN_DIR}/{{run}}/model.pt",
-        features=CAPTIONER_FEATURES,
-        images=f"{DATA}/images.parquet",
-        vocab=f"{DATA}/vocab.json",
-    output:
-        generated="results/generated/{run}/{split}-{decoding}.parquet",
-    params:
-        setting=lambda w: DECODING[w.decoding],
-        seed=config["seed"],
-        device=config["device"],
-    threads: 1
-    log:
-        "logs/decode/{run}/{split}-{decoding}.log",
-    benchmark:
-        "benchmarks/decode/{run}/{split}-{decoding}.tsv"
-    conda:
-        "../../envs/torch.yaml"
-    script:
-        "../scripts/decode.py"
+if DECODES:  # a rule needs outputs; `decoding: {}` decodes nothing
+
+    rule decode:
+        input:
+            model=f"{RUN_DIR}/{{run}}/model.pt",
+            features=CAPTIONER_FEATURES,
+            images=f"{DATA}/images.parquet",
+            vocab=f"{DATA}/vocab.json",
+        output:
+            generated=[f"results/generated/{{run}}/{s}-{d}.parquet" for s, d in DECODES],
+        params:
+            decodes=[(s, d, DECODING[d]) for s, d in DECODES],
+            seed=config["seed"],
+            device=config["device"],
+        threads: 1
+        log:
+            "logs/decode/{run}.log",
+        benchmark:
+            "benchmarks/decode/{run}.tsv"
+        conda:
+            "../../envs/torch.yaml"
+        script:
+            "../scripts/decode.py"
 
 
 ALL_TARGETS.extend(decode_targets())

@@ -16,6 +16,7 @@ rule train_run:
         run=lambda w: RUN_CONFIGS[w.run],
         paths=train_paths,
         device=config["device"],
+    priority: lambda w: RUN_PRIORITIES[w.run]
     threads: 1  # the shapes-size captioner is fastest on one thread; profiles may set more
     log:
         "logs/train/{run}.log",

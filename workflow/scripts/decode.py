@@ -1,4 +1,5 @@
-"""Decode a split's images with a run's model under one decoding setting (distinctcap.decode)."""
+"""Decode a split's images with a run's model under each decoding setting (distinctcap.decode):
+one job per run, one output per (split, decoding) in the rule's order."""
 
 import torch
 
@@ -9,15 +10,16 @@ from distinctcap.devices import job_device
 logs.setup(snakemake.log[0])
 device = str(job_device(snakemake.params.device, snakemake.resources.get("gpu", 0)))
 torch.set_num_threads(snakemake.threads)
-decode_run(
-    snakemake.input.model,
-    snakemake.input.features,
-    snakemake.input.images,
-    snakemake.input.vocab,
-    snakemake.output.generated,
-    run=snakemake.wildcards.run,
-    split=snakemake.wildcards.split,
-    setting=snakemake.params.setting,
-    seed=snakemake.params.seed,
-    device=device,
-)
+for (split, _, setting), out in zip(snakemake.params.decodes, snakemake.output.generated, strict=True):
+    decode_run(
+        snakemake.input.model,
+        snakemake.input.features,
+        snakemake.input.images,
+        snakemake.input.vocab,
+        out,
+        run=snakemake.wildcards.run,
+        split=split,
+        setting=setting,
+        seed=snakemake.params.seed,
+        device=device,
+    )

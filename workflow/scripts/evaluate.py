@@ -1,4 +1,4 @@
-"""Rule evaluate: every metric of one run's captions under one decoding setting of a split."""
+"""Rule evaluate: every metric of one run's captions under each decoding setting and split."""
 
 import torch
 
@@ -10,10 +10,9 @@ logs.setup(snakemake.log[0])
 device = str(job_device(snakemake.params.device, snakemake.resources.get("gpu", 0)))
 torch.set_num_threads(snakemake.threads)
 evaluate_stage(
-    dict(snakemake.input.items()),
-    dict(snakemake.output.items()),
-    split=snakemake.wildcards.split,
-    decoding=snakemake.wildcards.decoding,
+    {**dict(snakemake.input.items()), "generated": list(snakemake.input.generated)},
+    {"metrics": list(snakemake.output.metrics), "curve": list(snakemake.output.curve)},
+    evaluations=snakemake.params.evaluations,
     block=snakemake.params.settings,
     seed=snakemake.params.seed,
     device=device,

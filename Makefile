@@ -21,7 +21,7 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $@
 
-.PHONY: install run quick test report readme-table cleanup times
+.PHONY: install run quick test report readme-table cleanup times ship-clip
 install: $(VENV)/.installed
 
 run: install
@@ -53,3 +53,10 @@ cleanup: install
 # from the benchmark file every job writes under benchmarks/ (also in the report).
 times: install
 	$(PY) -m distinctcap.report.times $(EXP)/benchmarks
+
+# Retrain the shapes CLIP of config.yaml from scratch (presets/retrain-clip.yaml: ignore the
+# shipped weights; ~26 min on 2 cores) and ship it in assets/clip/ with its sha256 and training
+# fingerprint; commit both files. Needed only when the default's CLIP settings or world change.
+ship-clip: install
+	$(VENV)/bin/snakemake results/clip/shapes-rn-tiny.pt --cores $(CORES) --directory experiments/ship-clip --configfile presets/retrain-clip.yaml
+	$(PY) -m distinctcap.clip_assets experiments/ship-clip/results/clip assets/clip

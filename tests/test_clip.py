@@ -30,11 +30,14 @@ from distinctcap.clip import (
     save_weights,
     train_clip,
 )
+from distinctcap.clip_assets import ship_weights
 from distinctcap.data import shapes
 from distinctcap.devices import resolve_device
 from distinctcap.errors import DistinctcapError
 
 ARCH = "shapes-vit-tiny"
+ROOT = Path(__file__).resolve().parents[1]
+SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -288,3 +291,69 @@ def test_encode_text_is_open_clips_bit_for_bit(arch):
             ours = clip_module.encode_text(model, tokens, normalize=normalize)
             assert torch.equal(ours, model.encode_text(tokens, normalize=normalize))
     assert model.training and all(p.requires_grad for p in model.parameters())
+
+
+# ---------------------------------------------------------------- shipped weights (assets/clip)
+
+
+def ship_tiny(tmp_path: Path, images, captions, settings: TrainSettings) -> Path:
+    """Train the tiny CLIP, write it as rule train_clip does, ship it; the assets folder."""
+    results = tmp_path / "results-clip"
+    model, metrics = train_clip(images, captions, ARCH, settings, seed=0, device="cpu")
+    save_weights(model, results / f"{ARCH}.pt")
+    (results / "retrieval.json").write_text(json.dumps(metrics))
+    ship_weights(results, tmp_path / "assets")
+    return tmp_path / "assets"
+
+
+def test_shipped_weights_are_taken_only_for_the_same_fingerprint(world, uninterrupted, tmp_path):
+    _, images, captions = world
+    settings = TrainSettings(**RESUME_SETTINGS)
+    assets = ship_tiny(tmp_path, images, captions, settings)
+    model, metrics = train_clip(images, captions, ARCH, settings, device="cpu", shipped=assets)
+    assert metrics["weights"].startswith(f"shipped {ARCH}.pt (sha256 ")
+    assert metrics["train_seconds"] < 5  # loaded, not trained
+    assert_same_weights(model.state_dict(), uninterrupted)
+    metrics_loaded = metrics
+
+    other = TrainSettings(**{**RESUME_SETTINGS, "lr": 0.002})  # a changed setting retrains
+    _, metrics = train_clip(images, captions, ARCH, other, device="cpu", shipped=assets)
+    assert metrics["weights"] == "trained"
+    off = TrainSettings(**RESUME_SETTINGS, use_shipped=False)
+    _, metrics = train_clip(images, captions, ARCH, off, device="cpu", shipped=assets)
+    assert metrics["weights"] == "trained"
+
+    with open(assets / f"{ARCH}.pt", "ab") as f:  # a damaged file is an error, not a retrain
+        f.write(b"x")
+    with pytest.raises(DistinctcapError, match=f"{ARCH}.pt fails its checksum"):
+        train_clip(images, captions, ARCH, settings, device="cpu", shipped=assets)
+    loaded = tmp_path / "loaded"  # only weights a run trained can be shipped
+    save_weights(model, loaded / f"{ARCH}.pt")
+    (loaded / "retrieval.json").write_text(json.dumps(metrics_loaded))
+    with pytest.raises(DistinctcapError, match="not trained by this run"):
+        ship_weights(loaded, tmp_path / "again")
+
+
+def test_the_shipped_shapes_clip_is_the_default_configs(tmp_path, one_thread):
+    """assets/clip holds what train_clip trains for config.yaml: its fingerprint (settings,
+    seed, device and the generated training data) matches, its checksum holds, and it scores
+    the validation recall it recorded when it was trained."""
+    import yaml
+
+    from distinctcap.config import load_schema, validate
+    from distinctcap.data.prepare import prepare
+
+    config = validate(yaml.safe_load((ROOT / "config.yaml").read_text()), load_schema(SCHEMA))
+    outputs = {k: str(tmp_path / f"{k}.parquet") for k in ("images", "captions", "quarantine")}
+    prepare(config["data"], "fail", {**outputs, "vocab": str(tmp_path / "vocab.json")})
+    settings = TrainSettings(**config["clip"]["train"])
+    _, metrics = train_clip(
+        pd.read_parquet(outputs["images"]), pd.read_parquet(outputs["captions"]),
+        config["clip"]["arch"], settings, seed=config["seed"], device="cpu",
+        shipped=ROOT / "assets" / "clip",
+    )  # fmt: skip
+    arch = config["clip"]["arch"]
+    manifest = json.loads((ROOT / "assets" / "clip" / f"{arch}.json").read_text())
+    assert metrics["weights"] == f"shipped {arch}.pt (sha256 {manifest['sha256']})"
+    for key, recorded in manifest["val_retrieval"].items():
+        assert metrics[key] == pytest.approx(recorded, abs=1e-6), key

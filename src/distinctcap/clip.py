@@ -51,6 +51,7 @@ from PIL import Image
 from torchvision.transforms import Compose, Normalize, PILToTensor, ToTensor
 from tqdm import tqdm
 
+from distinctcap.clip_assets import load_shipped
 from distinctcap.data.quality import decoding
 from distinctcap.devices import resolve_device
 from distinctcap.errors import DistinctcapError
@@ -257,6 +258,7 @@ class TrainSettings:
     weight_decay: float = 0.1
     warmup_fraction: float = 0.1
     checkpoint_every: int = 10  # epochs between resume checkpoints; 0 = none
+    use_shipped: bool = True  # take assets/clip/ weights of the same fingerprint (clip_assets)
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
@@ -297,6 +299,7 @@ def train_clip(
     seed: int = 0,
     device: str = "auto",
     checkpoint: str | os.PathLike | None = None,
+    shipped: str | os.PathLike | None = None,
 ) -> tuple[torch.nn.Module, dict]:
     """Train `arch` from scratch with CLIP's contrastive loss on the train split.
 
@@ -308,6 +311,10 @@ def train_clip(
     With a `checkpoint` path, every `settings.checkpoint_every` epochs the whole training state
     is written there; a later call with the same fingerprint (`train_fingerprint`) resumes from
     it to the same final weights, and success removes it.
+
+    With `shipped` (the assets/clip folder) and `settings.use_shipped`, weights shipped there
+    with the same fingerprint are loaded instead of training (`clip_assets.load_shipped`);
+    `metrics["weights"]` says which ("trained" or the shipped file and its sha256).
     """
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
@@ -331,7 +338,12 @@ def train_clip(
     loss_fn = ClipLoss()
     amp = torch.autocast("cuda", dtype=torch.bfloat16, enabled=dev.type == "cuda")
     fingerprint = train_fingerprint(arch, settings, seed, dev, pixels, tokens, train_caps.image_id)
-    progress = resume_training(checkpoint, fingerprint, model, opt, rng, settings.epochs)
+    found = load_shipped(shipped, arch, fingerprint) if settings.use_shipped else None
+    if found:
+        model.load_state_dict(found[0])
+    progress = TrainProgress(epoch=settings.epochs) if found else resume_training(
+        checkpoint, fingerprint, model, opt, rng, settings.epochs
+    )
     model.train()
     start = time.perf_counter() - progress.seconds
     warmup = int(settings.warmup_fraction * total)
@@ -361,6 +373,8 @@ def train_clip(
         epochs=settings.epochs,
         logit_scale=model.logit_scale.exp().item(),
         arch=arch,
+        fingerprint=fingerprint,
+        weights=found[1] if found else "trained",
     )
     remove_checkpoint(checkpoint)
     return model, metrics
@@ -432,12 +446,14 @@ def train_fingerprint(
     caption_images: pd.Series,
 ) -> dict:
     """Everything that determines the trained weights, field by field (so a mismatch can be
-    named): the settings except `checkpoint_every`, and a hash of the loaded training data
-    (pixels, caption tokens and which image each caption belongs to)."""
+    named): the settings except `checkpoint_every` and `use_shipped`, and a hash of the loaded
+    training data (pixels, caption tokens and which image each caption belongs to)."""
     data = hashlib.sha256()
     for array in (pixels.numpy(), tokens.numpy(), caption_images.to_numpy(dtype=np.int64)):
         data.update(np.ascontiguousarray(array).tobytes())
-    kept = {k: v for k, v in asdict(settings).items() if k != "checkpoint_every"}
+    kept = {
+        k: v for k, v in asdict(settings).items() if k not in ("checkpoint_every", "use_shipped")
+    }
     return {
         "arch": arch,
         "settings": kept,

@@ -145,7 +145,8 @@ def run_priorities(run_configs: dict[str, dict]) -> dict[str, int]:
     plus the largest priority among the runs that wait for it, so the head of the longest
     chain of training starts first (on 2 cores the negative teacher, which UNKT waits for,
     before the positive one, which nothing waits for)."""
-    waiting = {n: [m for m, r in run_configs.items() if n in run_dependencies(r)] for n in run_configs}
+    waiting = {n: [m for m, r in run_configs.items() if n in run_dependencies(r)]
+               for n in run_configs}  # fmt: skip
     done: dict[str, int] = {}
 
     def chain(name: str) -> int:

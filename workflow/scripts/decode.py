@@ -10,7 +10,8 @@ from distinctcap.devices import job_device
 logs.setup(snakemake.log[0])
 device = str(job_device(snakemake.params.device, snakemake.resources.get("gpu", 0)))
 torch.set_num_threads(snakemake.threads)
-for (split, _, setting), out in zip(snakemake.params.decodes, snakemake.output.generated, strict=True):
+outputs = snakemake.output.generated
+for (split, _, setting), out in zip(snakemake.params.decodes, outputs, strict=True):
     decode_run(
         snakemake.input.model,
         snakemake.input.features,

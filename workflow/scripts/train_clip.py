@@ -18,6 +18,7 @@ model, metrics = train_clip(
     seed=snakemake.params.seed,
     device=device,
     checkpoint=snakemake.params.checkpoint,
+    shipped=snakemake.params.shipped,
 )
 save_weights(model, snakemake.output.weights)
 write_json(metrics, snakemake.output.retrieval)

@@ -10,7 +10,7 @@ import sys
 import pytest
 from conftest import ROOT, snakemake
 
-from distinctcap.config import load_schema, run_priorities, validate
+from distinctcap.config import entropy_priority, load_schema, run_priorities, validate
 from distinctcap.errors import DistinctcapError
 
 SCHEMA = load_schema(ROOT / "workflow" / "schemas" / "config.schema.yaml")
@@ -253,12 +253,16 @@ def test_the_head_of_the_longest_training_chain_gets_the_highest_priority():
     def run(steps, **edges):
         return {"train": {"steps": steps}, **edges}
 
-    priorities = run_priorities({
-        "reference": run(1500),
-        "teacher_neg": run(1500),
-        "teacher_pos": run(1500),
-        "unkt": run(1500, teacher="teacher_neg"),
-        "cl": run(300, init="reference", reference="reference"),
-    })  # fmt: skip
+    runs = {
+        "reference": run(1500, data="all"),
+        "teacher_neg": run(1500, data="D-"),
+        "teacher_pos": run(1500, data="D+"),
+        "unkt": run(1500, data="all", teacher="teacher_neg"),
+        "cl": run(300, data="all", init="reference", reference="reference"),
+    }
+    priorities = run_priorities(runs)
     assert priorities == {"reference": 1800, "teacher_neg": 3000, "teacher_pos": 1500,
                           "unkt": 1500, "cl": 300}  # fmt: skip
+    # the entropy split heads the teachers' chains, so it goes before the reference
+    assert entropy_priority(runs, priorities) == 3001
+    assert entropy_priority({"reference": runs["reference"]}, {"reference": 1800}) == 0

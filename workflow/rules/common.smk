@@ -8,7 +8,13 @@ import re
 import sys
 from pathlib import Path
 
-from distinctcap.config import effective_run_config, load_schema, run_priorities, validate
+from distinctcap.config import (
+    effective_run_config,
+    entropy_priority,
+    load_schema,
+    run_priorities,
+    validate,
+)
 from distinctcap.errors import DistinctcapError
 from distinctcap.methods.facts import FACTS
 
@@ -62,6 +68,7 @@ except DistinctcapError as error:
     sys.stderr.write(f"distinctcap: config error: {error}\n")
     sys.exit(1)
 RUN_PRIORITIES = run_priorities(RUN_CONFIGS)  # train.smk: longest chain of training first
+ENTROPY_PRIORITY = entropy_priority(RUN_CONFIGS, RUN_PRIORITIES)  # entropy.smk: heads D-/D+ runs
 
 
 def _choice(names):

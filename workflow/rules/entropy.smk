@@ -16,6 +16,7 @@ rule retrieval_entropy:
         chunk=ENTROPY["chunk"],
         text_chunk=ENTROPY["text_chunk"],
         device=config["device"],
+    priority: ENTROPY_PRIORITY
     threads: 2  # profiles may set more
     log:
         "logs/entropy/retrieval_entropy.log",
@@ -38,6 +39,7 @@ rule split_entropy:
     params:
         fraction=ENTROPY["fraction"],
         shard_size=ENTROPY["shard_size"],
+    priority: ENTROPY_PRIORITY
     log:
         "logs/entropy/split_entropy.log",
     benchmark:

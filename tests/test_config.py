@@ -57,6 +57,19 @@ def test_valid_runs_pass_and_get_defaults():
         ({"runs": {"..": {"method": "mle"}}}, "runs: name '..' is not allowed; names are used"),
         ({"runs": {"a/b": {"method": "mle"}}}, "runs: name 'a/b' is not allowed"),
         ({"runs": {}}, "runs is empty; define at least one entry"),
+        (
+            {"runs": {**RUNS, "u": {"method": "unkt", "teacher": "teacher_neg",
+                                    "targets": "hard", "top_k": 5}}},
+            "runs.u.top_k = 5: keeps the teacher's top k of the soft targets of eq. 5, but this "
+            "run has targets: hard",
+        ),
+        ({"runs": {**RUNS, "u": {"method": "unkt", "teacher": "teacher_neg", "top_k": 0}}},
+         "runs.u.top_k = 0: 0 is less than the minimum of 1"),
+        (
+            {"runs": {**RUNS, "u": {"method": "unkt", "teacher": "teacher_neg",
+                                    "token_reduction": "max"}}},
+            "runs.u.token_reduction = 'max' is not allowed; choose one of ['mean', 'sum']",
+        ),
         ({}, "runs is empty; define at least one entry"),
     ],
 )
@@ -134,7 +147,10 @@ def test_each_method_declares_its_facts_once():
     from distinctcap.methods.facts import FACTS
     from distinctcap.methods.unkt import UNKTConfig
 
-    facts_names = ("edges", "needs", "options", "mean_over", "val_metrics", "extra_inputs")
+    facts_names = (
+        "edges", "needs", "options", "mean_over", "val_metrics", "extra_inputs",
+        "option_conflicts",
+    )
     assert set(METHODS) == set(FACTS)
     for method, cls in METHODS.items():
         assert issubclass(cls, FACTS[method]), method
@@ -236,6 +252,30 @@ def test_coco_preset_follows_the_papers_where_they_give_values():
     assert (spec["batch_size"], spec["steps"], spec["epochs"]) == (2, 190000, None)
     assert spec["lr"] == 1e-6
     assert spec["select_metric"] == "mean_rank" and spec["group_by_image"] is False
+
+
+def test_token_reduction_and_top_k_defaults_leave_the_default_runs_as_they_were():
+    """The unkt options token_reduction and top_k (issue 17) default to the behaviour before
+    them: each run of config.yaml has the effective config it had without them in the
+    schema, plus the two keys at their defaults in unkt runs."""
+    import copy
+
+    import yaml
+
+    from distinctcap.config import effective_run_config
+
+    new = {"token_reduction": "mean", "top_k": None}
+    before = copy.deepcopy(SCHEMA)
+    block = before["properties"]["runs"]["additionalProperties"]["properties"]
+    for key in new:
+        del block[key]
+    raw = yaml.safe_load((ROOT / "config.yaml").read_text())
+    now_cfg, before_cfg = validate(raw, SCHEMA), validate(raw, before)
+    assert any(r["method"] == "unkt" for r in now_cfg["runs"].values())
+    for name, run in now_cfg["runs"].items():
+        now = effective_run_config(now_cfg, name, SCHEMA)
+        was = effective_run_config(before_cfg, name, before)
+        assert now == ({**was, **new} if run["method"] == "unkt" else was), name
 
 
 def test_select_metric_must_be_one_the_runs_method_computes():

@@ -12,6 +12,7 @@ from distinctcap.losses import (
     hidden_distribution,
     mle_loss,
     progressive_lambda,
+    reduce_tokens,
     reverse_kl_repulsion,
     smile_loss,
     smile_objective,
@@ -98,6 +99,97 @@ def test_soft_ul_teacher_gets_no_gradient():
     teacher = _batch(2)[0].requires_grad_(True)
     soft_unlikelihood_loss(student.requires_grad_(True), teacher, labels, PAD).backward()
     assert teacher.grad is None
+
+
+def _teacher_probs_student(seed=3, b=2, n=4, v=7):
+    teacher, labels = _batch(seed, b, n, v)
+    student, _ = _batch(seed + 1, b, n, v)
+    return student, teacher, labels
+
+
+def test_soft_ul_top_k_of_the_whole_vocabulary_is_eq5_as_printed():
+    student, teacher, labels = _teacher_probs_student()
+    full = soft_unlikelihood_loss(student, teacher, labels, PAD)
+    v = teacher.shape[-1]
+    assert torch.allclose(soft_unlikelihood_loss(student, teacher, labels, PAD, top_k=v), full)
+    assert torch.allclose(soft_unlikelihood_loss(student, teacher, labels, PAD, top_k=v + 5), full)
+    assert not torch.allclose(soft_unlikelihood_loss(student, teacher, labels, PAD, top_k=2), full)
+
+
+def test_soft_ul_top_1_is_unlikelihood_of_the_teachers_argmax():
+    student, teacher, labels = _teacher_probs_student()
+    argmax = teacher.argmax(-1, keepdim=True)
+    p_s = student.softmax(-1).gather(-1, argmax).squeeze(-1)
+    mask = labels != PAD
+    expected = -torch.log1p(-p_s)[mask].mean()
+    top1 = soft_unlikelihood_loss(student, teacher, labels, PAD, top_k=1)
+    assert top1.item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+def test_soft_ul_top_k_renormalises_the_teachers_top_tokens():
+    teacher = torch.log(torch.tensor([[[0.5, 0.3, 0.2]]]))
+    student = torch.log(torch.tensor([[[0.1, 0.6, 0.3]]]))
+    # top 2 of (0.5, 0.3, 0.2) renormalised: 0.625, 0.375, 0
+    expected = -(0.625 * math.log(1 - 0.1) + 0.375 * math.log(1 - 0.6))
+    loss = soft_unlikelihood_loss(student, teacher, torch.tensor([[1]]), PAD, top_k=2)
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+    with pytest.raises(DistinctcapError, match="top_k"):
+        soft_unlikelihood_loss(student, teacher, torch.tensor([[1]]), PAD, top_k=0)
+
+
+# --- token reduction: mean over tokens, or sums per caption (UNKT eq. 4, 5, 9 as printed) -----
+
+
+def test_reduce_tokens_hand_case():
+    values = torch.tensor([[1.0, 2.0, 9.0], [3.0, 4.0, 5.0], [7.0, 7.0, 7.0]])
+    mask = torch.tensor([[True, True, False], [True, True, True], [False, False, False]])
+    assert reduce_tokens(values, mask).item() == pytest.approx(15 / 5)  # 5 tokens
+    assert reduce_tokens(values, mask, "sum").item() == pytest.approx((3 + 12) / 2)  # 2 captions
+    nothing = torch.zeros_like(mask)
+    assert reduce_tokens(values, nothing).item() == reduce_tokens(values, nothing, "sum") == 0
+    with pytest.raises(DistinctcapError, match="token reduction 'max'"):
+        reduce_tokens(values, mask, "max")
+
+
+def test_mle_sum_hand_case_differs_from_the_mean_for_unequal_lengths():
+    logits = torch.log(
+        torch.tensor([[[0.2, 0.5, 0.3], [0.4, 0.3, 0.3]], [[0.1, 0.1, 0.8], [0.3, 0.4, 0.3]]])
+    )
+    labels = torch.tensor([[1, PAD], [2, 1]])  # lengths 1 and 2
+    nll = [-math.log(0.5), -math.log(0.8), -math.log(0.4)]
+    mean, total = mle_loss(logits, labels, PAD), mle_loss(logits, labels, PAD, reduction="sum")
+    assert mean.item() == pytest.approx(sum(nll) / 3)
+    assert total.item() == pytest.approx((nll[0] + (nll[1] + nll[2])) / 2)
+    assert total.item() != pytest.approx(mean.item())
+
+
+@pytest.mark.parametrize("which", ["mle", "soft_ul", "token_ul"])
+def test_sum_is_the_mean_scaled_by_each_captions_length(which):
+    """Sum = the mean over captions of (caption length x that caption's token mean); with
+    every caption of length n it is n x the token mean."""
+    student, teacher, labels = _teacher_probs_student()
+
+    def loss(rows: slice, lab: torch.Tensor, reduction: str = "mean") -> float:
+        if which == "mle":
+            out = mle_loss(student[rows], lab, PAD, reduction=reduction)
+        elif which == "token_ul":
+            out = token_unlikelihood_loss(student[rows], lab, PAD, reduction=reduction)
+        else:
+            out = soft_unlikelihood_loss(
+                student[rows], teacher[rows], lab, PAD, reduction=reduction
+            )
+        return out.item()
+
+    lengths = (labels != PAD).sum(1).tolist()
+    assert lengths == [3, 4]
+    per_caption = [loss(slice(b, b + 1), labels[b : b + 1]) for b in range(len(labels))]
+    weighted = sum(n * m for n, m in zip(lengths, per_caption, strict=True))
+    mean, total = loss(slice(None), labels), loss(slice(None), labels, "sum")
+    assert total == pytest.approx(weighted / len(lengths), rel=1e-6)
+    assert mean == pytest.approx(weighted / sum(lengths), rel=1e-6)
+    assert total != pytest.approx(mean, rel=1e-3)
+    full = torch.tensor([[3, 4, 2, 5], [5, 5, 6, 2]])  # both of length 4
+    assert loss(slice(None), full, "sum") == pytest.approx(4 * loss(slice(None), full), rel=1e-6)
 
 
 # --- token unlikelihood (UNKT eq. 2, hard targets) --------------------------------------------

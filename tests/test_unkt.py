@@ -15,7 +15,7 @@ from conftest import tiny_captioner
 from distinctcap.config import steps_per_epoch
 from distinctcap.data.batches import CaptionData, ImageFeatures
 from distinctcap.errors import DistinctcapError
-from distinctcap.losses import mle_loss, soft_unlikelihood_loss
+from distinctcap.losses import mle_loss, soft_unlikelihood_loss, token_unlikelihood_loss
 from distinctcap.methods import METHODS
 from distinctcap.methods.base import TrainContext
 from distinctcap.methods.unkt import (
@@ -122,6 +122,36 @@ def test_loss_is_eq9_assembled_by_hand(data):
     assert float(extras["att"]) == pytest.approx(float(sum(att)), rel=1e-5)
 
 
+@pytest.mark.parametrize("targets", ["soft", "hard"])
+def test_token_reduction_and_top_k_reach_eq9(data, targets):
+    """token_reduction: sum sums L_mle's and L_pred's token terms per caption (eq. 4, 5, 9 as
+    printed); top_k narrows the soft targets of eq. 5 to the teacher's top k."""
+    teacher, student = tiny(1), tiny(2)
+    run = {"w_hid": 0, "w_att": 0, "lambda_schedule": "fixed", "lambda_value": 0.3}
+    run |= {"targets": targets, "token_reduction": "sum"}
+    run |= {"top_k": 5} if targets == "soft" else {}
+    obj = make(data, run, teacher)
+    assert obj.mean_over == "captions" and make(data, {}).mean_over == "tokens"
+    batch = a_batch(data)
+    loss, extras = obj.loss(student, batch, 0, 10)
+    with torch.no_grad():
+        s_logits = student(batch.grid, batch.pooled, batch.inputs)[0]
+        mle = mle_loss(s_logits, batch.labels, PAD, reduction="sum")
+        if targets == "soft":
+            t_logits = teacher(batch.grid, batch.pooled, batch.inputs)[0]
+            pred = soft_unlikelihood_loss(
+                s_logits, t_logits, batch.labels, PAD, top_k=5, reduction="sum"
+            )
+        else:
+            negatives = align_negatives(obj.greedy(batch.image_rows), batch.labels, PAD)
+            pred = token_unlikelihood_loss(s_logits, negatives, PAD, reduction="sum")
+    assert float(extras["mle"]) == pytest.approx(mle.item(), rel=1e-5)
+    assert float(extras["pred"]) == pytest.approx(pred.item(), rel=1e-5)
+    assert loss.item() == pytest.approx((0.7 * mle + 0.3 * pred).item(), rel=1e-5)
+    mean_mle = mle_loss(s_logits, batch.labels, PAD)
+    assert mle.item() > 2 * mean_mle.item()  # captions of several tokens: sums are larger
+
+
 def test_pad_rows_do_not_count(data):
     """Changing the teacher's internals only at pad query positions changes nothing: compare
     two batches that differ only in the tokens fed at pad positions (garbage there)."""
@@ -173,6 +203,10 @@ def test_lambda_schedules_and_epoch_warmup(data):
         ({"w_hid": -1}, "w_hid"),
         ({"temperature": 0}, "temperature"),
         ({"targets": "random"}, "d_minus"),
+        ({"token_reduction": "max"}, "token_reduction"),
+        ({"top_k": 0}, "top_k"),
+        ({"top_k": 2.5}, "top_k"),
+        ({"targets": "hard", "top_k": 5}, "unkt top_k = 5: keeps the teacher's top k"),
     ],
 )
 def test_bad_options_name_the_key(data, run, message):

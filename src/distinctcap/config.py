@@ -169,11 +169,21 @@ def entropy_priority(run_configs: dict[str, dict], priorities: dict[str, int]) -
 def check_values(config: dict) -> None:
     """Checks the schema cannot express."""
     check_captioner(config.get("captioner", {}), config.get("runs", {}))
+    check_run_options(config.get("runs", {}))
     fraction = config.get("entropy", {}).get("fraction")
     if fraction is not None and not 0 < fraction < 1:
         raise DistinctcapError(
             f"entropy.fraction = {fraction} leaves D- or D+ empty; choose 0 < fraction < 1"
         )
+
+
+def check_run_options(runs: dict) -> None:
+    """No run sets an option that its other options make meaningless (its method's facts say
+    which: Objective.option_conflicts)."""
+    for name, run in runs.items():
+        facts = FACTS.get(run.get("method"))
+        for key, why in (facts.option_conflicts(run) if facts else {}).items():
+            raise DistinctcapError(f"runs.{name}.{key} = {run.get(key)!r}: {why}")
 
 
 # Model types the transformers captioner backend supports (distinctcap.hf_captioner)

@@ -3,7 +3,9 @@
 Shapes: logits (B, N, V), labels (B, N) right-padded with ``pad_id``, sequence log-probs (B,).
 Token losses are means over non-pad positions (the papers write sums over the caption; the
 mean keeps the scale independent of batch size and caption length) and are 0 when every
-position is padding.
+position is padding. The token terms of UNKT (L_mle, L_pred) also take reduction="sum": each
+caption's token terms summed, as UNKT eq. 4, 5 and 9 are printed, then the mean over captions
+(`reduce_tokens`).
 """
 
 from __future__ import annotations
@@ -19,11 +21,30 @@ from distinctcap.errors import DistinctcapError
 
 SMILE_SUBSETS = ("smile", "random", "reverse")
 SPECIFICITY_KINDS = ("dp", "cos", "cdp", "ccos")
+TOKEN_REDUCTIONS = ("mean", "sum")
 
 
 def _masked_mean(values: Tensor, mask: Tensor) -> Tensor:
     kept = torch.where(mask, values, torch.zeros_like(values))
     return kept.sum() / mask.sum().clamp_min(1)
+
+
+def reduce_tokens(values: Tensor, mask: Tensor, reduction: str = "mean") -> Tensor:
+    """Per-position terms (B, N) of B captions -> scalar, over the positions where mask is True.
+
+    "mean": the mean over all the batch's kept positions (each token weighs the same).
+    "sum": each caption's terms summed, as UNKT eq. 4, 5 and 9 are printed, then the mean over
+    the captions that have a kept position; so the scale grows with caption length. Both are 0
+    when nothing is kept.
+    """
+    if reduction == "mean":
+        return _masked_mean(values, mask)
+    if reduction != "sum":
+        raise DistinctcapError(
+            f"token reduction {reduction!r}: choose one of {list(TOKEN_REDUCTIONS)}"
+        )
+    kept = torch.where(mask, values, torch.zeros_like(values)).flatten(1)
+    return kept.sum() / mask.flatten(1).any(1).sum().clamp_min(1)
 
 
 def _log_one_minus_softmax_at(z: Tensor, index: Tensor) -> Tensor:
@@ -47,13 +68,15 @@ def _log_one_minus_softmax(z: Tensor) -> Tensor:
     return torch.where(is_top, top_value, rest)
 
 
-def mle_loss(logits: Tensor, labels: Tensor, pad_id: int) -> Tensor:
+def mle_loss(logits: Tensor, labels: Tensor, pad_id: int, reduction: str = "mean") -> Tensor:
     """UNKT eq. 1 (SMILE eq. 1): token cross-entropy -log p(y_i | y_<i, X).
 
-    logits (B, N, V), labels (B, N) -> scalar, mean over positions where labels != pad_id.
+    logits (B, N, V), labels (B, N) -> scalar over positions where labels != pad_id: their mean,
+    or with reduction="sum" each caption's sum, then the mean over captions (reduce_tokens;
+    eq. 4 and 9 of UNKT as printed).
     """
     nll = F.cross_entropy(logits.transpose(1, 2), labels, reduction="none")  # (B, N)
-    return _masked_mean(nll, labels != pad_id)
+    return reduce_tokens(nll, labels != pad_id, reduction)
 
 
 def soft_unlikelihood_loss(
@@ -63,6 +86,8 @@ def soft_unlikelihood_loss(
     pad_id: int,
     temperature: float = 1.0,
     exclude_gold: bool = False,
+    top_k: int | None = None,
+    reduction: str = "mean",
 ) -> Tensor:
     """UNKT eq. 5, L_pred = -sum_k p_n(k) log(1 - p_s(k)) per position.
 
@@ -71,25 +96,39 @@ def soft_unlikelihood_loss(
     `exclude_gold` (not in UNKT), the ground-truth token whose teacher probability is set to 0,
     as unlikelihood training leaves the target out of its negatives (Welleck et al. 2020): as
     printed, where the teacher is sure of the gold token, (1 - lam) L_mle + lam L_pred is least
-    at p_s(gold) = 1 - lam. Returns a scalar, mean over non-pad positions. log(1 - p_s) is
-    computed without cancellation, so one-hot extremes give finite values and gradients.
+    at p_s(gold) = 1 - lam. `top_k` (not in UNKT; None = eq. 5 as printed, the whole
+    distribution) keeps the teacher's k most probable tokens at each position, their
+    probabilities renormalised to sum to 1 (k >= V is the whole distribution); `exclude_gold`
+    then removes the gold token from those k. Returns a scalar over non-pad positions: their
+    mean, or with reduction="sum" each caption's sum, then the mean over captions (eq. 5 and 9
+    as printed; reduce_tokens). log(1 - p_s) is computed without cancellation, so one-hot
+    extremes give finite values and gradients.
     """
     p_teacher = (teacher_logits.detach() / temperature).softmax(-1)
+    if top_k is not None:
+        if top_k < 1:
+            raise DistinctcapError(f"soft_unlikelihood_loss: top_k must be >= 1, got {top_k}")
+        top, index = p_teacher.topk(min(top_k, p_teacher.shape[-1]), dim=-1)
+        top = top / top.sum(-1, keepdim=True)
+        p_teacher = torch.zeros_like(p_teacher).scatter(-1, index, top)
     if exclude_gold:
         p_teacher = p_teacher.scatter(-1, labels.clamp_min(0).unsqueeze(-1), 0.0)
     per_position = -(p_teacher * _log_one_minus_softmax(student_logits / temperature)).sum(-1)
-    return _masked_mean(per_position, labels != pad_id)
+    return reduce_tokens(per_position, labels != pad_id, reduction)
 
 
-def token_unlikelihood_loss(logits: Tensor, negative_labels: Tensor, pad_id: int) -> Tensor:
+def token_unlikelihood_loss(
+    logits: Tensor, negative_labels: Tensor, pad_id: int, reduction: str = "mean"
+) -> Tensor:
     """UNKT eq. 2 with one negative token per position: -log(1 - p(y-_i)).
 
     The "hard targets" ablation of UNKT Table 6: negative_labels (B, N) are the tokens of a
     negative caption (e.g. the negative teacher's greedy caption), aligned by position with
-    logits (B, N, V). Returns a scalar, mean over positions where negative_labels != pad_id.
+    logits (B, N, V). Returns a scalar over positions where negative_labels != pad_id: their
+    mean, or with reduction="sum" each caption's sum, then the mean over captions.
     """
     per_position = -_log_one_minus_softmax_at(logits, negative_labels)
-    return _masked_mean(per_position, negative_labels != pad_id)
+    return reduce_tokens(per_position, negative_labels != pad_id, reduction)
 
 
 def hidden_distribution(hidden: Tensor) -> Tensor:

@@ -11,13 +11,16 @@ know about it is a class attribute declared here with its default:
     options      its own run options -> their defaults (the schema, runs.yaml, must agree:
                  tests/test_config.py); other methods' options are refused in its block
     mean_over    "tokens" | "captions": what its loss averages over, so multi-GPU shards are
-                 weighted right (distinctcap.distributed.shard_weight)
+                 weighted right (distinctcap.distributed.shard_weight); an instance sets its
+                 own where a run option changes it (unkt token_reduction: sum)
     val_metrics  {name: "min" | "max"} selection metrics it computes itself (`val_metric`)
     extra_inputs(run)  named inputs a run block needs beyond data, features and edge models,
                  {need: parameter}: "d_minus" (an entropy subset, "D-"), "clip" (None: the
                  configured CLIP), "neighbours" (the table's percentage). The workflow
                  (workflow/rules/common.smk) maps each need to files in the trainer's
                  cfg["paths"].
+    option_conflicts(run)  {option: why} for its options set where the run's other options
+                 make them meaningless (config.check_values names runs.<name>.<option>)
 
 and, per instance:
 
@@ -81,6 +84,12 @@ class Objective:
     @classmethod
     def extra_inputs(cls, run: dict) -> dict[str, str | float | None]:
         """Named inputs run block `run` (schema defaults filled) needs: {need: parameter}."""
+        return {}
+
+    @classmethod
+    def option_conflicts(cls, run: dict) -> dict[str, str]:
+        """{option: why} for the options of run block `run` (schema defaults filled) that its
+        other options make meaningless; empty when there are none."""
         return {}
 
     def __init__(self, run_cfg: dict, ctx: TrainContext) -> None:

@@ -39,12 +39,26 @@ class UNKT(Objective):
         "warmup_steps": None,  # progressive warm-up in optimiser steps; overrides epochs
         "temperature": 1.0,  # t in p = softmax(logits / t), eq. 5 (paper: 1)
         "exclude_gold": False,  # L_pred without the gold token's teacher mass (not in UNKT)
+        "token_reduction": "mean",  # L_mle, L_pred: mean over tokens | sum per caption (eq. 9)
+        "top_k": None,  # L_pred over the teacher's k most probable tokens (None: all, eq. 5)
     }
 
     @classmethod
     def extra_inputs(cls, run: dict) -> dict[str, str | float | None]:
         """Random targets (Table 6) draw from the D- captions."""
         return {"d_minus": "D-"} if run.get("targets") == "random" else {}
+
+    @classmethod
+    def option_conflicts(cls, run: dict) -> dict[str, str]:
+        """top_k narrows the teacher's soft targets (eq. 5); hard and random targets have one
+        token a position, so a top_k there would be silently ignored."""
+        targets = run.get("targets", cls.options["targets"])
+        if run.get("top_k") is not None and targets != "soft":
+            return {
+                "top_k": f"keeps the teacher's top k of the soft targets of eq. 5, but this run "
+                f"has targets: {targets}; set top_k: null or targets: soft"
+            }
+        return {}
 
 
 class CL(Objective):

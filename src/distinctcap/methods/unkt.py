@@ -25,6 +25,11 @@ objective); the teacher runs without gradients.
   matrices of the l-th decoder layer"; our decoder layer has both kinds).
 - Every term is a mean over non-pad caption positions: rows of pad query positions are
   excluded (they compute garbage under right padding, see distinctcap.model).
+  `token_reduction: sum` instead sums each caption's token terms of L_mle and L_pred, as eq. 4,
+  5 and 9 are printed, and takes the mean over captions (distinctcap.losses.reduce_tokens);
+  L_hid and L_att stay means.
+- `top_k: k` (not in UNKT) makes L_pred the unlikelihood of the teacher's k most probable
+  tokens at each position, renormalised (soft targets only); None is eq. 5 as printed.
 - lam (§3.3): `lambda_schedule: progressive` rises linearly to 1 over the warm-up and then
   follows eq. 10 (distinctcap.losses.progressive_lambda); `fixed` keeps `lambda_value`
   (Table 8). The paper warms up over 5 epochs: `warmup_epochs` is converted to optimiser steps
@@ -54,6 +59,7 @@ from distinctcap.config import steps_per_epoch
 from distinctcap.data.batches import encode_batch
 from distinctcap.errors import DistinctcapError
 from distinctcap.losses import (
+    TOKEN_REDUCTIONS,
     hidden_distribution,
     mle_loss,
     progressive_lambda,
@@ -91,12 +97,15 @@ class UNKTConfig:
     warmup_steps: int | None
     temperature: float
     exclude_gold: bool
+    token_reduction: str
+    top_k: int | None
 
     def __post_init__(self) -> None:
         for key, allowed in (
             ("attention", ATTENTION),
             ("targets", TARGETS),
             ("lambda_schedule", LAMBDA_SCHEDULES),
+            ("token_reduction", TOKEN_REDUCTIONS),
         ):
             if getattr(self, key) not in allowed:
                 raise DistinctcapError(
@@ -111,6 +120,10 @@ class UNKTConfig:
             raise DistinctcapError(f"unkt lambda_value = {self.lambda_value}: allowed 0..1")
         if self.temperature <= 0:
             raise DistinctcapError(f"unkt temperature = {self.temperature}: allowed > 0")
+        if self.top_k is not None and not (type(self.top_k) is int and self.top_k >= 1):
+            raise DistinctcapError(f"unkt top_k = {self.top_k!r}: allowed an integer >= 1 or null")
+        for key, why in facts.UNKT.option_conflicts(vars(self)).items():
+            raise DistinctcapError(f"unkt {key} = {getattr(self, key)!r}: {why}")
 
     @classmethod
     def from_run(cls, run_cfg: dict) -> UNKTConfig:
@@ -209,6 +222,10 @@ class UNKT(facts.UNKT):
         self.pad_id = ctx.pad_id
         self.teacher = ctx.frozen["teacher"]
         c = self.cfg
+        if c.token_reduction == "sum":
+            # L_mle and L_pred are then means over captions, so multi-GPU shards weigh by
+            # caption count (L_hid and L_att stay token means: for them a close approximation)
+            self.mean_over = "captions"
         if c.warmup_steps is not None:
             self.warmup = c.warmup_steps
         else:
@@ -244,7 +261,7 @@ class UNKT(facts.UNKT):
         lam = self.lam(step, total_steps)
         internal = lam > 0 and c.intermediate
         logits, student = run_decoder(model, batch, internal)
-        mle = mle_loss(logits, batch.labels, pad)
+        mle = mle_loss(logits, batch.labels, pad, c.token_reduction)
         if lam == 0:  # eq. 9 is exactly L_mle; the teacher is not needed
             return mle, {"lambda": 0.0, "mle": mle.detach()}
 
@@ -290,13 +307,14 @@ class UNKT(facts.UNKT):
             return run_decoder(self.teacher, batch, internal)
 
     def pred_loss(self, logits: Tensor, teacher_logits: Tensor | None, batch: Batch) -> Tensor:
-        """L_pred: eq. 5 with the teacher's soft targets, or eq. 2 with one negative token per
-        position (hard: the teacher's greedy caption; random: a random D- caption)."""
+        """L_pred: eq. 5 with the teacher's soft targets (its top_k tokens when set), or eq. 2
+        with one negative token per position (hard: the teacher's greedy caption; random: a
+        random D- caption); token_reduction as in eq. 9."""
         c, pad = self.cfg, self.pad_id
         if c.targets == "soft":
             return soft_unlikelihood_loss(
                 logits.float(), teacher_logits.float(), batch.labels, pad, c.temperature,
-                c.exclude_gold,
+                c.exclude_gold, c.top_k, c.token_reduction,
             )
         if c.targets == "hard":
             negatives = self.greedy(batch.image_rows)
@@ -304,4 +322,6 @@ class UNKT(facts.UNKT):
             pick = torch.randint(len(self.pool), (len(batch),)).to(self.pool.device)
             negatives = self.pool[pick]
         negatives = align_negatives(negatives, batch.labels, pad)
-        return token_unlikelihood_loss(logits.float() / c.temperature, negatives, pad)
+        return token_unlikelihood_loss(
+            logits.float() / c.temperature, negatives, pad, c.token_reduction
+        )

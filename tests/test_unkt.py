@@ -193,6 +193,16 @@ def test_lambda_schedules_and_epoch_warmup(data):
     assert fixed.lam(0, 10) == fixed.lam(9, 10) == 0.5
 
 
+def test_selection_waits_for_the_whole_objective(data):
+    """A checkpoint is selectable once the progressive warm-up has taken lambda to 1."""
+    obj = make(data, {"warmup_epochs": 2})  # 10 steps of warm-up
+    assert [obj.selectable(s, 110) for s in (0, 9, 10, 110)] == [False, False, True, True]
+    assert obj.selectable(4, 4)  # warm-up capped at a shorter run: its last step counts
+    fixed = make(data, {"lambda_schedule": "fixed", "lambda_value": 0.5})
+    assert fixed.selectable(0, 110)
+    assert make(data, {"method": "mle"}).selectable(0, 110)
+
+
 @pytest.mark.parametrize(
     "run, message",
     [

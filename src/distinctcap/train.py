@@ -753,6 +753,8 @@ class Trainer:
             fn = self.selection.fn
             metrics[tc.select_metric] = float(fn(self.model, val, self.val_batches, self.autocast))
         value = metrics[tc.select_metric]
+        if not self.objective.selectable(s.step, tc.steps):
+            return metrics
         better = self.selection.mode == "min"
         improved = s.best_metric is None or (
             value < s.best_metric if better else value > s.best_metric

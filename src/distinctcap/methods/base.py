@@ -100,6 +100,11 @@ class Objective:
     ) -> tuple[Tensor, dict[str, float]]:
         raise NotImplementedError
 
+    def selectable(self, step: int, total_steps: int) -> bool:
+        """May the weights after `step` of `total_steps` optimiser steps be selected? (The
+        validation is logged either way.)"""
+        return True
+
     def val_metric(
         self,
         name: str,

@@ -2,6 +2,7 @@
 
 import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -15,6 +16,7 @@ from distinctcap.evaluate import (
     block_logprobs,
     evaluate_decoding,
     metric_columns,
+    model_metrics,
     nearest,
     read_metrics,
     retrieval_blocks,
@@ -114,8 +116,15 @@ def test_scene_f1_is_the_scene_scorer_on_sample_zero(results, world):
     assert row["scene_precision"] == pytest.approx(expected["scene_precision"])
 
 
-def test_retrieval_pools_and_model_self_retrieval(results):
-    for ev in results.values():
+def test_retrieval_pools_and_model_self_retrieval(results, world, tmp_path):
+    sampled = results["perfect", DECODINGS[1]]  # samples are not ranked unless asked
+    assert "self_r_at_1" in sampled.skipped and "self_mean_rank" in sampled.skipped
+    gen = read_table(world.generated("perfect", "greedy")).sort_values("image_id")
+    args = (paths(world, "perfect", "greedy"), gen.image_id.tolist(), gen.text.tolist())
+    asked = replace(SETTINGS, self_retrieval_of_samples=True)
+    assert model_metrics(*args, SETTINGS, n_samples=4).skipped.keys() >= {"self_r_at_1"}
+    assert 0 <= model_metrics(*args, asked, n_samples=4).values["self_r_at_1"] <= 1
+    for ev in (results["perfect", "greedy"], results["generic", "greedy"]):
         row = ev.row
         assert row["hard_mean_rank"] >= row["mean_rank"]  # more images never lift a caption
         assert 0 <= row["self_r_at_1"] <= row["self_r_at_5"] <= 1

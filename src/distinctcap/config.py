@@ -451,6 +451,7 @@ class EvalSettings:
     meteor_memory: str = "2G"
     self_retrieval_pool: int = 100
     self_retrieval_ks: list[int] = field(default_factory=lambda: [1, 5, 10])
+    self_retrieval_of_samples: bool = False
     seed: int = 0
     batch_size: int = 256
     device: str = "cpu"

@@ -356,7 +356,7 @@ def evaluate_decoding(
             )
         )
     with timed(timings, "model self-retrieval"):
-        out.merge(model_metrics(paths, ids, first, settings))
+        out.merge(model_metrics(paths, ids, first, settings, n_samples))
     with timed(timings, "GPT-2 perplexity and scene F1"):
         out.merge(gpt2_perplexity(first, settings.gpt2_path, device=settings.device))
         out.merge(scene_metrics(first, ids, images))
@@ -463,17 +463,26 @@ def load_features_clip(index_path: str | Path, device: str = "cpu"):
 
 
 def model_metrics(
-    paths: EvalPaths, ids: list[int], texts: list[str], settings: EvalSettings
+    paths: EvalPaths,
+    ids: list[int],
+    texts: list[str],
+    settings: EvalSettings,
+    n_samples: int = 1,
 ) -> MetricResult:
-    """The captioner's self-retrieval, or skipped when no model is given or the pool is 0."""
+    """The captioner's self-retrieval of `texts`, or skipped: when no model is given, the pool
+    is 0, or the decoding samples (`n_samples` > 1) and evaluate.self_retrieval_of_samples is
+    off (CL §4.1 ranks the generated caption; a first sample is a noisy stand-in, and on the
+    shapes default its scoring was a third of an evaluate job)."""
     names = [f"self_r_at_{k}" for k in settings.self_retrieval_ks] + ["self_mean_rank"]
+    why = None
     if paths.model is None or settings.self_retrieval_pool < 2 or len(ids) < 2:
+        why = "model self-retrieval off (no captioner given or evaluate.self_retrieval_pool < 2)"
+    elif n_samples > 1 and not settings.self_retrieval_of_samples:
+        why = "a sampling decoding (evaluate.self_retrieval_of_samples: false)"
+    if why:
         out = MetricResult()
         for name in names:
-            out.skip(
-                name,
-                "model self-retrieval off (no captioner given or evaluate.self_retrieval_pool < 2)",
-            )
+            out.skip(name, why)
         return out
     from distinctcap.data.batches import ImageFeatures
     from distinctcap.hf_captioner import caption_tokenizer

@@ -21,7 +21,7 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $@
 
-.PHONY: install run quick test report readme-table cleanup times ship-clip
+.PHONY: install run quick test report readme-table unkt-ablation-table cleanup times ship-clip
 install: $(VENV)/.installed
 
 run: install
@@ -43,6 +43,11 @@ test: install
 # The README's results table, rendered from the run's summary (paste it; never edit numbers).
 readme-table: install
 	$(PY) -m distinctcap.report.summary results/metrics/summary.csv config.yaml
+
+# README's UNKT sampled-quality table, after
+#   snakemake --cores 2 --configfile config.yaml presets/unkt-ablations.yaml
+unkt-ablation-table: install
+	$(PY) -m distinctcap.report.summary --unkt-ablation $(EXP)/results/metrics/summary.csv config.yaml presets/unkt-ablations.yaml
 
 # Delete the downloaded COCO zips (~38 GB) whose extraction finished; others are kept.
 COCO_DIR ?= resources/coco

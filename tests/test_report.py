@@ -25,6 +25,7 @@ from distinctcap.report.summary import (
     evaluation_keys,
     headline_markdown,
     reference_run,
+    sampled_quality_markdown,
     summary_columns,
     summary_table,
     write_summary,
@@ -339,6 +340,22 @@ def test_the_readme_headline_table_is_rendered_from_the_summary():
     # rows: the reference, the other MLE runs (teachers), then the methods
     assert lines[3] == "| missing (MLE on D-) |" + " - |" * 9
     assert lines[4].startswith("| smile | 0.500 |")
+
+
+def test_the_unkt_sampled_quality_table_has_the_reference_and_the_unkt_runs():
+    rows = [{"run": run, "split": "test", "decoding": dec, "cider": c, "r_at_1": 0.3,
+             "oracle_cider_20": 2.6, "div2": 0.35}
+            for run in ("reference", "unkt", "cl")
+            for dec, c in (("greedy", 1.0), ("beam3", 1.1), ("sample20", 0.9))]  # fmt: skip
+    runs = {"reference": {"method": "mle", "data": "all"}, "unkt": {"method": "unkt"},
+            "cl": {"method": "cl"}}
+    lines = sampled_quality_markdown(pd.DataFrame(rows), runs).splitlines()
+    assert lines[0] == ("| run | greedy CIDEr ↑ | greedy R@1 ↑ | beam-3 CIDEr ↑ | beam-3 R@1 ↑ | "
+                        "sampled CIDEr ↑ | oracle CIDEr@20 ↑ | Div-2 (20 samples) ↑ |")
+    assert lines[2:] == [
+        "| reference (MLE) | 1.000 | 0.300 | 1.100 | 0.300 | 0.900 | 2.600 | 0.350 |",
+        "| unkt | 1.000 | 0.300 | 1.100 | 0.300 | 0.900 | 2.600 | 0.350 |",
+    ]  # cl is not a UNKT arm
 
 
 def test_every_paper_table_exports_to_latex_and_csv(metrics, tmp_path):

@@ -142,6 +142,30 @@ def headline_markdown(
     return "\n".join(lines) + "\n"
 
 
+SAMPLED_QUALITY = (  # (header, decoding, column, digits, arrow)
+    ("greedy CIDEr", "greedy", "cider", 3, "↑"), ("greedy R@1", "greedy", "r_at_1", 3, "↑"),
+    ("beam-3 CIDEr", "beam3", "cider", 3, "↑"), ("beam-3 R@1", "beam3", "r_at_1", 3, "↑"),
+    ("sampled CIDEr", "sample20", "cider", 3, "↑"),
+    ("oracle CIDEr@20", "sample20", "oracle_cider_20", 3, "↑"),
+    ("Div-2 (20 samples)", "sample20", "div2", 3, "↑"),
+)
+
+
+def sampled_quality_markdown(summary: pd.DataFrame, runs: dict, split: str = "test") -> str:
+    """UNKT's sampled-quality ablation (README, "UNKT's sampled captions"): the MLE reference
+    and every unkt run, each with its mode (greedy, beam 3) and its samples (20 an image: their
+    mean CIDEr-D, the oracle over them, Div-2)."""
+    rows = summary[summary.split == split].set_index(["run", "decoding"])
+    reference = reference_run(runs)
+    names = [n for n in run_order(runs) if n == reference or runs[n].get("method") == "unkt"]
+    lines = ["| run | " + " | ".join(f"{h} {a}" for h, *_, a in SAMPLED_QUALITY) + " |"]
+    lines.append("|---" * (len(SAMPLED_QUALITY) + 1) + "|")
+    for name in names:
+        cells = [_cell(rows, (name, d), col, digits) for _, d, col, digits, _ in SAMPLED_QUALITY]
+        lines.append(f"| {run_label(name, runs[name])} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def write_headline(summary: pd.DataFrame, runs: dict, csv: Path, md: Path, tex: Path) -> None:
     """The headline table of the test split as csv, markdown and LaTeX (rule summarize)."""
     from distinctcap.report.versus import latex
@@ -223,10 +247,19 @@ def _cell(rows: pd.DataFrame, key: tuple[str, str], column: str, digits: int) ->
     return "-" if value is None or pd.isna(value) else f"{value:.{digits}f}"
 
 
-if __name__ == "__main__":  # make readme-table: python -m distinctcap.report.summary SUMMARY CONFIG
+if __name__ == "__main__":  # make readme-table / make unkt-ablation-table
+    import argparse
     import sys
 
     import yaml
 
-    config = yaml.safe_load(Path(sys.argv[2]).read_text())
-    sys.stdout.write(headline_markdown(pd.read_csv(sys.argv[1]), config["runs"]))
+    parser = argparse.ArgumentParser(description="README tables from a run's summary.csv")
+    parser.add_argument("summary")
+    parser.add_argument("configs", nargs="+", help="the run's config files; later ones overlay")
+    parser.add_argument("--unkt-ablation", action="store_true", help="the sampled-quality table")
+    args = parser.parse_args()
+    runs: dict = {}
+    for path in args.configs:
+        runs |= yaml.safe_load(Path(path).read_text()).get("runs", {})
+    table = sampled_quality_markdown if args.unkt_ablation else headline_markdown
+    sys.stdout.write(table(pd.read_csv(args.summary), runs))

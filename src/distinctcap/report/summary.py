@@ -254,12 +254,20 @@ if __name__ == "__main__":  # make readme-table / make unkt-ablation-table
     import yaml
 
     parser = argparse.ArgumentParser(description="README tables from a run's summary.csv")
-    parser.add_argument("summary")
+    parser.add_argument("summary", help="summary.csv, or a metrics folder (results/metrics) "
+                        "whose runs have not all finished")
     parser.add_argument("configs", nargs="+", help="the run's config files; later ones overlay")
     parser.add_argument("--unkt-ablation", action="store_true", help="the sampled-quality table")
     args = parser.parse_args()
     runs: dict = {}
     for path in args.configs:
         runs |= yaml.safe_load(Path(path).read_text()).get("runs", {})
+    if Path(args.summary).is_dir():
+        from distinctcap.evaluate import read_metrics
+
+        summary = summary_table(read_metrics(sorted(Path(args.summary).glob("*/*.parquet"))))
+        runs = {name: block for name, block in runs.items() if name in set(summary.run)}
+    else:
+        summary = pd.read_csv(args.summary)
     table = sampled_quality_markdown if args.unkt_ablation else headline_markdown
-    sys.stdout.write(table(pd.read_csv(args.summary), runs))
+    sys.stdout.write(table(summary, runs))

@@ -106,7 +106,7 @@ def test_test_profile_mirrors_the_shipped_slurm_profile() -> None:
 def test_every_rule_that_takes_the_device_asks_for_a_gpu() -> None:
     rules = {}
     for path in (ROOT / "workflow" / "rules").glob("*.smk"):
-        for block in re.split(r"^rule ", path.read_text(), flags=re.MULTILINE)[1:]:
+        for block in re.split(r"^\s*rule ", path.read_text(), flags=re.MULTILINE)[1:]:
             rules[block.split(":")[0]] = block
     assert {name for name, block in rules.items() if 'device=config["device"]' in block} == (
         GPU_RULES

@@ -25,6 +25,7 @@ from distinctcap.evaluate import (
 from distinctcap.io import read_table
 from distinctcap.metrics import CocoTools, spice_unavailable_reason
 from distinctcap.metrics.result import KEYS
+from distinctcap.report.versus import compare_runs
 from distinctcap.scene_score import scene_f1
 
 SETTINGS = EvalSettings(
@@ -165,6 +166,21 @@ def test_per_image_means_are_the_metrics_row(results, per_image):
         assert (table.clip_rank == 1).mean() == row["r_at_1"]
         assert table.clip_rank.mean() == row["mean_rank"]
         assert np.mean(table.clipscore.to_numpy()) == row["clipscore"]
+
+
+def test_versus_values_are_the_summary_values(results, per_image, world):
+    """The bootstrap's full-sample statistics are the metrics rows' R@1, mean rank, CLIPScore
+    (the last summed in float64 here, so equal to float32 rounding)."""
+    generated = {(run, "test", dec): read_table(world.generated(run, dec))
+                 for run, _, dec in per_image}
+    table = compare_runs(generated, read_table(world.captions), read_table(world.images),
+                         "generic", per_image=per_image, n_boot=50)
+    for row in table[table.metric.isin(["r_at_1", "mean_rank", "clipscore"])].itertuples():
+        exact = row.metric != "clipscore"
+        for run, value in (("perfect", row.value), ("generic", row.reference_value)):
+            want = results[run, row.decoding].row[row.metric]
+            assert value == (want if exact else pytest.approx(want, rel=1e-6)), row
+    assert set(table.decoding) == set(DECODINGS) and set(table.run) == {"perfect"}
 
 
 def test_nearest_is_cosine_top_k_in_order():

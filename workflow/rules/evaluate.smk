@@ -12,7 +12,7 @@ EVALUATIONS = evaluation_keys(RUNS, DECODING)
 PER_RUN = list(dict.fromkeys((s, d) for _, s, d in EVALUATIONS))
 METRICS = [f"results/metrics/{r}/{s}-{d}.parquet" for r, s, d in EVALUATIONS]
 CIDER_CURVES = [f"results/metrics/{r}/{s}-{d}-cider_vs_n.csv" for r, s, d in EVALUATIONS]
-# CLIP rank and CLIPScore of each image's first caption (evaluate.PER_IMAGE)
+# CLIP rank and CLIPScore of each image's first caption, for versus_reference's intervals
 PER_IMAGE = [f"results/metrics/{r}/{s}-{d}-per_image.parquet" for r, s, d in EVALUATIONS]
 GALLERY_SPLIT = EVALUATE["gallery_split"]
 GALLERY = [
@@ -105,9 +105,11 @@ rule report_tables:
 
 rule versus_reference:
     """Each run against the MLE reference, paired bootstrap CIs over the images
-    (distinctcap.report.versus)."""
+    (distinctcap.report.versus): CIDEr-D and scene counts from the captions, R@1, mean rank
+    and CLIPScore from the evaluate rule's per-image tables (same order as `generated`)."""
     input:
         generated=[f"results/generated/{r}/{s}-{d}.parquet" for r, s, d in EVALUATIONS],
+        per_image=PER_IMAGE,
         images=f"{DATA}/images.parquet",
         captions=f"{DATA}/captions.parquet",
     output:

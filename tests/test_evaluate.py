@@ -22,10 +22,12 @@ from distinctcap.evaluate import (
     retrieval_blocks,
     write_curve,
     write_metrics,
+    write_per_image,
 )
 from distinctcap.io import read_table
 from distinctcap.metrics import CocoTools, spice_unavailable_reason
 from distinctcap.metrics.result import KEYS
+from distinctcap.report.versus import compare_runs
 from distinctcap.scene_score import scene_f1
 
 SETTINGS = EvalSettings(
@@ -152,6 +154,42 @@ def test_metrics_parquet_round_trip(results, tmp_path):
     row = table[(table.run == "generic") & (table.decoding == "greedy")].iloc[0]
     assert row.skipped == results["generic", "greedy"].skipped
     assert json.loads(read_table(files[0]).skipped[0]) == results["perfect", "greedy"].skipped
+
+
+@pytest.fixture(scope="module")
+def per_image(results, tmp_path_factory):
+    """(run, "test", decoding) -> the per-image table as written and read back."""
+    root, out = tmp_path_factory.mktemp("per_image"), {}
+    for (run, dec), ev in results.items():
+        write_per_image(ev, root / f"{run}-{dec}.parquet")
+        out[run, "test", dec] = read_table(root / f"{run}-{dec}.parquet", "per_image")
+    return out
+
+
+def test_per_image_means_are_the_metrics_row(results, per_image):
+    """R@1 and mean rank agree exactly, CLIPScore too (the row's is the float32 mean of the
+    same float32 values)."""
+    for (run, _, dec), table in per_image.items():
+        row = results[run, dec].row
+        assert len(table) == N_TEST and table.image_id.is_monotonic_increasing
+        assert (table.clip_rank == 1).mean() == row["r_at_1"]
+        assert table.clip_rank.mean() == row["mean_rank"]
+        assert np.mean(table.clipscore.to_numpy()) == row["clipscore"]
+
+
+def test_versus_values_are_the_summary_values(results, per_image, world):
+    """The bootstrap's full-sample statistics are the metrics rows' R@1, mean rank, CLIPScore
+    (the last summed in float64 here, so equal to float32 rounding)."""
+    generated = {(run, "test", dec): read_table(world.generated(run, dec))
+                 for run, _, dec in per_image}
+    table = compare_runs(generated, read_table(world.captions), read_table(world.images),
+                         "generic", per_image=per_image, n_boot=50)
+    for row in table[table.metric.isin(["r_at_1", "mean_rank", "clipscore"])].itertuples():
+        exact = row.metric != "clipscore"
+        for run, value in (("perfect", row.value), ("generic", row.reference_value)):
+            want = results[run, row.decoding].row[row.metric]
+            assert value == (want if exact else pytest.approx(want, rel=1e-6)), row
+    assert set(table.decoding) == set(DECODINGS) and set(table.run) == {"perfect"}
 
 
 def test_nearest_is_cosine_top_k_in_order():

@@ -52,6 +52,19 @@ def test_every_run_is_trained_decoded_and_evaluated(finished):
         assert (workdir / f"logs/train/{name}.log").stat().st_size > 0
 
 
+def test_versus_has_intervals_for_retrieval_from_the_per_image_tables(finished):
+    workdir, config = finished
+    summary = pd.read_csv(workdir / "results/metrics/summary.csv").set_index(["run", "decoding"])
+    per_image = pd.read_parquet(workdir / "results/metrics/unkt/test-greedy-per_image.parquet")
+    assert len(per_image) == config["data"]["shapes"]["n_test"]
+    assert per_image.clip_rank.mean() == pytest.approx(summary.loc[("unkt", "greedy"), "mean_rank"])
+    versus = pd.read_csv(workdir / "results/report/versus.csv")
+    assert {"cider", "r_at_1", "mean_rank", "clipscore", "scene_f1"} <= set(versus.metric)
+    assert set(versus.run) == set(config["runs"]) - {"reference"}
+    clip = versus[versus.metric.isin(["r_at_1", "mean_rank", "clipscore"])]
+    assert clip[["ci_low", "ci_high"]].notna().all().all()
+
+
 def test_a_deleted_metrics_table_is_regenerated(finished):
     workdir, _ = finished
     lost = workdir / "results/metrics/smile/test-greedy.parquet"

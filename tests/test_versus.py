@@ -1,5 +1,6 @@
 """Each run against the MLE reference with paired bootstrap intervals: a noise-level difference
-is never listed as a win, a real one is (on a generated shapes world, real captions)."""
+is never listed as a win, a real one is (on a generated shapes world, real captions; R@1, mean
+rank and CLIPScore from hand-made per-image tables)."""
 
 import numpy as np
 import pandas as pd
@@ -67,6 +68,58 @@ def test_a_real_gain_is_better_and_noise_is_never_a_win(world):
     assert table.loc[("noise", "cider"), "difference"] > 0  # higher, yet not called better
 
 
+def clip_table(images, ranks, clipscore):
+    """A per-image table (distinctcap.evaluate.PER_IMAGE) of the world's test images."""
+    n = len(images)
+    return pd.DataFrame({"image_id": images.image_id.to_numpy(),
+                         "clip_rank": np.broadcast_to(ranks, n).astype(np.int64),
+                         "clipscore": np.broadcast_to(clipscore, n).astype(np.float32)})
+
+
+def reference_ranks(n):  # every 4th image retrieved at rank 1, the others at ranks 10..19
+    return np.where(np.arange(n) % 4 == 0, 1, 10 + np.arange(n) % 10)
+
+
+@pytest.fixture(scope="module")
+def clip_versus(world):
+    images, captions = world
+    n = len(images)
+    ranks = reference_ranks(n)
+    noise = np.where(ranks == 1, 1, 29 - ranks)  # the same hits, other misses
+    per_image = {
+        ("reference", "test", "greedy"): clip_table(images, ranks, 0.6),
+        ("noise", "test", "greedy"): clip_table(images, noise, 0.6),
+        ("sharp", "test", "greedy"): clip_table(images, 1, 0.7),  # every image at rank 1
+        ("blunt", "test", "greedy"): clip_table(images, np.where(ranks == 1, 1, ranks + 5), 0.5),
+    }
+    runs = runs_of(world, reference=generic, noise=generic, sharp=generic, blunt=generic)
+    table = compare_runs(runs, captions, images, "reference", per_image=per_image)
+    return table.set_index(["run", "metric"])
+
+
+def test_identical_per_image_hits_are_no_difference_in_r_at_1(clip_versus):
+    row = clip_versus.loc[("noise", "r_at_1")]
+    assert row.value == row.reference_value == 0.25  # 15 of 60 hits, the same 15 images
+    assert row.difference == row.ci_low == row.ci_high == 0  # every resample: 0
+    assert row.verdict == "no significant difference"
+    assert clip_versus.loc[("noise", "clipscore"), "verdict"] == "no significant difference"
+
+
+def test_a_lower_mean_rank_is_better(clip_versus, world):
+    n = len(world[0])
+    sharp = clip_versus.loc[("sharp", "mean_rank")]
+    assert sharp.value == 1 and sharp.reference_value == reference_ranks(n).mean()
+    assert sharp.ci_high < 0 and sharp.verdict == "better"  # lower is better
+    for metric in ("r_at_1", "clipscore"):  # higher is better
+        assert clip_versus.loc[("sharp", metric), "ci_low"] > 0
+        assert clip_versus.loc[("sharp", metric), "verdict"] == "better"
+    blunt = clip_versus.loc[("blunt", "mean_rank")]
+    assert blunt.difference == pytest.approx(5 * 3 / 4)  # +5 on the 45 misses of 60
+    assert blunt.ci_low > 0 and blunt.verdict == "worse"
+    assert clip_versus.loc[("blunt", "clipscore"), "verdict"] == "worse"
+    assert clip_versus.loc[("blunt", "r_at_1"), "verdict"] == "no significant difference"
+
+
 def test_rows_follow_reference_teachers_methods(world):
     images, captions = world
     runs = runs_of(world, smile=specific, reference=generic, teacher_neg=generic)
@@ -85,16 +138,25 @@ def test_paired_bootstrap_of_a_mean():
     assert 0.45 < low < diff < high < 0.55  # pairing removes the images' own spread
     assert verdict(low, high) == "better" and verdict(-high, -low) == "worse"
     assert verdict(-0.1, 0.2) == "no significant difference"
+    assert verdict(low, high, lower_better=True) == "worse"  # e.g. a higher mean rank
+    assert verdict(-high, -low, lower_better=True) == "better"
+    assert verdict(-0.1, 0.2, lower_better=True) == "no significant difference"
 
 
 def test_markdown_csv_and_latex_exports(world, tmp_path):
     images, captions = world
-    table = compare_runs(runs_of(world, reference=generic, smile=specific), captions, images,
-                         "reference")
+    runs = runs_of(world, reference=generic, smile=specific)
+    per_image = {("reference", "test", "greedy"): clip_table(images, reference_ranks(60), 0.6),
+                 ("smile", "test", "greedy"): clip_table(images, 1, 0.7)}
+    table = compare_runs(runs, captions, images, "reference", per_image=per_image)
     write_versus(table, "reference", tmp_path / "v.csv", tmp_path / "v.md", tmp_path / "v.tex")
     headers, rows = wide(table)
-    assert headers == ["run", "decoding", "CIDEr ↑", "scene precision ↑", "scene F1 ↑"]
+    assert headers == ["run", "decoding", "CIDEr ↑", "R@1 ↑", "mean rank ↓", "CLIPScore ↑",
+                       "scene precision ↑", "scene F1 ↑"]
     assert "**better**" in markdown(table, "reference")
-    assert len(pd.read_csv(tmp_path / "v.csv")) == 3
+    assert len(pd.read_csv(tmp_path / "v.csv")) == 6
     tex = (tmp_path / "v.tex").read_text()
     assert "\\textbf{better}" in tex and "$\\uparrow$" in tex and "\\toprule" in tex
+    assert "mean rank $\\downarrow$" in tex
+    without = wide(compare_runs(runs, captions, images, "reference"))[0]  # no per-image tables
+    assert without == ["run", "decoding", "CIDEr ↑", "scene precision ↑", "scene F1 ↑"]

@@ -1,4 +1,6 @@
-"""The evaluation stage: one metrics row per (run, split, decoding) and its CIDEr-vs-n curve.
+"""The evaluation stage: one metrics row per (run, split, decoding), its CIDEr-vs-n curve and
+its per-image table (`PER_IMAGE`: CLIP rank and CLIPScore of each image's first caption, for
+the paired bootstrap against the reference in distinctcap.report.versus).
 
 `evaluate_decoding(paths, settings)` loads a run's generated captions, the references, the
 CLIP features (and the CLIP itself, from the features manifest, to encode the captions), the
@@ -47,10 +49,12 @@ from distinctcap.metrics import (
     QUALITY_METRICS,
     CocoTools,
     MetricResult,
-    clipscore,
+    clipscores,
     evaluate_captions,
     gpt2_perplexity,
     model_self_retrieval,
+    rank_summary,
+    retrieval_ranks,
     retrieval_scores,
 )
 from distinctcap.metrics.result import KEYS
@@ -177,24 +181,30 @@ def clip_metrics(
     pooled: np.ndarray,
     train_pooled: np.ndarray,
     settings: EvalSettings,
-) -> MetricResult:
+) -> tuple[MetricResult, dict[str, np.ndarray]]:
     """Self-retrieval of caption i's image (row i of `pooled`) among the split's images, the
-    hard pool (plus each image's `hard_pool` nearest training images) and CLIPScore."""
+    hard pool (plus each image's `hard_pool` nearest training images) and CLIPScore; and
+    caption i's own values (`PER_IMAGE`): clip_rank, its 1-based rank among the split's
+    images, and clipscore. r_at_k is the share of clip_rank <= k, mean_rank and clipscore
+    the means of the per-caption values."""
     ks = settings.retrieval_ks
     emb = encode_texts(clip, texts, settings.batch_size)
     target = np.arange(len(texts))
-    out = retrieval_scores(emb, pooled, target, ks)
+    ranks = retrieval_ranks(emb, pooled, target)
+    out = rank_summary(ranks, ks)
     prefixed = encode_texts(clip, [CLIPSCORE_PREFIX + t for t in texts], settings.batch_size)
-    out.values["clipscore"] = clipscore(prefixed, pooled)
+    scores = clipscores(prefixed, pooled)
+    out.values["clipscore"] = float(np.mean(scores))
+    per_caption = {"clip_rank": ranks, "clipscore": scores}
     hard = [f"hard_r_at_{k}" for k in ks] + ["hard_mean_rank"]
     if settings.hard_pool <= 0 or len(train_pooled) == 0:
         for name in hard:
             out.skip(name, "no hard retrieval pool (evaluate.hard_pool = 0)")
-        return out
+        return out, per_caption
     extra = np.unique(nearest(pooled, train_pooled, settings.hard_pool))
     pool = np.concatenate([pooled, train_pooled[extra]])
     out.merge(retrieval_scores(emb, pool, target, ks), prefix="hard_")
-    return out
+    return out, per_caption
 
 
 def retrieval_blocks(n: int, pool: int, seed: int = 0) -> list[np.ndarray]:
@@ -295,12 +305,19 @@ def skip_unavailable(out: MetricResult, names: Sequence[str], reason: str) -> No
 # ---------------------------------------------------------------- the stage
 
 
+# The per-image table of an evaluation: each image's first caption (sample 0), as the metrics
+# row's single-caption columns; paired by image_id for the bootstrap against the reference
+# (distinctcap.report.versus).
+PER_IMAGE = ("image_id", "clip_rank", "clipscore")
+
+
 @dataclass
 class Evaluation:
     row: dict  # run, split, decoding, n_images, n_samples, every metric column
     skipped: dict[str, str]
     curve: pd.DataFrame  # run, split, decoding, n, cider (oracle CIDEr over the first n)
     timings: dict[str, list[float]] = field(default_factory=dict)
+    per_image: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=PER_IMAGE))
 
 
 def evaluate_decoding(
@@ -346,15 +363,14 @@ def evaluate_decoding(
             )
         )
     with timed(timings, "CLIP retrieval and CLIPScore"):
-        out.merge(
-            clip_metrics(
-                load_features_clip(paths.features, settings.device),
-                first,
-                pooled,
-                train_pooled,
-                settings,
-            )
+        clip_out, per_caption = clip_metrics(
+            load_features_clip(paths.features, settings.device),
+            first,
+            pooled,
+            train_pooled,
+            settings,
         )
+        out.merge(clip_out)
     with timed(timings, "model self-retrieval"):
         out.merge(model_metrics(paths, ids, first, settings, n_samples))
     with timed(timings, "GPT-2 perplexity and scene F1"):
@@ -385,7 +401,8 @@ def evaluate_decoding(
         if n_samples > 1
         else pd.DataFrame(columns=["run", "split", "decoding", "n", "cider"])
     )
-    return Evaluation(row, skipped, curve, timings)
+    per_image = pd.DataFrame({"image_id": np.asarray(ids, dtype=np.int64), **per_caption})
+    return Evaluation(row, skipped, curve, timings, per_image)
 
 
 def load_pooled(
@@ -506,6 +523,12 @@ def write_metrics(evaluation: Evaluation, path: str | Path) -> None:
     write_table(pd.DataFrame([row]), path)
 
 
+def write_per_image(evaluation: Evaluation, path: str | Path) -> None:
+    """Parquet `PER_IMAGE` of the first captions: clip_rank (int64; r_at_1 is the share of
+    rank 1, mean_rank the mean) and clipscore (float32; the metrics row's is its mean)."""
+    write_table(evaluation.per_image[list(PER_IMAGE)], path, "per_image")
+
+
 def write_curve(evaluation: Evaluation, path: str | Path) -> None:
     with atomic_path(path) as tmp:
         evaluation.curve.to_csv(tmp, index=False)
@@ -546,9 +569,10 @@ def evaluate_stage(
 ) -> list[Evaluation]:
     """The evaluate rule, one job per run: for each (split, decoding) of `evaluations`, the
     generated captions at the same position of inputs["generated"] -> outputs["metrics"]
-    (parquet) and outputs["curve"] (csv) at that position. Other named inputs: images,
-    captions, vocab, features, model. The decodings share one COCO tools session, so METEOR's
-    JVM loads its paraphrase table (about 9 CPU s) once per run, not once per decoding."""
+    (parquet), outputs["curve"] (csv) and outputs["per_image"] (parquet, `write_per_image`)
+    at that position. Other named inputs: images, captions, vocab, features, model. The
+    decodings share one COCO tools session, so METEOR's JVM loads its paraphrase table (about
+    9 CPU s) once per run, not once per decoding."""
     from distinctcap.devices import resolve_device
 
     settings = EvalSettings.from_config(block, seed=seed, device=str(resolve_device(device)))
@@ -561,6 +585,7 @@ def evaluate_stage(
             evaluation = evaluate_decoding(paths, split, decoding, settings, tools)
             write_metrics(evaluation, outputs["metrics"][k])
             write_curve(evaluation, outputs["curve"][k])
+            write_per_image(evaluation, outputs["per_image"][k])
             log.info("%s", headline_line(evaluation))
             for part, (wall, cpu, child) in evaluation.timings.items():
                 log.info(

@@ -39,6 +39,9 @@ SCHEMAS: dict[str, pa.Schema] = {
         [("run", pa.string()), ("image_id", pa.int64()), ("sample", pa.int32()),
          ("text", pa.string()), ("logprob", pa.float32())]
     ),
+    "per_image": pa.schema(  # distinctcap.evaluate.PER_IMAGE
+        [("image_id", pa.int64()), ("clip_rank", pa.int64()), ("clipscore", pa.float32())]
+    ),
 }
 
 

@@ -11,7 +11,7 @@ device = str(job_device(snakemake.params.device, snakemake.resources.get("gpu", 
 torch.set_num_threads(snakemake.threads)
 evaluate_stage(
     {**dict(snakemake.input.items()), "generated": list(snakemake.input.generated)},
-    {"metrics": list(snakemake.output.metrics), "curve": list(snakemake.output.curve)},
+    {name: list(getattr(snakemake.output, name)) for name in ("metrics", "curve", "per_image")},
     evaluations=snakemake.params.evaluations,
     block=snakemake.params.settings,
     seed=snakemake.params.seed,

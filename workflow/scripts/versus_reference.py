@@ -7,10 +7,15 @@ from distinctcap.io import read_table
 from distinctcap.report.versus import compare_runs, write_versus
 
 logs.setup(snakemake.log[0])
-generated = {}
-for path in map(Path, snakemake.input.generated):  # results/generated/{run}/{split}-{decoding}
+generated, per_image = {}, {}
+# results/generated/{run}/{split}-{decoding}.parquet and, at the same position, its
+# results/metrics/{run}/{split}-{decoding}-per_image.parquet
+for path, table in zip(map(Path, snakemake.input.generated), snakemake.input.per_image,
+                       strict=True):
     split, decoding = path.stem.split("-", 1)
-    generated[(path.parent.name, split, decoding)] = read_table(path, "generated")
+    key = (path.parent.name, split, decoding)
+    generated[key] = read_table(path, "generated")
+    per_image[key] = read_table(table, "per_image")
 table = compare_runs(
     generated,
     read_table(snakemake.input.captions, "captions"),
@@ -18,6 +23,7 @@ table = compare_runs(
     snakemake.params.reference,
     snakemake.params.runs,
     seed=snakemake.params.seed,
+    per_image=per_image,
 )
 out = snakemake.output
 write_versus(table, snakemake.params.reference, Path(out.csv), Path(out.markdown), Path(out.latex))

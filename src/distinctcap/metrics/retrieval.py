@@ -82,14 +82,18 @@ def retrieval_scores(
     ks: Sequence[int] = (1, 5, 10),
 ) -> MetricResult:
     """CLIP self-retrieval columns r_at_1, r_at_5, r_at_10 (fractions) and mean_rank."""
-    ranks = retrieval_ranks(text_emb, image_emb, target_index)
-    out = MetricResult(recall_at_k(ranks, ks))
-    out.values["mean_rank"] = mean_rank(ranks)
+    return rank_summary(retrieval_ranks(text_emb, image_emb, target_index), ks)
+
+
+def rank_summary(ranks: np.ndarray, ks: Sequence[int], prefix: str = "") -> MetricResult:
+    """{prefix}r_at_k (`recall_at_k`) and {prefix}mean_rank (`mean_rank`) of 1-based ranks."""
+    out = MetricResult(recall_at_k(ranks, ks, prefix=prefix))
+    out.values[f"{prefix}mean_rank"] = mean_rank(ranks)
     return out
 
 
-def clipscore(text_emb: object, image_emb: object, w: float = 2.5) -> float:
-    """CLIPScore (Hessel et al. 2021 eq. 1): mean over pairs of w * max(cos(t_i, v_i), 0).
+def clipscores(text_emb: object, image_emb: object, w: float = 2.5) -> np.ndarray:
+    """CLIPScore of each pair (Hessel et al. 2021 eq. 1): w * max(cos(t_i, v_i), 0), float32.
 
     Row i of `text_emb` is caption i encoded with CLIPSCORE_PREFIX prepended, row i of
     `image_emb` its image. Range [0, w]; papers print it x100.
@@ -97,7 +101,12 @@ def clipscore(text_emb: object, image_emb: object, w: float = 2.5) -> float:
     text, image = _rows(text_emb, "text_emb"), _rows(image_emb, "image_emb")
     if text.shape != image.shape:
         raise DistinctcapError(f"clipscore pairs rows: text {text.shape} vs image {image.shape}")
-    return float(np.mean(w * np.clip((text * image).sum(axis=1), 0.0, None)))
+    return w * np.clip((text * image).sum(axis=1), 0.0, None)
+
+
+def clipscore(text_emb: object, image_emb: object, w: float = 2.5) -> float:
+    """CLIPScore (Hessel et al. 2021 eq. 1): the mean over pairs of `clipscores`."""
+    return float(np.mean(clipscores(text_emb, image_emb, w)))
 
 
 def model_self_retrieval(
@@ -117,7 +126,4 @@ def model_self_retrieval(
     cols = np.broadcast_to(np.asarray(target, dtype=np.int64), (len(scores),))
     if len(cols) and (cols.min() < 0 or cols.max() >= scores.shape[1]):
         raise DistinctcapError(f"target must lie in [0, {scores.shape[1]}) (pool columns)")
-    ranks = _ranks_from_scores(scores, cols)
-    out = MetricResult(recall_at_k(ranks, ks, prefix="self_"))
-    out.values["self_mean_rank"] = mean_rank(ranks)
-    return out
+    return rank_summary(_ranks_from_scores(scores, cols), ks, prefix="self_")

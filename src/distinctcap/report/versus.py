@@ -8,6 +8,12 @@ same images for run and reference:
 - CIDEr-D (distinctcap.metrics.cider, the references of the scored images as its corpus, on
   whitespace tokens: the shapes captions have no punctuation; on COCO it differs slightly from
   the PTB-tokenised summary value), the statistic is the mean over images;
+- R@1, mean rank and CLIPScore, from the evaluate rule's per-image table (clip_rank: the
+  1-based CLIP rank of the image by its caption among the split's images; clipscore, Hessel
+  et al. 2021 eq. 1): the statistic is the mean over images of the hit 1[clip_rank <= 1], of
+  clip_rank and of clipscore, so the full sample gives the summary's r_at_1, mean_rank and
+  clipscore. Mean rank is lower-better: its difference is better where the interval lies
+  below 0 (`LOWER_BETTER`);
 - scene precision and F1 (shapes world): claim and fact counts per image, the statistic is
   the micro average over the resampled images, as in the summary.
 Bootstrap (Efron & Tibshirani 1993, percentile interval): `n_boot` resamples of the images
@@ -25,14 +31,23 @@ import pandas as pd
 
 from distinctcap.io import atomic_path
 from distinctcap.metrics.cider import CiderD
-from distinctcap.report.summary import run_order
+from distinctcap.report.summary import HEADLINE_QUALITY, run_order
 
 COLUMNS = [
     "run", "decoding", "split", "metric", "value", "reference_value", "difference",
     "ci_low", "ci_high", "verdict",
 ]  # fmt: skip
-HEADERS = {"cider": "CIDEr ↑", "scene_precision": "scene precision ↑", "scene_f1": "scene F1 ↑"}
+# the README's headline columns with their arrows (report.summary), plus scene precision
+HEADERS = {column: f"{header} {arrow}" for header, column, _, arrow in HEADLINE_QUALITY}
+HEADERS["scene_precision"] = "scene precision ↑"
+LOWER_BETTER = frozenset(column for _, column, _, arrow in HEADLINE_QUALITY if arrow == "↓")
 SCENE_COUNTS = ("claims", "correct", "facts", "covered")
+# metric -> its value per image from a per-image table (distinctcap.evaluate.PER_IMAGE)
+PER_IMAGE_VALUES: dict[str, Callable[[pd.DataFrame], pd.Series]] = {
+    "r_at_1": lambda t: (t.clip_rank <= 1).astype(float),  # the hit of R@1 (recall_at_k)
+    "mean_rank": lambda t: t.clip_rank.astype(float),
+    "clipscore": lambda t: t.clipscore.astype(float),
+}
 
 
 def first_captions(generated: pd.DataFrame) -> pd.Series:
@@ -95,15 +110,27 @@ def mean_statistic(n: int) -> Callable[[np.ndarray], np.ndarray]:
     return lambda sums: sums[..., 0] / n
 
 
-def verdict(low: float, high: float) -> str:
-    """Better / worse only where the interval excludes 0 (every metric here is higher-better)."""
+def verdict(low: float, high: float, lower_better: bool = False) -> str:
+    """Better / worse only where the interval of run minus reference excludes 0: above 0 is
+    better for a higher-better metric, below 0 for a lower-better one (mean rank)."""
     if np.isnan(low) or np.isnan(high):
         return "undefined"
-    if low > 0:
-        return "better"
-    if high < 0:
-        return "worse"
+    if low > 0 or high < 0:
+        return "better" if (low > 0) != lower_better else "worse"
     return "no significant difference"
+
+
+def per_image_scores(
+    ours: pd.DataFrame, theirs: pd.DataFrame, shared: pd.Index
+) -> dict[str, tuple[np.ndarray, np.ndarray, Callable[[np.ndarray], np.ndarray]]]:
+    """metric -> (run's, reference's (images, 1) values on `shared`, mean statistic) for each of
+    `PER_IMAGE_VALUES`, from two per-image tables (image_id, clip_rank, clipscore)."""
+    a, b = ours.set_index("image_id").loc[shared], theirs.set_index("image_id").loc[shared]
+    return {
+        metric: (value(a).to_numpy()[:, None], value(b).to_numpy()[:, None],
+                 mean_statistic(len(shared)))
+        for metric, value in PER_IMAGE_VALUES.items()
+    }  # fmt: skip
 
 
 def compare_runs(
@@ -114,10 +141,14 @@ def compare_runs(
     runs: dict | None = None,
     n_boot: int = 1000,
     seed: int = 0,
+    per_image: dict[tuple[str, str, str], pd.DataFrame] | None = None,
 ) -> pd.DataFrame:
     """One row per (run, decoding, split, metric) against `reference` under the same split and
-    decoding, runs in report order (`runs`: the config's blocks); `generated` maps (run,
-    split, decoding) to its generated table."""
+    decoding, runs in report order (`runs`: the config's blocks); `generated` and `per_image`
+    map (run, split, decoding) to its generated table and its evaluate per-image table (R@1,
+    mean rank, CLIPScore; left out where either side has none). Images: those both runs
+    captioned (and, for the per-image metrics, both tables hold)."""
+    per_image = per_image or {}
     refs = captions.groupby("image_id").text.agg(list).to_dict()
     scenes = images.set_index("image_id").scene if "scene" in images.columns else None
     rows = []
@@ -134,13 +165,17 @@ def compare_runs(
                 mean_statistic(len(shared)),
             )
         }
+        a, b = per_image.get((run, split, decoding)), per_image.get((reference, split, decoding))
+        if a is not None and b is not None:
+            both = shared.intersection(a.image_id).intersection(b.image_id)
+            scores |= per_image_scores(a, b, both)
         if scenes is not None:
             a, b = scene_counts(ours, scenes), scene_counts(theirs, scenes)
             scores |= {"scene_precision": (a, b, micro_precision), "scene_f1": (a, b, micro_f1)}
         for metric, (a, b, statistic) in scores.items():
             value, ref, diff, low, high = paired_bootstrap(a, b, statistic, n_boot, seed)
             rows.append([run, decoding, split, metric, value, ref, diff, low, high,
-                         verdict(low, high)])
+                         verdict(low, high, metric in LOWER_BETTER)])
     table = pd.DataFrame(rows, columns=COLUMNS)
     order = {name: i for i, name in enumerate(run_order(runs or {r: {} for r in table.run}))}
     position = np.argsort(table.run.map(order).to_numpy(), kind="stable")
@@ -171,7 +206,8 @@ def markdown(table: pd.DataFrame, reference: str) -> str:
     lines = [
         f"Difference against the MLE reference `{reference}` (run minus reference, same images,"
         " split and decoding) with its paired bootstrap 95 % interval; **better** / **worse**"
-        " only where the interval excludes 0.",
+        " only where the interval excludes 0 (↓: lower is better, a negative difference is"
+        " better).",
         "",
         "| " + " | ".join(headers) + " |",
         "|---" * len(headers) + "|",

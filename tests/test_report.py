@@ -386,3 +386,19 @@ def test_no_chromium_says_what_to_install(monkeypatch, tmp_path):
         browser.render_dom(tmp_path / "report.html")
     with pytest.raises(DistinctcapError, match="no report at"):
         browser.screenshot(tmp_path / "missing.html", tmp_path / "front.png")
+
+
+def test_front_page_table_cells_render_as_written():
+    """A missing value ("-") stays a dash in the report, not an empty bullet list; R@1 and
+    snake_case names stay as written (docutils, as snakemake --report renders the page)."""
+    from docutils.core import publish_parts
+    from docutils.writers.html4css1 import Writer
+
+    from distinctcap.report.browser import parse_page
+    from distinctcap.report.front import rst_table
+
+    headers = ["run", "R@1 ↑", "difference"]
+    rows = [["teacher_neg (MLE on D-)", "-", "-0.125"], ["+x", "*a*", "0.5"]]
+    html = publish_parts("\n".join(rst_table(headers, rows)), writer=Writer())["body"]
+    assert "<li>" not in html
+    assert parse_page(html).tables[0].rows == [headers, *rows]

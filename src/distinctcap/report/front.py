@@ -50,11 +50,17 @@ def escape(text: object) -> str:
     return re.sub(r"([\\*`|_@<>\[\]])", r"\\\1", str(text))
 
 
+def cell(text: object) -> str:
+    """A list-table cell: escaped, and a leading - or + kept as text (a bare "-", the headline's
+    missing value, would otherwise render as an empty bullet list)."""
+    return re.sub(r"^([-+])", r"\\\1", escape(text))
+
+
 def rst_table(headers: list[str], rows: list[list[str]]) -> list[str]:
     lines = [".. list-table::", "   :header-rows: 1", ""]
     for row in [headers, *rows]:
-        lines.append(f"   * - {escape(row[0])}")
-        lines += [f"     - {escape(cell)}" for cell in row[1:]]
+        lines.append(f"   * - {cell(row[0])}")
+        lines += [f"     - {cell(text)}" for text in row[1:]]
     return [*lines, ""]
 
 

@@ -3,14 +3,18 @@ Chromium (Debian's `chromium` package; `.ci/chromium/install.sh`), through its c
 no Playwright. The report is a single-file app that draws its front page after load, so every
 call gives the page a virtual-time budget (timers and script run ahead without real waiting)
 before Chromium dumps the DOM or takes the screenshot. `parse_page` reads the dumped DOM back:
-its visible text and its tables, in the order a reader meets them.
+its visible text and its tables, in the order a reader meets them; `layout` measures where
+elements sit in the window (a DOM can hold the headline table where no reader can see it).
 
 Light (subprocess, tempfile, html.parser): no torch, no pandas.
 """
 
 from __future__ import annotations
 
+import html
+import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -37,6 +41,15 @@ FLAGS = (
 # loading (a 1 ms budget already showed it), so this is margin for timers; virtual time runs
 # ahead of the clock: 10 s of it took no longer than 1 ms (about 2.5 s a call on 2 busy cores).
 VIRTUAL_TIME_MS = 10_000
+
+
+def window(width: int, height: int) -> list[str]:
+    """Flags for a `width` x `height` viewport. --window-size alone leaves headless Chromium's
+    page 143 px shorter than the screenshot (room for a browser bar it does not draw, measured
+    with Chromium 156): the app's window-high parts then stop short in the picture, and layout
+    is measured in a window other than the one shown. A screen of that size and kiosk mode (no
+    browser bar) make the viewport exactly the screenshot."""
+    return [f"--window-size={width},{height}", f"--screen-info={{{width}x{height}}}", "--kiosk"]
 
 
 def find_chromium() -> str:
@@ -90,6 +103,52 @@ def render_dom(report_html: Path, virtual_time_ms: int = VIRTUAL_TIME_MS) -> str
     return run_chromium(report_html, "--dump-dom", virtual_time_ms=virtual_time_ms).stdout
 
 
+# Appended to a copy of the report: once the app has drawn, the window's size and each
+# selector's first element's box (relative to the window) go into an attribute of <html>.
+PROBE = """<script>
+window.addEventListener("load", () => setTimeout(() => {
+  const boxes = {};
+  for (const [name, selector] of Object.entries(%s)) {
+    const found = document.querySelector(selector);
+    const box = found && found.getBoundingClientRect();
+    boxes[name] = box && {top: box.top, bottom: box.bottom, left: box.left, right: box.right};
+  }
+  boxes.window = {width: window.innerWidth, height: window.innerHeight};
+  document.documentElement.setAttribute("data-distinctcap-layout", JSON.stringify(boxes));
+}, 500));
+</script>"""
+
+
+def layout(
+    report_html: Path,
+    selectors: dict[str, str],
+    width: int = 1400,
+    height: int = 1000,
+    virtual_time_ms: int = VIRTUAL_TIME_MS,
+) -> dict[str, dict | None]:
+    """Where the first element matching each of `selectors` ({name: CSS selector}) sits in a
+    `width` x `height` window, unscrolled: {name: {top, bottom, left, right} in CSS pixels, or
+    None when nothing matches}, and "window": the viewport's {width, height}."""
+    report_html = Path(report_html)
+    if not report_html.is_file():
+        raise DistinctcapError(f"no report at {report_html} (build it with `make report`)")
+    page = report_html.read_text()
+    end = page.rfind("</body>")
+    if end < 0:
+        raise DistinctcapError(f"{report_html} has no </body>: not a report")
+    probe = PROBE % json.dumps(selectors)
+    with tempfile.TemporaryDirectory(prefix="distinctcap-layout-") as tmp:
+        probed = Path(tmp) / report_html.name
+        probed.write_text(page[:end] + probe + page[end:])
+        dom = run_chromium(
+            probed, *window(width, height), "--dump-dom", virtual_time_ms=virtual_time_ms
+        ).stdout
+    found = re.search(r'data-distinctcap-layout="([^"]*)"', dom)
+    if found is None:
+        raise DistinctcapError(f"the layout probe did not run in {report_html}")
+    return json.loads(html.unescape(found.group(1)))
+
+
 def screenshot(
     report_html: Path,
     out_png: Path,
@@ -97,14 +156,14 @@ def screenshot(
     height: int = 1000,
     virtual_time_ms: int = VIRTUAL_TIME_MS,
 ) -> Path:
-    """A PNG of the report's first `width` x `height` pixels, as a browser window shows it."""
+    """A PNG of the report's first `width` x `height` pixels, as a window that size shows it."""
     out_png = Path(out_png).resolve()
     out_png.parent.mkdir(parents=True, exist_ok=True)
     out_png.unlink(missing_ok=True)  # a PNG left from before must not pass for this one
     done = run_chromium(
         report_html,
         f"--screenshot={out_png}",
-        f"--window-size={width},{height}",
+        *window(width, height),
         virtual_time_ms=virtual_time_ms,
     )
     if not out_png.is_file():

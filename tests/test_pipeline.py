@@ -1,9 +1,13 @@
 """End to end: the whole DAG on the tiny config with `snakemake --cores 2`, as users run it."""
 
+import os
 import shutil
+import subprocess
+import sys
 
 import pandas as pd
 import pytest
+import yaml
 from conftest import ROOT, snakemake, tiny_config
 
 pytestmark = pytest.mark.slow
@@ -91,11 +95,78 @@ def test_entropy_fraction_edit_reruns_only_the_split_and_dependents(finished):
         assert upstream not in text, upstream
 
 
-def test_html_report_builds(finished):
+@pytest.fixture(scope="module")
+def report(finished):
+    """The finished run's report (`snakemake --report`), built once for the checks below."""
     workdir, _ = finished
     result = snakemake(workdir, "--report", "results/report.html")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert (workdir / "results/report.html").stat().st_size > 10_000
+    return workdir / "results/report.html"
+
+
+def test_html_report_builds(report):
+    assert report.stat().st_size > 10_000
+
+
+@pytest.fixture(scope="module")
+def chromium() -> None:
+    """Skipped without a Chromium, unless DISTINCTCAP_REQUIRE_CHROMIUM=1 (CI), where it fails."""
+    from distinctcap.errors import DistinctcapError
+    from distinctcap.report.browser import find_chromium
+
+    try:
+        find_chromium()
+    except DistinctcapError as err:
+        if os.environ.get("DISTINCTCAP_REQUIRE_CHROMIUM") == "1":
+            pytest.fail(f"DISTINCTCAP_REQUIRE_CHROMIUM=1 but {err}")
+        pytest.skip(str(err))
+
+
+def test_the_report_opens_on_the_headline_table_in_chromium(finished, report, chromium, tmp_path):
+    """Issue 20: the report as a researcher opens it, in headless Chromium. The first table on
+    the rendered front page is the headline table of summary.csv (the arrowed headers, one row
+    per run, reference first), after the title and before how to read it; in a 1400 x 1000
+    window the title and the whole table are in sight, unscrolled, clear of the rule graph
+    beside them; tools/report_screenshot.py writes a PNG of the asked size."""
+    from PIL import Image
+
+    from distinctcap.report.browser import layout, parse_page, render_dom
+    from distinctcap.report.summary import headline_table, pick_decodings
+
+    workdir, config = finished
+    page = parse_page(render_dom(report))
+    assert page.tables, page.text[:3000]
+    first = page.tables[0]
+    summary = pd.read_csv(workdir / "results/metrics/summary.csv")
+    runs = yaml.safe_load((workdir / "config.yaml").read_text())["runs"]  # as snakemake read it
+    headers, rows = headline_table(summary, runs, "test", *pick_decodings(summary))
+    assert first.rows == [headers, *rows], page.text[:3000]
+    assert first.rows[0][:2] == ["run", "BLEU-4 ↑"] and "mean rank ↓" in first.rows[0]
+    assert first.rows[1][0] == "reference (MLE)" and len(first.rows) == 1 + len(config["runs"])
+    before = page.text[: first.at]
+    assert "distinctcap: distinctive captioning on shapes" in before and "Headline" in before
+    assert "How to read it" not in before and "What was run" not in before
+
+    # Snakemake centres the front page in a window-high box: unless report.front top-aligns
+    # it, a page taller than the window starts above the window, out of reach of scrolling.
+    at = layout(report, {"title": "#app .document h1", "table": "#app .document table",
+                         "graph": "#rulegraph"}, width=1400, height=1000)  # fmt: skip
+    title, table, graph = at["title"], at["table"], at["graph"]
+    assert at["window"] == {"width": 1400, "height": 1000}
+    assert 0 <= title["top"] < title["bottom"] <= table["top"], at
+    assert table["bottom"] <= 1000 and table["right"] <= graph["left"], at
+
+    png = tmp_path / "front.png"
+    tool = [sys.executable, str(ROOT / "tools/report_screenshot.py"), str(report), str(png)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run([*tool, "--width", "1200", "--height", "900"], env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with Image.open(png) as image:
+        assert image.size == (1200, 900)
+        colours = image.convert("RGB").getcolors(maxcolors=1 << 16)
+    assert colours is None or len(colours) > 50  # text and the sidebar, not a blank page
 
 
 def test_a_trained_run_folder_captions_new_images(finished, tmp_path):

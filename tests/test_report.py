@@ -369,3 +369,53 @@ def test_every_paper_table_exports_to_latex_and_csv(metrics, tmp_path):
     with_rows = {(s, k, b.title) for s, k, b in every if b.rows}
     assert set(map(tuple, table[["section", "kind", "table"]].values)) == with_rows
     assert "skipped [1]" in set(table.value)
+
+
+def test_the_rendered_page_is_read_as_a_reader_sees_it():
+    """parse_page: visible text and tables in order; scripts and hidden elements left out."""
+    from distinctcap.report.browser import parse_page
+
+    dom = (
+        "<html><head><title>t</title></head><body>"
+        '<div style="display: none"><p>Loading...</p></div>'
+        "<script>x = '<table><tr><td>code</td></tr></table>'</script>"
+        "<h1>Title</h1><p><strong>Headline</strong> (test)<br></p>"
+        "<table><thead><tr><th>run</th><th>BLEU-4 ↑</th></tr></thead>"
+        "<tbody><tr><td><p>reference (MLE)</p></td><td>0.250</td></tr></tbody></table>"
+        "<p>How to read it.</p><table><tr><td>second</td></tr></table></body></html>"
+    )
+    page = parse_page(dom)
+    assert page.text.startswith("Title Headline (test) run BLEU-4 ↑")
+    assert "Loading" not in page.text and "code" not in page.text
+    assert [t.rows for t in page.tables] == [
+        [["run", "BLEU-4 ↑"], ["reference (MLE)", "0.250"]], [["second"]]
+    ]
+    assert page.text[page.tables[0].at :].startswith("run BLEU-4")
+
+
+def test_no_chromium_says_what_to_install(monkeypatch, tmp_path):
+    from distinctcap.report import browser
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("DISTINCTCAP_CHROMIUM", raising=False)
+    (tmp_path / "report.html").write_text("<html></html>")
+    with pytest.raises(DistinctcapError, match="install Debian's `chromium` package"):
+        browser.render_dom(tmp_path / "report.html")
+    with pytest.raises(DistinctcapError, match="no report at"):
+        browser.screenshot(tmp_path / "missing.html", tmp_path / "front.png")
+
+
+def test_front_page_table_cells_render_as_written():
+    """A missing value ("-") stays a dash in the report, not an empty bullet list; R@1 and
+    snake_case names stay as written (docutils, as snakemake --report renders the page)."""
+    from docutils.core import publish_parts
+    from docutils.writers.html4css1 import Writer
+
+    from distinctcap.report.browser import parse_page
+    from distinctcap.report.front import rst_table
+
+    headers = ["run", "R@1 ↑", "difference"]
+    rows = [["teacher_neg (MLE on D-)", "-", "-0.125"], ["+x", "*a*", "0.5"]]
+    html = publish_parts("\n".join(rst_table(headers, rows)), writer=Writer())["body"]
+    assert "<li>" not in html
+    assert parse_page(html).tables[0].rows == [headers, *rows]

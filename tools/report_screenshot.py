@@ -1,31 +1,36 @@
 """Screenshot the front page of a Snakemake report in headless Chromium.
 
-    python tools/report_screenshot.py results/report.html front.png
+    python tools/report_screenshot.py results/report.html front.png [--width 1400 --height 1000]
 
-Needs Playwright and its Chromium (`pip install playwright && playwright install chromium`),
-which are not in requirements.txt: the machines this project is built on cannot download
-browsers, so no test depends on it. The page is a single-file app that renders its front page
-(the workflow description: headline table first) after load, hence the wait.
+Needs Debian's `chromium` package (`apt-get install chromium`, or `.ci/chromium/install.sh`),
+driven through its command line by `distinctcap.report.browser`: no Playwright, no downloaded
+browser. The page is a single-file app that draws its front page (the workflow description:
+headline table first) after load; the browser gives it a virtual-time budget first. CI runs the
+same code on a real report (tests/test_pipeline.py) and fails without the browser.
 """
 
+import argparse
 import sys
 from pathlib import Path
 
+from distinctcap.errors import DistinctcapError
+from distinctcap.report.browser import screenshot
 
-def screenshot(report: Path, out: Path, width: int = 1400, height: int = 1000) -> None:
-    from playwright.sync_api import sync_playwright
 
-    with sync_playwright() as p:
-        browser = p.chromium.launch()
-        page = browser.new_page(viewport={"width": width, "height": height})
-        page.goto(report.resolve().as_uri())
-        page.wait_for_load_state("networkidle")
-        page.wait_for_timeout(1000)  # the report's React app renders after load
-        page.screenshot(path=str(out), full_page=False)
-        browser.close()
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("report", type=Path, help="report.html from snakemake --report")
+    parser.add_argument("out", type=Path, help="the PNG to write")
+    parser.add_argument("--width", type=int, default=1400)
+    parser.add_argument("--height", type=int, default=1000)
+    args = parser.parse_args(argv)
+    try:
+        print(screenshot(args.report, args.out, args.width, args.height))
+    except DistinctcapError as err:
+        print(f"report_screenshot: {err}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        sys.exit(__doc__)
-    screenshot(Path(sys.argv[1]), Path(sys.argv[2]))
+    sys.exit(main())

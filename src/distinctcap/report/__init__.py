@@ -7,6 +7,9 @@ all wired into `snakemake --report`:
   against the MLE reference (rule `report_tables`: tables.md, tables.html).
 - plots: training curves, metric bars, CIDEr vs number of samples (rule `report_plots`).
 - gallery: images with every run's captions, PNG and HTML (rule `report_gallery`).
+- front: the report's front page (the Snakefile's `report:`), headline table first.
+- browser: the built report.html in headless Chromium (DOM, screenshot); no rule, used by
+  tools/report_screenshot.py and the tests.
 
 Import from the module that owns a function; this package re-exports nothing.
 """

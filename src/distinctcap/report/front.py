@@ -50,11 +50,17 @@ def escape(text: object) -> str:
     return re.sub(r"([\\*`|_@<>\[\]])", r"\\\1", str(text))
 
 
+def cell(text: object) -> str:
+    """A list-table cell: escaped, and a leading - or + kept as text (a bare "-", the headline's
+    missing value, would otherwise render as an empty bullet list)."""
+    return re.sub(r"^([-+])", r"\\\1", escape(text))
+
+
 def rst_table(headers: list[str], rows: list[list[str]]) -> list[str]:
     lines = [".. list-table::", "   :header-rows: 1", ""]
     for row in [headers, *rows]:
-        lines.append(f"   * - {escape(row[0])}")
-        lines += [f"     - {escape(cell)}" for cell in row[1:]]
+        lines.append(f"   * - {cell(row[0])}")
+        lines += [f"     - {cell(text)}" for text in row[1:]]
     return [*lines, ""]
 
 
@@ -149,13 +155,28 @@ def links(results: Path) -> list[str]:
     return ["**Where to look.**", "", *(f"- `{name}`_: {what}" for name, what in found), ""]
 
 
+# Snakemake's report (9.x, html_reporter ContentDisplay) centres the front page vertically in
+# a window-high scrolling box ("flex items-center h-screen overflow-auto"). A page taller than
+# the window overflows above that box's top, where no scrolling reaches: the reader landed
+# mid-page, title and headline table out of reach (the default's page is about 3,400 px high).
+# The text column (capped at 32rem) also grows to the headline table's width: the table ran
+# past it, under the rule graph. The style sits inside the front page, so it holds only while
+# the front page is shown.
+TOP_ALIGNED = """\
+.. raw:: html
+
+   <style>#app div.items-center.justify-center.h-screen.overflow-auto {align-items: flex-start}
+   #app .prose.max-w-lg {max-width: none; width: 32rem; min-width: min-content}</style>
+"""
+
+
 def front_page(config: dict, results: Path) -> str:
     title = f"distinctcap: distinctive captioning on {config['data']['source']}"
     lines = [
         title, "=" * len(title), "",
         *headline(results, config["runs"]), *versus(results), HOW_TO_READ,
         *what_was_run(config), *clip_retrieval(results), *entropy_extremes(results),
-        *links(results),
+        *links(results), TOP_ALIGNED,
     ]
     return "\n".join(lines)
 

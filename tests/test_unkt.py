@@ -381,6 +381,7 @@ def test_every_preset_entry_trains_and_decodes(tmp_path, data, negatives):
             **base,
             "name": name,
             **block,
+            "train": {**base["train"], **block.get("train", {})},  # the arm's selection too
             "warmup_epochs": 0.2,
             "paths": {"teacher": str(paths[block["teacher"]]), "d_minus": str(negatives)},
         }

@@ -136,7 +136,11 @@ def headline_markdown(
     diversity: str = "sample20",
 ) -> str:
     """The README's results table from summary.csv (`headline_table` as markdown)."""
-    headers, rows = headline_table(summary, runs, split, quality, diversity)
+    return markdown_table(*headline_table(summary, runs, split, quality, diversity))
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A markdown table of string cells, ending in a newline."""
     lines = ["| " + " | ".join(headers) + " |", "|---" * len(headers) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines) + "\n"
@@ -158,12 +162,13 @@ def sampled_quality_markdown(summary: pd.DataFrame, runs: dict, split: str = "te
     rows = summary[summary.split == split].set_index(["run", "decoding"])
     reference = reference_run(runs)
     names = [n for n in run_order(runs) if n == reference or runs[n].get("method") == "unkt"]
-    lines = ["| run | " + " | ".join(f"{h} {a}" for h, *_, a in SAMPLED_QUALITY) + " |"]
-    lines.append("|---" * (len(SAMPLED_QUALITY) + 1) + "|")
-    for name in names:
-        cells = [_cell(rows, (name, d), col, digits) for _, d, col, digits, _ in SAMPLED_QUALITY]
-        lines.append(f"| {run_label(name, runs[name])} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    headers = ["run"] + [f"{h} {a}" for h, *_, a in SAMPLED_QUALITY]
+    table = [
+        [run_label(name, runs[name])]
+        + [_cell(rows, (name, d), col, digits) for _, d, col, digits, _ in SAMPLED_QUALITY]
+        for name in names
+    ]
+    return markdown_table(headers, table)
 
 
 def write_headline(summary: pd.DataFrame, runs: dict, csv: Path, md: Path, tex: Path) -> None:
@@ -234,12 +239,13 @@ def run_table(results: Path, split: str = "test") -> str:
     summary = read_summary(results) if done else pd.DataFrame(columns=[*KEYS, "cider", "r_at_1"])
     quality = pick_decodings(summary)[0] if done else "greedy"
     rows = summary[summary.split == split].set_index(["run", "decoding"])
-    lines = [f"| run | method | folder | CIDEr ({quality}) | R@1 ({quality}) |", "|---" * 5 + "|"]
-    for name in run_order({n: c["run"] for n, c in cards.items()}):
-        cells = [_cell(rows, (name, quality), column, 3) for column in ("cider", "r_at_1")]
-        folder = results / "runs" / name
-        lines.append(f"| {name} | {cards[name]['method']} | {folder} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    headers = ["run", "method", "folder", f"CIDEr ({quality})", f"R@1 ({quality})"]
+    table = [
+        [name, cards[name]["method"], str(results / "runs" / name)]
+        + [_cell(rows, (name, quality), column, 3) for column in ("cider", "r_at_1")]
+        for name in run_order({n: c["run"] for n, c in cards.items()})
+    ]
+    return markdown_table(headers, table)
 
 
 def _cell(rows: pd.DataFrame, key: tuple[str, str], column: str, digits: int) -> str:

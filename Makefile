@@ -68,4 +68,4 @@ times: install
 # fingerprint; commit both files. Needed only when the default's CLIP settings or world change.
 ship-clip: install
 	$(VENV)/bin/snakemake results/clip/shapes-rn-tiny.pt --cores $(CORES) --directory experiments/ship-clip --configfile presets/retrain-clip.yaml
-	$(PY) -m distinctcap.clip_assets experiments/ship-clip/results/clip assets/clip
+	$(PY) -m distinctcap.clip.assets experiments/ship-clip/results/clip assets/clip

@@ -23,10 +23,11 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from distinctcap.data.batches import CaptionData, ImageFeatures
+from distinctcap.captioner.model import Captioner, CaptionerConfig
+from distinctcap.data.batches import CaptionData
+from distinctcap.features.read import ImageFeatures
 from distinctcap.methods import METHODS
 from distinctcap.methods.base import TrainContext
-from distinctcap.model import Captioner, CaptionerConfig
 
 
 def make_data(images: int, per_image: int, grid: int, dv: int, dp: int, vocab: int, max_len: int):

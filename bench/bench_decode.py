@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 import torch
 
-from distinctcap.model import Captioner, CaptionerConfig
-from distinctcap.search import beam_search, greedy, sample
+from distinctcap.captioner.model import Captioner, CaptionerConfig
+from distinctcap.captioner.search import beam_search, greedy, sample
 
 
 def measure(

@@ -1,4 +1,4 @@
-"""Benchmark of distinctcap.entropy.retrieval_entropy (UNKT eq. 3); prints ratios.
+"""Benchmark of distinctcap.features.entropy.retrieval_entropy (UNKT eq. 3); prints ratios.
 
 1. Achieved FLOP/s of retrieval_entropy as a fraction of a plain dense matmul of the same
    shapes (text (Nt, D) @ images (Ni, D).T, full output) on the same device, in the same run;
@@ -21,7 +21,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from distinctcap.entropy import retrieval_entropy
+from distinctcap.features.entropy import retrieval_entropy
 
 
 def inputs(n_text: int, n_images: int, dim: int, device: str):

@@ -27,15 +27,16 @@ import open_clip
 import pandas as pd
 import torch
 
-from distinctcap.clip import load_clip, save_weights
-from distinctcap.config import EvalSettings, load_schema, validate
+from distinctcap.captioner.model import Captioner, CaptionerConfig
+from distinctcap.clip.load import load_clip
+from distinctcap.clip.train import save_weights
+from distinctcap.core.config import EvalSettings, load_schema, validate
+from distinctcap.core.io import read_table, write_table
 from distinctcap.data.prepare import prepare
 from distinctcap.data.shapes import LEVELS, caption
 from distinctcap.data.tokenizer import CaptionTokenizer
-from distinctcap.evaluate import EvalPaths, evaluate_decoding
-from distinctcap.features import FeatureSettings, extract_features
-from distinctcap.io import read_table, write_table
-from distinctcap.model import Captioner, CaptionerConfig
+from distinctcap.evaluate.stage import EvalPaths, evaluate_decoding
+from distinctcap.features.extract import FeatureSettings, extract_features
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"

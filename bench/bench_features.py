@@ -1,4 +1,4 @@
-"""Benchmark of CLIP feature extraction (distinctcap.features); prints ratios.
+"""Benchmark of CLIP feature extraction (distinctcap.features.extract); prints ratios.
 
 End-to-end image features/s (decode PNG, resize, DataLoader workers, forward with grid tokens,
 NaN check, parquet shards written atomically) as a fraction of the model-only forward/s of the
@@ -22,23 +22,18 @@ from pathlib import Path
 import open_clip
 import torch
 
-from distinctcap.clip import (
-    byte_transform,
-    load_clip,
-    load_images,
-    normalize,
-    save_weights,
-)
+from distinctcap.clip.load import byte_transform, load_clip, load_images, normalize
+from distinctcap.clip.train import save_weights
+from distinctcap.core.devices import resolve_device
+from distinctcap.core.io import read_table
 from distinctcap.data.prepare import prepare
-from distinctcap.devices import resolve_device
-from distinctcap.features import (
+from distinctcap.features.extract import (
     FeatureSettings,
     compute_dtype,
     extract_images,
     extract_texts,
-    plan_shards,
 )
-from distinctcap.io import read_table
+from distinctcap.features.store import plan_shards
 
 
 def shapes_world(root: Path, n: int, size: int = 64) -> tuple:

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from distinctcap.metrics import (
+from distinctcap.evaluate.metrics import (
     CocoTools,
     best_k,
     clipscore,
@@ -31,7 +31,7 @@ from distinctcap.metrics import (
     retrieval_ranks,
     self_cider,
 )
-from distinctcap.metrics.multisample import oracle_from_table, sample_score_table
+from distinctcap.evaluate.metrics.multisample import oracle_from_table, sample_score_table
 
 COLOURS = ["red", "blue", "green", "yellow", "purple", "orange", "white", "black"]
 SHAPES = ["circle", "square", "triangle", "star", "cross", "hexagon"]

@@ -4,7 +4,7 @@
         [--root scale-store] [--device cpu|cuda] [--keep]
         [--stages decode,evaluate,train,entropy,neighbours]
 
-For each size N it writes a synthetic store in the real on-disk format (`distinctcap.scale`:
+For each size N it writes a synthetic store in the real on-disk format (`bench/synthetic_store.py`:
 the features module's own shard writers) at COCO shape: grid 49 x 768 float16 plus pooled 512
 per image, 5 captions per image with their text embeddings, images / captions tables with
 splits (test fixed at 1,000 images so decode and evaluate do the same work at every N; val in
@@ -49,15 +49,15 @@ DEVICE = os.environ.get("BENCH_DEVICE", "cpu")  # the parent's --device, for its
 
 
 def coco_config() -> dict:
-    from distinctcap.config import load
+    from distinctcap.core.config import load
 
     return load(REPO / "config.coco.yaml", REPO / "workflow/schemas/config.schema.yaml")
 
 
 def stage_decode(store: Path, work: Path, max_len: int = 0) -> None:
+    from distinctcap.captioner.model import Captioner, CaptionerConfig
     from distinctcap.data.tokenizer import CaptionTokenizer
-    from distinctcap.decode import decode_run
-    from distinctcap.model import Captioner, CaptionerConfig
+    from distinctcap.evaluate.decode import decode_run
 
     model = work / "model.pt"
     if not model.is_file():
@@ -87,7 +87,8 @@ def stage_evaluate(store: Path, work: Path) -> None:
     import numpy as np
     import pandas as pd
 
-    from distinctcap.evaluate import (
+    from distinctcap.core.io import read_table, write_table
+    from distinctcap.evaluate.stage import (
         EvalPaths,
         EvalSettings,
         captions_by_image,
@@ -96,7 +97,6 @@ def stage_evaluate(store: Path, work: Path) -> None:
         nearest,
         read_generated,
     )
-    from distinctcap.io import read_table, write_table
 
     generated = work / "generated5.parquet"
     if not generated.is_file():  # 5 samples per test image (the decode stage wrote 1)
@@ -126,8 +126,8 @@ def stage_evaluate(store: Path, work: Path) -> None:
 
 
 def stage_train(store: Path, work: Path, steps: int = 20) -> None:
-    from distinctcap.config import effective_run_config
-    from distinctcap.train import train
+    from distinctcap.core.config import effective_run_config
+    from distinctcap.train.trainer import train
 
     cfg = effective_run_config(coco_config(), "reference")
     cfg["train"].update(
@@ -144,8 +144,8 @@ def stage_train(store: Path, work: Path, steps: int = 20) -> None:
 
 
 def stage_entropy(store: Path, work: Path) -> None:
-    from distinctcap.entropy import score_captions
-    from distinctcap.io import read_table, write_table
+    from distinctcap.core.io import read_table, write_table
+    from distinctcap.features.entropy import score_captions
 
     captions = read_table(store / "data/captions.parquet", "captions")
     scores = score_captions(store / "features/index.json", captions, device=DEVICE)
@@ -153,7 +153,7 @@ def stage_entropy(store: Path, work: Path) -> None:
 
 
 def stage_neighbours(store: Path, work: Path) -> None:
-    from distinctcap.neighbours import build_table
+    from distinctcap.features.neighbours import build_table
 
     build_table(
         store / "features/index.json",
@@ -229,7 +229,9 @@ def main() -> None:
         shutil.rmtree(store, ignore_errors=True)
         start = time.perf_counter()
         subprocess.run(
-            [sys.executable, "-c", f"from distinctcap.scale import write_store; "
+            [sys.executable, "-c",
+             f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+             "from synthetic_store import write_store; "
              f"write_store({str(store / 'store')!r}, {n})"],
             env=child_env(), check=True,
         )

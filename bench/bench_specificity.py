@@ -20,14 +20,15 @@ import numpy as np
 import open_clip
 import torch
 
-import distinctcap.clip  # noqa: F401  (registers shapes-vit-tiny)
-from distinctcap.data.batches import CaptionData, ImageFeatures
+import distinctcap.clip.weights  # noqa: F401  (registers shapes-vit-tiny)
+from distinctcap.captioner.model import Captioner, CaptionerConfig
+from distinctcap.data.batches import CaptionData
 from distinctcap.data.tokenizer import CaptionTokenizer
+from distinctcap.features.neighbours import NeighbourTable, top_neighbours
+from distinctcap.features.read import ImageFeatures
 from distinctcap.methods import METHODS
 from distinctcap.methods.base import TrainContext
 from distinctcap.methods.specificity import generate_ids, output_probs
-from distinctcap.model import Captioner, CaptionerConfig
-from distinctcap.neighbours import NeighbourTable, top_neighbours
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""Trainer overhead: steps/s of distinctcap.train.train as a fraction of a bare loop.
+"""Trainer overhead: steps/s of distinctcap.train.trainer.train as a fraction of a bare loop.
 
 The bare loop runs the same model on the same micro-batches (precomputed, already on the
 device) with the same arithmetic as the MLE objective (one encoder pass per image, decoder,
@@ -21,11 +21,12 @@ import time
 import numpy as np
 import torch
 
-from distinctcap.data.batches import BatchOrder, CaptionData, ImageFeatures, encode_batch
-from distinctcap.devices import resolve_device
-from distinctcap.losses import mle_loss
-from distinctcap.model import Captioner, CaptionerConfig
-from distinctcap.train import RunData, TrainConfig, autocast_dtype, make_optimizer, train
+from distinctcap.captioner.model import Captioner, CaptionerConfig
+from distinctcap.core.devices import resolve_device
+from distinctcap.data.batches import BatchOrder, CaptionData, encode_batch
+from distinctcap.features.read import ImageFeatures
+from distinctcap.methods.losses import mle_loss
+from distinctcap.train.trainer import RunData, TrainConfig, autocast_dtype, make_optimizer, train
 
 CAPTIONER = {
     "vocab_size": 69,

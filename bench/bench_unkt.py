@@ -31,13 +31,14 @@ import numpy as np
 import pandas as pd
 import torch
 
-from distinctcap.data.batches import BatchOrder, CaptionData, ImageFeatures
-from distinctcap.losses import mle_loss
+from distinctcap.captioner.model import Captioner, CaptionerConfig
+from distinctcap.data.batches import BatchOrder, CaptionData
+from distinctcap.features.read import ImageFeatures
 from distinctcap.methods import METHODS
 from distinctcap.methods.base import TrainContext
+from distinctcap.methods.losses import mle_loss
 from distinctcap.methods.unkt import run_decoder
-from distinctcap.model import Captioner, CaptionerConfig
-from distinctcap.train import TrainConfig, autocast_dtype, make_optimizer
+from distinctcap.train.trainer import TrainConfig, autocast_dtype, make_optimizer
 
 
 def sizes(paper: bool) -> tuple[CaptionerConfig, int]:

@@ -2,7 +2,7 @@
 # GPU check, under 8 minutes on one GPU:
 #  1. the tiny DAG (tests/tiny_config.yaml) with `device: cuda` and the local-gpu profile in a
 #     temp folder; every GPU rule's log must say `device: cuda:<i> (<GPU name>)` (the line
-#     distinctcap.devices.job_device writes at a job's start); without Java the DAG stops
+#     distinctcap.core.devices.job_device writes at a job's start); without Java the DAG stops
 #     after decode (the evaluation's text metrics need Java);
 #  2. the trainer, entropy and feature benchmarks on the GPU, at COCO sizes where they have
 #     them; their ratio lines are printed at the end.
@@ -42,7 +42,7 @@ export HF_HUB_OFFLINE=1 MPLBACKEND=Agg PYTHONUNBUFFERED=1
 # -- 0. a usable GPU, or one line why not -------------------------------------------------------
 "$PYTHON" - <<'EOF' || exit 1
 import sys
-from distinctcap.devices import cuda_problem, gpu_requirement
+from distinctcap.core.devices import cuda_problem, gpu_requirement
 problem = cuda_problem()
 if problem:
     sys.exit(f"gpu_check: no usable GPU: {problem}; {gpu_requirement()}")

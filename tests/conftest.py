@@ -67,7 +67,7 @@ def tiny_captioner(vocab: int, visual_dim: int, pooled_dim: int, seed: int = 0, 
     """A seeded random captioner of the tests' tiny size (`TINY_CAPTIONER`, with overrides)."""
     import torch
 
-    from distinctcap.model import Captioner, CaptionerConfig
+    from distinctcap.captioner.model import Captioner, CaptionerConfig
 
     torch.manual_seed(seed)
     cfg = CaptionerConfig(vocab, visual_dim, pooled_dim, **{**TINY_CAPTIONER, **overrides})

@@ -17,14 +17,16 @@ import pandas as pd
 import torch
 from conftest import ROOT
 
-from distinctcap.clip import load_clip, save_weights
-from distinctcap.config import load_schema, validate
+from distinctcap.captioner.model import Captioner, CaptionerConfig
+from distinctcap.clip.load import load_clip
+from distinctcap.clip.train import save_weights
+from distinctcap.core.config import load_schema, validate
+from distinctcap.core.io import read_table, write_table
 from distinctcap.data.prepare import prepare
 from distinctcap.data.shapes import GENERIC
 from distinctcap.data.tokenizer import CaptionTokenizer
-from distinctcap.features import FeatureSettings, extract_features, load_image_features
-from distinctcap.io import read_table, write_table
-from distinctcap.model import Captioner, CaptionerConfig
+from distinctcap.features.extract import FeatureSettings, extract_features
+from distinctcap.features.read import load_image_features
 
 N_TEST = 12
 SAMPLES = 4

@@ -1,6 +1,6 @@
 """A new user captions a folder of their own PNG/JPEG images with a run folder: one command
 (`python -m distinctcap caption`, the `distinctcap` console script) or three lines of Python.
-The run folder is built as rule run_card builds one (distinctcap.runcard), around a seeded
+The run folder is built as rule run_card builds one (distinctcap.runs.runcard), around a seeded
 untrained captioner and CLIP, so no training is needed; the pipeline test captions with a
 trained one."""
 
@@ -16,7 +16,7 @@ import pytest
 from conftest import ROOT, tiny_captioner
 from PIL import Image, ImageDraw
 
-from distinctcap.errors import DistinctcapError
+from distinctcap.core.errors import DistinctcapError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ARCH = "shapes-rn-tiny"
@@ -26,7 +26,7 @@ def save_clip(path, seed):
     import open_clip
     import torch
 
-    from distinctcap.clip import save_weights
+    from distinctcap.clip.train import save_weights
 
     torch.manual_seed(seed)
     save_weights(open_clip.create_model(ARCH), path)
@@ -37,11 +37,11 @@ def run_dir(tmp_path_factory):
     """results/runs/smile of a results folder, as the pipeline leaves it."""
     import torch
 
-    from distinctcap.clip import load_clip
+    from distinctcap.clip.load import load_clip
+    from distinctcap.core.io import write_json
     from distinctcap.data.tokenizer import CaptionTokenizer
-    from distinctcap.features import grid_token_count, manifest
-    from distinctcap.io import write_json
-    from distinctcap.runcard import write_run_card
+    from distinctcap.features.extract import grid_token_count, manifest
+    from distinctcap.runs.runcard import write_run_card
 
     results = tmp_path_factory.mktemp("results")
     clip_path = results / "clip" / f"{ARCH}.pt"
@@ -52,7 +52,7 @@ def run_dir(tmp_path_factory):
     tokenizer.save(results / "vocab.json")
     write_json({"manifest": manifest(clip, torch.float32)}, results / "index.json")
     blank = torch.zeros(1, 3, 64, 64)
-    from distinctcap.features import pooled_and_grid
+    from distinctcap.features.extract import pooled_and_grid
 
     with torch.inference_mode():
         pooled, grid = pooled_and_grid(clip.model.visual, blank)
@@ -130,7 +130,7 @@ def test_three_lines_of_python_give_the_commands_captions(run_dir, photos):
 
 def test_the_console_script_is_the_module_command():
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts == {"distinctcap": "distinctcap.cli:main"}
+    assert scripts == {"distinctcap": "distinctcap.runs.cli:main"}
     done = cli("--help")
     assert done.returncode == 0 and "caption" in done.stdout and "compare" in done.stdout
 
@@ -167,7 +167,7 @@ def test_runs_and_compare_list_the_results_folder(run_dir):
 
 
 def test_compare_orders_reference_teachers_methods(tmp_path):
-    from distinctcap.io import write_json
+    from distinctcap.core.io import write_json
     from distinctcap.report.summary import SUMMARY_BASE, SUMMARY_TAIL, compare_table
 
     blocks = {
@@ -195,7 +195,7 @@ def test_compare_orders_reference_teachers_methods(tmp_path):
 
 def test_importing_the_package_and_the_command_loads_no_torch():
     code = (
-        "import sys, distinctcap, distinctcap.cli, distinctcap.runcard; "
+        "import sys, distinctcap, distinctcap.runs.cli, distinctcap.runs.runcard; "
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'open_clip'}))"
     )
     done = subprocess.run(

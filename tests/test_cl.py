@@ -11,16 +11,17 @@ import torch
 import yaml
 from conftest import ROOT, shrink_runs, tiny_captioner
 
-from distinctcap.config import effective_run_config, load_schema, validate
-from distinctcap.data.batches import CaptionData, ImageFeatures
-from distinctcap.errors import DistinctcapError
-from distinctcap.losses import contrastive_loss
+from distinctcap.captioner.model import Captioner
+from distinctcap.captioner.search import sequence_logprob
+from distinctcap.core.config import effective_run_config, load_schema, validate
+from distinctcap.core.errors import DistinctcapError
+from distinctcap.data.batches import CaptionData
+from distinctcap.features.read import ImageFeatures
 from distinctcap.methods import METHODS
 from distinctcap.methods.base import TrainContext
 from distinctcap.methods.cl import ContrastiveLearning, sample_negatives, step_generator
-from distinctcap.model import Captioner
-from distinctcap.search import sequence_logprob
-from distinctcap.train import RunData, Trainer, train
+from distinctcap.methods.losses import contrastive_loss
+from distinctcap.train.trainer import RunData, Trainer, train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

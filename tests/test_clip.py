@@ -17,23 +17,22 @@ import pytest
 import torch
 from PIL import Image
 
-from distinctcap import clip as clip_module
-from distinctcap.clip import (
+from distinctcap.clip import train as clip_module
+from distinctcap.clip.assets import ship_weights
+from distinctcap.clip.load import byte_transform, load_clip, normalize
+from distinctcap.clip.text import encode_text
+from distinctcap.clip.train import (
     TrainSettings,
-    byte_transform,
     fingerprint_mismatch,
-    load_clip,
     load_training,
     lr_at,
-    normalize,
     retrieval_recall,
     save_weights,
     train_clip,
 )
-from distinctcap.clip_assets import ship_weights
+from distinctcap.core.devices import resolve_device
+from distinctcap.core.errors import DistinctcapError
 from distinctcap.data import shapes
-from distinctcap.devices import resolve_device
-from distinctcap.errors import DistinctcapError
 
 ARCH = "shapes-vit-tiny"
 ROOT = Path(__file__).resolve().parents[1]
@@ -142,7 +141,7 @@ SRC = str(Path(__file__).resolve().parents[1] / "src")
 TRAIN_SCRIPT = """
 import json, logging, sys, time
 import pandas as pd, torch
-from distinctcap import clip
+from distinctcap.clip import train as clip
 world, checkpoint, out, slow, settings = sys.argv[1:]
 logging.basicConfig(level=logging.INFO, stream=sys.stderr)
 torch.set_num_threads(1)
@@ -239,7 +238,7 @@ def test_mismatched_clip_checkpoint_is_set_aside_not_resumed(
         train_clip(images, captions, ARCH, settings, seed=1, device="cpu", checkpoint=checkpoint)
     assert checkpoint_epoch(checkpoint) == 2
 
-    with caplog.at_level(logging.INFO, logger="distinctcap.clip"):
+    with caplog.at_level(logging.INFO, logger="distinctcap.clip.train"):
         model, _ = train_clip(
             images, captions, ARCH, settings, seed=0, device="cpu", checkpoint=checkpoint
         )
@@ -247,7 +246,7 @@ def test_mismatched_clip_checkpoint_is_set_aside_not_resumed(
     (warning,) = [
         r.getMessage()
         for r in caplog.records
-        if r.name == "distinctcap.clip" and r.levelno == logging.WARNING
+        if r.name == "distinctcap.clip.train" and r.levelno == logging.WARNING
     ]
     assert "different seed" in warning and str(checkpoint) in warning
     aside = list(checkpoint.parent.glob(f"{ARCH}.set-aside-*.pt"))
@@ -288,7 +287,7 @@ def test_encode_text_is_open_clips_bit_for_bit(arch):
     tokens = open_clip.get_tokenizer(arch)(["a red circle", "two blue squares left of a star"])
     with torch.no_grad():
         for normalize in (False, True):
-            ours = clip_module.encode_text(model, tokens, normalize=normalize)
+            ours = encode_text(model, tokens, normalize=normalize)
             assert torch.equal(ours, model.encode_text(tokens, normalize=normalize))
     assert model.training and all(p.requires_grad for p in model.parameters())
 
@@ -340,7 +339,7 @@ def test_the_shipped_shapes_clip_is_the_default_configs(tmp_path, one_thread):
     the validation recall it recorded when it was trained."""
     import yaml
 
-    from distinctcap.config import load_schema, validate
+    from distinctcap.core.config import load_schema, validate
     from distinctcap.data.prepare import prepare
 
     config = validate(yaml.safe_load((ROOT / "config.yaml").read_text()), load_schema(SCHEMA))

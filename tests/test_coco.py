@@ -20,10 +20,10 @@ from minicoco import (
     caption_id,
 )
 
+from distinctcap.core.download import download
+from distinctcap.core.errors import DistinctcapError
 from distinctcap.data import coco
 from distinctcap.data.quality import check_tables
-from distinctcap.download import download
-from distinctcap.errors import DistinctcapError
 
 KARPATHY_ZIP = "/people/karpathy/deepimagesent/caption_datasets.zip"
 

@@ -10,8 +10,8 @@ import sys
 import pytest
 from conftest import ROOT, snakemake
 
-from distinctcap.config import entropy_priority, load_schema, run_priorities, validate
-from distinctcap.errors import DistinctcapError
+from distinctcap.core.config import entropy_priority, load_schema, run_priorities, validate
+from distinctcap.core.errors import DistinctcapError
 
 SCHEMA = load_schema(ROOT / "workflow" / "schemas" / "config.schema.yaml")
 RUNS = {
@@ -122,7 +122,7 @@ def test_schema_run_options_and_defaults_agree_with_the_method_facts():
     """runs.yaml cannot name a method fact in code, so this is its link to the facts: every
     method's options are properties of a run block with the facts' defaults, the `method`
     enum lists the methods, and no other property is there."""
-    from distinctcap.config import RUN_KEYS
+    from distinctcap.core.config import RUN_KEYS
     from distinctcap.methods.facts import FACTS
 
     block = SCHEMA["properties"]["runs"]["additionalProperties"]["properties"]
@@ -183,7 +183,7 @@ def test_parsing_the_workflow_imports_no_torch():
         {m for f in (ROOT / "workflow" / "rules").glob("*.smk")
          for m in re.findall(r"^from (distinctcap[\w.]*) import", f.read_text(), re.M)}
     )
-    assert "distinctcap.config" in modules
+    assert "distinctcap.core.config" in modules
     code = (
         f"import sys, {', '.join(modules)}; "
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'matplotlib', "
@@ -204,14 +204,14 @@ COCO_TRAIN_CAPTIONS = 591_753  # mrnn train split: 118,287 images (issue 17's co
 def _coco_run(name: str) -> dict:
     import yaml
 
-    from distinctcap.config import effective_run_config
+    from distinctcap.core.config import effective_run_config
 
     config = validate(yaml.safe_load((ROOT / "config.coco.yaml").read_text()), SCHEMA)
     return effective_run_config(config, name, SCHEMA)
 
 
 def test_epochs_become_steps_with_the_trainers_epoch_length():
-    from distinctcap.config import TrainConfig
+    from distinctcap.core.config import TrainConfig
 
     tc = TrainConfig(epochs=2.5, warmup_epochs=0.5, batch_size=8, grad_accum=2).in_steps(40)
     assert (tc.steps, tc.warmup_steps, tc.epochs) == (6, 1, None)  # 40 // 8 / 2 = 2.5 a step
@@ -223,7 +223,7 @@ def test_epochs_become_steps_with_the_trainers_epoch_length():
 def test_coco_unkt_lambda_warmup_ends_before_the_decay_has_half_the_run_left():
     """UNKT §4.1: lambda rises over 5 epochs, then eq. 10 decays it; the run must leave the
     decay at least half of its steps (at 60,000 steps the warm-up took 59,175)."""
-    from distinctcap.config import TrainConfig, steps_per_epoch
+    from distinctcap.core.config import TrainConfig, steps_per_epoch
 
     run = _coco_run("unkt")
     tc = TrainConfig.from_dict(run["train"]).in_steps(COCO_TRAIN_CAPTIONS)
@@ -262,7 +262,7 @@ def test_token_reduction_and_top_k_defaults_leave_the_default_runs_as_they_were(
 
     import yaml
 
-    from distinctcap.config import effective_run_config
+    from distinctcap.core.config import effective_run_config
 
     new = {"token_reduction": "mean", "top_k": None}
     before = copy.deepcopy(SCHEMA)
@@ -279,7 +279,7 @@ def test_token_reduction_and_top_k_defaults_leave_the_default_runs_as_they_were(
 
 
 def test_select_metric_must_be_one_the_runs_method_computes():
-    from distinctcap.config import effective_run_config
+    from distinctcap.core.config import effective_run_config
 
     config = validate(
         {"runs": {"r": {"method": "mle", "train": {"select_metric": "mean_rank"}}}}, SCHEMA

@@ -7,12 +7,12 @@ import pytest
 from conftest import snakemake, tiny_config
 from PIL import Image
 
+from distinctcap.core.errors import DistinctcapError
+from distinctcap.core.io import read_table
 from distinctcap.data import shapes
 from distinctcap.data.prepare import prepare, tokenize
 from distinctcap.data.quality import check_tables
 from distinctcap.data.tokenizer import BOS, EOS, PAD, CaptionTokenizer
-from distinctcap.errors import DistinctcapError
-from distinctcap.io import read_table
 
 SMALL = shapes.ShapesConfig(n_train=30, n_val=5, n_test=5)
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 from conftest import ROOT
 
-from distinctcap import devices
-from distinctcap.devices import GpuUnavailableError, claim_gpus, resolve_device
+from distinctcap.core import devices
+from distinctcap.core.devices import GpuUnavailableError, claim_gpus, resolve_device
 
 needs_no_cuda = pytest.mark.skipif(
     torch.cuda.is_available(),
@@ -105,7 +105,7 @@ def test_installed_driver_is_read_from_the_kernel_module_line(tmp_path):
 CLAIM = textwrap.dedent(
     """
     import sys
-    from distinctcap.devices import claim_gpus
+    from distinctcap.core.devices import claim_gpus
     import os
     print(claim_gpus(int(sys.argv[1]), timeout=float(sys.argv[2]), poll=0.05),
           os.environ.get("CUDA_VISIBLE_DEVICES"), flush=True)

@@ -1,4 +1,5 @@
-"""Data-parallel training (distinctcap.distributed, distinctcap.launch): sharding arithmetic by
+"""Data-parallel training (distinctcap.core.distributed, distinctcap.train.launch): sharding
+arithmetic by
 hand, and real 2-process runs under torchrun on CPU with the gloo backend."""
 
 from __future__ import annotations
@@ -12,15 +13,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from distinctcap.distributed import (
+from distinctcap.core.distributed import (
     DistEnv,
     GradientReducer,
     my_micro_batches,
     shard,
     shard_weight,
 )
-from distinctcap.errors import DistinctcapError
-from distinctcap.launch import torchrun_command
+from distinctcap.core.errors import DistinctcapError
+from distinctcap.train.launch import torchrun_command
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -78,7 +79,7 @@ def test_torchrun_command_runs_this_module_in_n_local_processes() -> None:
     cmd = torchrun_command(2, "cfg.json")
     assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
     assert "--nproc-per-node=2" in cmd and "--standalone" in cmd
-    assert cmd[-3:] == ["-m", "distinctcap.launch", "cfg.json"]
+    assert cmd[-3:] == ["-m", "distinctcap.train.launch", "cfg.json"]
 
 
 # A worker for torchrun: token-weighted shard losses, gradients summed over 2 gloo processes
@@ -87,7 +88,7 @@ GRAD_WORKER = textwrap.dedent(
     """
     import sys
     import torch
-    from distinctcap.distributed import DistEnv, GradientReducer, shard, shard_weight
+    from distinctcap.core.distributed import DistEnv, GradientReducer, shard, shard_weight
 
     env = DistEnv.from_env()
     env.init(torch.device("cpu"))
@@ -147,8 +148,9 @@ RTOL, WEIGHT_ATOL = 1e-4, 1e-4
 def run_data():
     import numpy as np
 
-    from distinctcap.data.batches import CaptionData, ImageFeatures
-    from distinctcap.train import RunData
+    from distinctcap.data.batches import CaptionData
+    from distinctcap.features.read import ImageFeatures
+    from distinctcap.train.trainer import RunData
 
     g = torch.Generator().manual_seed(0)
     feats = ImageFeatures(
@@ -205,9 +207,9 @@ def test_two_gloo_processes_give_the_one_process_loss_curve(
 ) -> None:
     import pandas as pd
 
-    from distinctcap.launch import launch
-    from distinctcap.model import Captioner
-    from distinctcap.train import train
+    from distinctcap.captioner.model import Captioner
+    from distinctcap.train.launch import launch
+    from distinctcap.train.trainer import train
 
     data = run_data()
     one = train(run_config(tmp_path / "one", batch_size, grad_accum), data)
@@ -225,7 +227,7 @@ def test_two_gloo_processes_give_the_one_process_loss_curve(
     assert len(val) == 2 and val == pytest.approx(one.curve.val_loss.dropna().to_numpy(), rel=RTOL)
     # The loss moved, so the comparison is not between two untrained models.
     assert one.curve.loss.iloc[-1] < one.curve.loss.iloc[0] - 0.1
-    assert "rank0 distinctcap.train: run ddp: mle" in (tmp_path / "two.log").read_text()
+    assert "rank0 distinctcap.train.trainer: run ddp: mle" in (tmp_path / "two.log").read_text()
     summary = json.loads((tmp_path / "two" / "summary.json").read_text())
     assert summary["processes"] == 2 and summary["steps"] == 8
     two = Captioner.load(tmp_path / "two" / "model.pt").state_dict()

@@ -12,8 +12,10 @@ import torch.nn.functional as F
 import yaml
 from conftest import ROOT, snakemake, tiny_config
 
-from distinctcap.config import load_schema, validate
-from distinctcap.entropy import (
+from distinctcap.core.config import load_schema, validate
+from distinctcap.core.errors import DistinctcapError
+from distinctcap.core.io import read_table
+from distinctcap.features.entropy import (
     extremes_markdown,
     plot_histogram,
     read_subset,
@@ -22,8 +24,6 @@ from distinctcap.entropy import (
     threshold,
     write_subsets,
 )
-from distinctcap.errors import DistinctcapError
-from distinctcap.io import read_table
 
 
 def direct_entropy(text, images, scale):

@@ -10,25 +10,25 @@ import pytest
 import torch
 from evaluate_world import N_TEST, SAMPLES, build
 
-from distinctcap.config import EvalSettings, metric_block
-from distinctcap.evaluate import (
+from distinctcap.core.config import EvalSettings, metric_block
+from distinctcap.core.io import read_table
+from distinctcap.data.scene import scene_f1
+from distinctcap.evaluate.metrics import CocoTools, spice_unavailable_reason
+from distinctcap.evaluate.metrics.result import KEYS
+from distinctcap.evaluate.stage import (
     EvalPaths,
     block_logprobs,
     evaluate_decoding,
     metric_columns,
     model_metrics,
     nearest,
-    read_metrics,
     retrieval_blocks,
     write_curve,
     write_metrics,
     write_per_image,
 )
-from distinctcap.io import read_table
-from distinctcap.metrics import CocoTools, spice_unavailable_reason
-from distinctcap.metrics.result import KEYS
+from distinctcap.report.summary import read_metrics
 from distinctcap.report.versus import compare_runs
-from distinctcap.scene_score import scene_f1
 
 SETTINGS = EvalSettings(
     oracle_ns=[2, 4, 20],
@@ -206,10 +206,10 @@ def test_metric_block_leaves_report_only_keys_out():
 
 
 def test_block_logprobs_match_the_decoders_sequence_logprob(world):
+    from distinctcap.captioner.model import Captioner
+    from distinctcap.captioner.search import sequence_logprob
     from distinctcap.data.tokenizer import CaptionTokenizer
-    from distinctcap.features import load_image_features
-    from distinctcap.model import Captioner
-    from distinctcap.search import sequence_logprob
+    from distinctcap.features.read import load_image_features
 
     _, pooled, grid = load_image_features(world.features)
     grid, pooled = torch.from_numpy(grid[:3].astype(np.float32)), torch.from_numpy(pooled[:3])

@@ -12,20 +12,19 @@ import pytest
 import torch
 from PIL import Image
 
-from distinctcap.clip import byte_transform, load_clip, load_images, save_weights
-from distinctcap.data.batches import ImageFeatures
+from distinctcap.clip.load import byte_transform, load_clip, load_images
+from distinctcap.clip.train import save_weights
+from distinctcap.core.errors import DistinctcapError
+from distinctcap.core.io import read_json, read_table
 from distinctcap.data.prepare import prepare
-from distinctcap.errors import DistinctcapError
-from distinctcap.features import (
-    FeatureSettings,
-    check_finite,
-    extract_features,
-    grid_token_count,
+from distinctcap.features.extract import FeatureSettings, extract_features, grid_token_count
+from distinctcap.features.read import (
+    ImageFeatures,
     load_image_features,
     load_image_norms,
     load_text_features,
 )
-from distinctcap.io import read_json, read_table
+from distinctcap.features.store import check_finite
 
 ARCH = "shapes-vit-tiny"
 SETTINGS = FeatureSettings(batch_size=8, workers=0, image_shard_size=10, text_shard_size=64)
@@ -159,9 +158,9 @@ def test_a_conv_tower_gives_its_last_feature_map_as_grid_tokens(world, monkeypat
 
 KILLED_RUN = """
 import sys, time
-from distinctcap.clip import load_clip
-from distinctcap.features import FeatureSettings, extract_features
-from distinctcap.io import read_table
+from distinctcap.clip.load import load_clip
+from distinctcap.features.extract import FeatureSettings, extract_features
+from distinctcap.core.io import read_table
 
 def stall(shard):  # the first shard is renamed; hold the run there so the test can kill it
     if shard.index == 0:

@@ -1,4 +1,4 @@
-"""The transformers captioner backend (distinctcap.hf_captioner) on a tiny random BLIP saved
+"""The transformers captioner backend (distinctcap.captioner.hf) on a tiny random BLIP saved
 with save_pretrained: the search, the methods' losses, saving and loading, export for
 transformers, and the config check of captioner.pretrained."""
 
@@ -13,14 +13,16 @@ import yaml
 from conftest import ROOT, tiny_captioner
 from tiny_blip import save_tiny_blip
 
-from distinctcap import losses, search
-from distinctcap.config import load_schema, validate
-from distinctcap.data.batches import CaptionData, ImageFeatures
-from distinctcap.errors import DistinctcapError
-from distinctcap.methods import METHODS
+from distinctcap.captioner import search
+from distinctcap.captioner.load import load_captioner
+from distinctcap.captioner.model import PAD
+from distinctcap.core.config import load_schema, validate
+from distinctcap.core.errors import DistinctcapError
+from distinctcap.data.batches import CaptionData
+from distinctcap.features.read import ImageFeatures
+from distinctcap.methods import METHODS, losses
 from distinctcap.methods.base import TrainContext
 from distinctcap.methods.unkt import attention_maps
-from distinctcap.model import PAD, load_captioner
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -39,7 +41,7 @@ def blip_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def blip(blip_dir):
-    from distinctcap.hf_captioner import HFCaptioner
+    from distinctcap.captioner.hf import HFCaptioner
 
     return HFCaptioner.from_pretrained(str(blip_dir), max_len=16).eval()
 
@@ -74,7 +76,7 @@ def test_tokenizer_round_trip_in_captioner_ids(blip):
 
 @pytest.mark.parametrize("backend", ["transformers", "native"])
 def test_method_losses_are_the_loss_functions_of_the_model_outputs(blip, backend):
-    """Every method on either captioner is the same function (distinctcap.losses) of the
+    """Every method on either captioner is the same function (distinctcap.methods.losses) of the
     model's logits and internals; with the frozen model = the trained one (equal logits), CL's
     G is 0 and UNKT's repulsions are exp(-KL) = 1 on both backends."""
     data = caption_data(blip.tokenizer)
@@ -113,7 +115,7 @@ def test_saved_run_loads_and_exports_a_folder_transformers_captions_with(blip, t
     from PIL import Image
     from transformers import BlipForConditionalGeneration, logging, pipeline
 
-    from distinctcap.hf_captioner import export_run
+    from distinctcap.captioner.load import export_run
 
     blip.save(tmp_path / "model.pt")
     again = load_captioner(tmp_path / "model.pt")
@@ -191,7 +193,8 @@ def test_end_to_end_runs_the_vision_tower_on_cached_pixels_with_gradients(blip_d
     import pandas as pd
     from PIL import Image
 
-    from distinctcap.hf_captioner import HFCaptioner, extract_vision_features
+    from distinctcap.captioner.hf import HFCaptioner
+    from distinctcap.features.captioner import extract_vision_features
 
     files = []
     for i, colour in enumerate([(200, 20, 20), (20, 200, 20), (20, 20, 200)]):
@@ -220,8 +223,8 @@ def test_end_to_end_runs_the_vision_tower_on_cached_pixels_with_gradients(blip_d
 
 def test_distinctcap_caption_sends_a_transformers_run_to_its_hf_folder(blip, tmp_path):
     # its captioner reads its own vision states, which `distinctcap caption` (CLIP) cannot give
-    from distinctcap.caption import Run
-    from distinctcap.io import write_json
+    from distinctcap.core.io import write_json
+    from distinctcap.runs.caption import Run
 
     blip.save(tmp_path / "model.pt")
     write_json({"name": "blip_smile", "model": "model.pt", "vocab": "vocab.json"},

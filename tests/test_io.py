@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 import torch
 
-from distinctcap.errors import DistinctcapError
-from distinctcap.io import atomic_path, read_table, write_table
+from distinctcap.core.errors import DistinctcapError
+from distinctcap.core.io import atomic_path, read_table, write_table
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ def python(code: str, cwd: Path) -> subprocess.CompletedProcess:
 
 def test_an_uncaught_error_is_one_line_on_stderr_and_a_traceback_in_the_log(tmp_path):
     code = (
-        "from distinctcap import logs\n"
+        "from distinctcap.core import logs\n"
         "logs.setup('job.log')\n"
         "def stage():\n"
         "    raise OSError('image file is truncated')\n"
@@ -37,8 +37,8 @@ def test_an_uncaught_error_is_one_line_on_stderr_and_a_traceback_in_the_log(tmp_
 
 def test_a_user_error_is_its_message(tmp_path):
     code = (
-        "from distinctcap import logs\n"
-        "from distinctcap.errors import DistinctcapError\n"
+        "from distinctcap.core import logs\n"
+        "from distinctcap.core.errors import DistinctcapError\n"
         "logs.setup('job.log')\n"
         "raise DistinctcapError('data.coco.root = /nowhere does not exist')\n"
     )
@@ -116,8 +116,8 @@ def test_a_gpu_job_without_cuda_stops_at_its_start_with_its_reason_in_the_rule_l
 
 
 def test_a_failing_torchrun_process_logs_its_error(tmp_path):
-    from distinctcap.errors import DistinctcapError
-    from distinctcap.launch import launch
+    from distinctcap.core.errors import DistinctcapError
+    from distinctcap.train.launch import launch
 
     cfg = {"name": "ddp", "paths": {"out_dir": str(tmp_path / "run")}}
     log = tmp_path / "train.log"
@@ -142,7 +142,8 @@ def test_open_clips_random_init_warning_is_explained_when_training_a_clip(tmp_pa
 
     import open_clip
 
-    from distinctcap import clip, logs  # clip registers the shapes architectures
+    from distinctcap.clip import weights as clip  # registers the shapes architectures
+    from distinctcap.core import logs
 
     assert clip.MODEL_CONFIGS.is_dir()
     log_file = tmp_path / "train_clip.log"
@@ -156,7 +157,7 @@ def test_open_clips_random_init_warning_is_explained_when_training_a_clip(tmp_pa
 
 
 def test_evaluation_logs_its_headline_numbers():
-    from distinctcap.evaluate import Evaluation, headline_line
+    from distinctcap.evaluate.stage import Evaluation, headline_line
 
     row = {"run": "smile", "split": "test", "decoding": "greedy", "bleu4": 0.4771,
            "meteor": 0.452, "cider": 1.4544, "r_at_1": 0.93, "mean_rank": 1.12,

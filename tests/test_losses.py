@@ -1,4 +1,4 @@
-"""Hand-computed cases for distinctcap.losses."""
+"""Hand-computed cases for distinctcap.methods.losses."""
 
 import math
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from distinctcap.errors import DistinctcapError
-from distinctcap.losses import (
+from distinctcap.core.errors import DistinctcapError
+from distinctcap.methods.losses import (
     contrastive_loss,
     hidden_distribution,
     mle_loss,
@@ -364,7 +364,7 @@ def test_smile_reverse_subset_is_complement_plus_label():
 
 
 def test_smile_random_subset_size_and_label():
-    from distinctcap.losses import _caption_set, _random_set
+    from distinctcap.methods.losses import _caption_set, _random_set
 
     v = 50
     labels = torch.tensor([[7, 8, 9], [7, 7, PAD]])  # |V_D| = 3 and 1
@@ -380,7 +380,7 @@ def test_smile_random_subset_size_and_label():
 
 
 def test_smile_random_set_composition():
-    from distinctcap.losses import _caption_set, _random_set
+    from distinctcap.methods.losses import _caption_set, _random_set
 
     labels = torch.tensor([[7, 8, 9, 2], [7, 7, PAD, PAD]])
     in_caption = _caption_set(labels, 20, PAD)

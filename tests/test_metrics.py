@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from pycocoevalcap.cider.cider import Cider
 
-from distinctcap.errors import DistinctcapError
-from distinctcap.metrics import (
+from distinctcap.core.errors import DistinctcapError
+from distinctcap.evaluate.metrics import (
     CocoTools,
     best_k,
     cider_vs_n,
@@ -36,8 +36,8 @@ from distinctcap.metrics import (
     spice_unavailable_reason,
     vocab_size,
 )
-from distinctcap.metrics.cider import CiderD
-from distinctcap.metrics.coco import PTB_JAR
+from distinctcap.evaluate.metrics.cider import CiderD
+from distinctcap.evaluate.metrics.coco import PTB_JAR
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = PTB_JAR.parents[1]  # the installed pycocoevalcap folder
@@ -247,7 +247,7 @@ def test_evaluate_captions_launches_each_java_tool_once(tools):
 def _parallel_job(seed: int) -> str:
     return f"""
 import json
-from distinctcap.metrics import quality_scores
+from distinctcap.evaluate.metrics import quality_scores
 gts = {json.dumps({str(k): v for k, v in GTS.items()})}
 res = {{k: [v[{seed}]] for k, v in gts.items()}}
 print(json.dumps(quality_scores(gts, res).values))

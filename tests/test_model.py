@@ -5,13 +5,13 @@ import torch
 import torch.nn.functional as F
 from conftest import tiny_captioner
 
-from distinctcap.errors import DistinctcapError
-from distinctcap.model import (
+from distinctcap.captioner.model import (
     Captioner,
     CaptionerConfig,
     label_logprobs,
     make_batch,
 )
+from distinctcap.core.errors import DistinctcapError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

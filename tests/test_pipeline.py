@@ -111,7 +111,7 @@ def test_html_report_builds(report):
 @pytest.fixture(scope="module")
 def chromium() -> None:
     """Skipped without a Chromium, unless DISTINCTCAP_REQUIRE_CHROMIUM=1 (CI), where it fails."""
-    from distinctcap.errors import DistinctcapError
+    from distinctcap.core.errors import DistinctcapError
     from distinctcap.report.browser import find_chromium
 
     try:

@@ -12,18 +12,19 @@ import pytest
 from conftest import ROOT, snakemake, tiny_config
 from evaluate_world import build
 
-from distinctcap import published
-from distinctcap.config import EvalSettings
-from distinctcap.errors import DistinctcapError
-from distinctcap.evaluate import metric_columns, read_metrics
-from distinctcap.io import read_table, write_table
-from distinctcap.metrics.result import KEYS
+from distinctcap.core.config import EvalSettings
+from distinctcap.core.errors import DistinctcapError
+from distinctcap.core.io import read_table, write_table
+from distinctcap.evaluate.metrics.result import KEYS
+from distinctcap.evaluate.stage import metric_columns
+from distinctcap.report import published
 from distinctcap.report.gallery import write_gallery
 from distinctcap.report.plots import plot_cider_vs_n, plot_metric_bars, plot_training_curves
 from distinctcap.report.summary import (
     SUMMARY_BASE,
     evaluation_keys,
     headline_markdown,
+    read_metrics,
     reference_run,
     sampled_quality_markdown,
     summary_columns,

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from distinctcap.data import shapes
-from distinctcap.scene_score import parse, scene_f1, score_caption
+from distinctcap.data.scene import parse, scene_f1, score_caption
 
 SCENE = {"background": "grey", "objects": [
     {"shape": "circle", "colour": "red", "size": "small", "row": 1, "col": 0},

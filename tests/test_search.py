@@ -6,9 +6,8 @@ import pytest
 import torch
 from conftest import tiny_captioner
 
-from distinctcap.errors import DistinctcapError
-from distinctcap.model import BOS, EOS, PAD, Captioner, CaptionerConfig, make_batch
-from distinctcap.search import (
+from distinctcap.captioner.model import BOS, EOS, PAD, Captioner, CaptionerConfig, make_batch
+from distinctcap.captioner.search import (
     Caption,
     beam_search,
     beam_search_all,
@@ -18,6 +17,7 @@ from distinctcap.search import (
     sample,
     sequence_logprob,
 )
+from distinctcap.core.errors import DistinctcapError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -30,7 +30,7 @@ import torch
 import yaml
 from conftest import ROOT, SNAKEMAKE, tiny_config
 
-from distinctcap.model import Captioner
+from distinctcap.captioner.model import Captioner
 
 pytestmark = pytest.mark.slurm
 
@@ -183,7 +183,7 @@ def slurm_config() -> dict:
     """The tiny config, smaller still: SLURM execution is under test here, not the models."""
     config = tiny_config()
     # The cluster's GPUs are fake: a job holding one stops when CUDA is unusable unless the
-    # config says cpu (distinctcap.devices.resolve_device).
+    # config says cpu (distinctcap.core.devices.resolve_device).
     config["device"] = "cpu"
     config["clip"] = {**config.get("clip", {}), "train": {"epochs": 2, "batch_size": 64}}
     config["captioner"] = {"width": 32, "enc_layers": 1, "dec_layers": 1, "heads": 2, "ffn": 64}

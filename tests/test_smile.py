@@ -6,13 +6,14 @@ import pytest
 import torch
 from conftest import tiny_captioner
 
-from distinctcap.data.batches import CaptionData, ImageFeatures
-from distinctcap.errors import DistinctcapError
-from distinctcap.losses import mle_loss, smile_loss
+from distinctcap.captioner.model import Captioner
+from distinctcap.core.errors import DistinctcapError
+from distinctcap.data.batches import CaptionData
+from distinctcap.features.read import ImageFeatures
 from distinctcap.methods import METHODS
 from distinctcap.methods.base import TrainContext
 from distinctcap.methods.cl import step_generator
-from distinctcap.model import Captioner
+from distinctcap.methods.losses import mle_loss, smile_loss
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

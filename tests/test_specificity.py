@@ -13,25 +13,16 @@ import torch.nn.functional as F
 import yaml
 from conftest import ROOT, shrink_runs, tiny_captioner
 
-import distinctcap.clip  # registers the tiny `shapes-vit-tiny` architecture
-from distinctcap.clip import ClipTextEncoder
-from distinctcap.config import effective_run_config, load_schema, validate
-from distinctcap.data.batches import CaptionData, ImageFeatures
+import distinctcap.clip.weights  # registers the tiny `shapes-vit-tiny` architecture
+from distinctcap.captioner.model import EOS, PAD
+from distinctcap.captioner.search import greedy
+from distinctcap.clip.text import ClipTextEncoder
+from distinctcap.core.config import effective_run_config, load_schema, validate
+from distinctcap.core.errors import DistinctcapError
+from distinctcap.data.batches import CaptionData
 from distinctcap.data.tokenizer import CaptionTokenizer
-from distinctcap.errors import DistinctcapError
-from distinctcap.losses import specificity_loss
-from distinctcap.methods import METHODS
-from distinctcap.methods.base import TrainContext
-from distinctcap.methods.clipval import clip_val_ranks
-from distinctcap.methods.specificity import (
-    Specificity,
-    caption_ids_tensor,
-    generate_ids,
-    val_mean_rank,
-)
-from distinctcap.metrics.retrieval import retrieval_ranks
-from distinctcap.model import EOS, PAD
-from distinctcap.neighbours import (
+from distinctcap.evaluate.metrics.retrieval import retrieval_ranks
+from distinctcap.features.neighbours import (
     NeighbourTable,
     neighbour_count,
     read_neighbours,
@@ -39,8 +30,18 @@ from distinctcap.neighbours import (
     top_neighbours,
     write_neighbours,
 )
-from distinctcap.search import greedy
-from distinctcap.train import RunData, train
+from distinctcap.features.read import ImageFeatures
+from distinctcap.methods import METHODS
+from distinctcap.methods.base import TrainContext
+from distinctcap.methods.clipval import clip_val_ranks
+from distinctcap.methods.losses import specificity_loss
+from distinctcap.methods.specificity import (
+    Specificity,
+    caption_ids_tensor,
+    generate_ids,
+    val_mean_rank,
+)
+from distinctcap.train.trainer import RunData, train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -476,7 +477,7 @@ def trained_reference(tmp_path_factory, clip, tok):
     reference = train(effective_run_config(config, "reference"), run_data)
     paths = {"init": tmp / "reference.pt", "clip": tmp / "clip.pt", "clip_arch": ARCH}
     reference.model.save(paths["init"])
-    distinctcap.clip.save_weights(clip, paths["clip"])
+    distinctcap.clip.train.save_weights(clip, paths["clip"])
     for pct in {r.get("contrastive_top_pct", 1) for r in config["runs"].values()}:
         write_neighbours(feats.image_ids, feats.pooled, tmp / table_path(pct), pct / 100)
     return config, run_data, paths, tmp
@@ -498,7 +499,7 @@ def test_main_run_and_preset_entries_train(trained_reference, name):
 def test_resumed_mid_run_ends_with_the_uninterrupted_weights(trained_reference):
     """Gumbel noise and contrastive draws are functions of (seed, step, micro-batch), dropout
     uses the torch RNG the checkpoint restores: a resumed run equals an uninterrupted one."""
-    from distinctcap.train import Trainer
+    from distinctcap.train.trainer import Trainer
 
     config, data, paths, tmp = trained_reference
     cfg = effective_run_config(config, "specificity_gumbel")

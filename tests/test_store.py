@@ -16,17 +16,19 @@ import pytest
 import torch
 from conftest import ROOT
 
-from distinctcap.data.batches import ImageFeatures
-from distinctcap.errors import DistinctcapError
-from distinctcap.features import (
+from distinctcap.core.errors import DistinctcapError
+from distinctcap.core.io import read_json
+from distinctcap.features.read import (
+    ImageFeatures,
     feature_ids,
     grid_cache,
     grid_cache_path,
     load_image_features,
     load_text_features,
 )
-from distinctcap.io import read_json
-from distinctcap.scale import write_store
+
+sys.path.insert(0, str(ROOT / "bench"))  # the synthetic stores live beside the benchmarks
+from synthetic_store import write_store  # noqa: E402
 
 
 def full_read(index_path, kind, columns):
@@ -114,8 +116,8 @@ DECODE = textwrap.dedent(
     """
     import resource, sys
     import torch
-    from distinctcap.decode import decode_run
-    from distinctcap.model import Captioner, CaptionerConfig
+    from distinctcap.evaluate.decode import decode_run
+    from distinctcap.captioner.model import Captioner, CaptionerConfig
     root = sys.argv[1]
     torch.manual_seed(0)
     cfg = CaptionerConfig(vocab_size=50, visual_dim=768, pooled_dim=512, width=32,
@@ -164,10 +166,10 @@ def test_training_and_decoding_give_the_same_numbers_as_with_a_full_read(
 ):
     # the store changes how features are read (row groups, a mapped grid cache), never the
     # numbers: a tiny run trained and decoded both ways ends with the same weights and captions
-    from distinctcap.config import effective_run_config, load
-    from distinctcap.decode import decode_run
-    from distinctcap.io import read_table
-    from distinctcap.train import train
+    from distinctcap.core.config import effective_run_config, load
+    from distinctcap.core.io import read_table
+    from distinctcap.evaluate.decode import decode_run
+    from distinctcap.train.trainer import train
 
     cfg = effective_run_config(
         load(ROOT / "tests/tiny_config.yaml", ROOT / "workflow/schemas/config.schema.yaml"),

@@ -19,22 +19,17 @@ import pandas as pd
 import pytest
 import torch
 
-from distinctcap.checkpoints import Fingerprint, fingerprint
-from distinctcap.config import OPTIONS, RUN_KEYS, effective_run_config, load_schema, validate
-from distinctcap.data.batches import (
-    BatchOrder,
-    CaptionData,
-    ImageFeatures,
-    encode_batch,
-    select_captions,
-)
-from distinctcap.errors import DistinctcapError
-from distinctcap.io import read_table, write_table
-from distinctcap.losses import mle_loss
+from distinctcap.captioner.model import Captioner, CaptionerConfig
+from distinctcap.core.config import OPTIONS, RUN_KEYS, effective_run_config, load_schema, validate
+from distinctcap.core.errors import DistinctcapError
+from distinctcap.core.io import read_table, write_table
+from distinctcap.data.batches import BatchOrder, CaptionData, encode_batch, select_captions
+from distinctcap.features.read import ImageFeatures
 from distinctcap.methods import METHODS
 from distinctcap.methods.base import Objective
-from distinctcap.model import Captioner, CaptionerConfig
-from distinctcap.train import (
+from distinctcap.methods.losses import mle_loss
+from distinctcap.train.checkpoints import Fingerprint, fingerprint
+from distinctcap.train.trainer import (
     VAL_METRICS,
     NonFiniteLossError,
     RunData,
@@ -304,7 +299,7 @@ import json, sys, torch
 sys.path.insert(0, {tests!r})
 torch.set_num_threads({threads})
 from test_train import tiny_cfg, tiny_data
-from distinctcap.train import train
+from distinctcap.train.trainer import train
 train(tiny_cfg(__import__("pathlib").Path({out!r}), **{kw!r}), tiny_data())
 """
 
@@ -343,7 +338,7 @@ def test_resume_after_sigkill_ends_with_the_uninterrupted_weights(tmp_path):
 
 
 def test_a_checkpoint_of_another_config_is_not_resumed(tmp_path, monkeypatch, caplog):
-    caplog.set_level(logging.INFO, logger="distinctcap.train")
+    caplog.set_level(logging.INFO, logger="distinctcap.train.trainer")
     monkeypatch.setitem(METHODS, "nan_at_3", NaNAtStep)
     with pytest.raises(NonFiniteLossError):  # leaves a checkpoint of step 3 behind
         train({**tiny_cfg(tmp_path, checkpoint_every=1), "method": "nan_at_3"}, tiny_data())
@@ -432,7 +427,7 @@ def set_aside_lines(caplog) -> list[str]:
 
 def test_a_checkpoint_of_other_subset_shards_is_set_aside(tmp_path, caplog):
     """Issue #14, 1: D- rewritten (entropy fraction changed) while teacher_neg was killed."""
-    caplog.set_level(logging.INFO, logger="distinctcap.train")
+    caplog.set_level(logging.INFO, logger="distinctcap.train.trainer")
     captions = write_captions(tmp_path / "captions.parquet")
     subset = write_subset(tmp_path / "D-", list(range(1000, 1024)))
     cfg = subset_cfg(tmp_path / "run", captions, subset)
@@ -458,7 +453,7 @@ def test_a_checkpoint_of_other_subset_shards_is_set_aside(tmp_path, caplog):
 
 def test_a_checkpoint_on_another_init_model_is_set_aside(tmp_path, caplog):
     """Issue #14, 1: the reference retrained (other lr) while smile was killed."""
-    caplog.set_level(logging.INFO, logger="distinctcap.train")
+    caplog.set_level(logging.INFO, logger="distinctcap.train.trainer")
     init = write_init(tmp_path / "reference" / "model.pt", seed=1)
     cfg = init_cfg(tmp_path / "smile", init)
     ckpt = leave_killed_state(cfg, tiny_data())
@@ -475,7 +470,7 @@ def test_a_checkpoint_on_another_init_model_is_set_aside(tmp_path, caplog):
 
 
 def test_a_rerun_on_unchanged_inputs_resumes_to_the_uninterrupted_weights(tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="distinctcap.train")
+    caplog.set_level(logging.INFO, logger="distinctcap.train.trainer")
     captions = write_captions(tmp_path / "captions.parquet")
     subset = write_subset(tmp_path / "D-", list(range(1000, 1024)))
     init = write_init(tmp_path / "reference" / "model.pt", seed=1)
@@ -495,7 +490,7 @@ def test_a_rerun_on_unchanged_inputs_resumes_to_the_uninterrupted_weights(tmp_pa
 
 
 def test_an_old_format_checkpoint_is_set_aside(tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="distinctcap.train")
+    caplog.set_level(logging.INFO, logger="distinctcap.train.trainer")
     cfg = tiny_cfg(tmp_path, **NO_VAL)
     ckpt = leave_killed_state(cfg, tiny_data())
     state = torch.load(ckpt, weights_only=True)
@@ -637,7 +632,7 @@ def test_subset_selection_reads_the_subset_shards(tmp_path):
 
 
 def test_generated_table_has_one_row_per_caption_and_reproducible_samples():
-    from distinctcap.decode import generate_table
+    from distinctcap.evaluate.decode import generate_table
 
     data = tiny_data()
     cfg = CaptionerConfig(V, 4, 6, width=16, enc_layers=1, dec_layers=1, heads=2, ffn=32)
@@ -686,7 +681,7 @@ def test_compile_trains_the_same_weights_or_warns_once_and_trains_uncompiled(
 
 def deferred_trainer(cfg, data):
     """A Trainer that reads its numbers only at flushes, as it does on a GPU."""
-    from distinctcap.train import Trainer
+    from distinctcap.train.trainer import Trainer
 
     trainer = Trainer(cfg, data)
     trainer.eager = False
@@ -718,8 +713,8 @@ def test_a_nan_loss_read_at_the_next_log_step_names_its_own_step(monkeypatch):
 
 
 def test_generic_selection_metrics_are_the_ones_the_config_allows():
-    from distinctcap.config import SELECT_METRICS
-    from distinctcap.train import VAL_METRICS
+    from distinctcap.core.config import SELECT_METRICS
+    from distinctcap.train.trainer import VAL_METRICS
 
     assert set(VAL_METRICS) == SELECT_METRICS
 
@@ -727,9 +722,14 @@ def test_generic_selection_metrics_are_the_ones_the_config_allows():
 def test_cider_selection_metrics():
     """cider (CL), oracle_cider / sample_cider (UNKT): CIDEr-D of greedy captions / the best and
     mean of seeded samples against each validation image's references."""
-    from distinctcap.metrics.cider import CiderD
-    from distinctcap.search import greedy
-    from distinctcap.selection import references, val_cider, val_oracle_cider, val_sample_cider
+    from distinctcap.captioner.search import greedy
+    from distinctcap.evaluate.metrics.cider import CiderD
+    from distinctcap.train.selection import (
+        references,
+        val_cider,
+        val_oracle_cider,
+        val_sample_cider,
+    )
 
     data = tiny_data()
     result = train(tiny_cfg(select_metric="cider", steps=8), data)

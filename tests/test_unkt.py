@@ -1,6 +1,6 @@
 """UNKT objective (UNKT eq. 5-10, Tables 3-8) on a tiny captioner: eq. 9 assembled by hand,
 lambda, masking, ablation configs, the teacher's frozenness, repulsion, hard/random targets, and
-every preset entry trained and decoded through distinctcap.train."""
+every preset entry trained and decoded through distinctcap.train.trainer."""
 
 import copy
 from pathlib import Path
@@ -12,20 +12,21 @@ import torch
 import yaml
 from conftest import tiny_captioner
 
-from distinctcap.config import steps_per_epoch
-from distinctcap.data.batches import CaptionData, ImageFeatures
-from distinctcap.errors import DistinctcapError
-from distinctcap.losses import mle_loss, soft_unlikelihood_loss, token_unlikelihood_loss
+from distinctcap.captioner.model import EOS, PAD, Captioner
+from distinctcap.captioner.search import greedy
+from distinctcap.core.config import steps_per_epoch
+from distinctcap.core.errors import DistinctcapError
+from distinctcap.data.batches import CaptionData
+from distinctcap.features.read import ImageFeatures
 from distinctcap.methods import METHODS
 from distinctcap.methods.base import TrainContext
+from distinctcap.methods.losses import mle_loss, soft_unlikelihood_loss, token_unlikelihood_loss
 from distinctcap.methods.unkt import (
     UNKT,
     GreedyCaptions,
     align_negatives,
     attention_maps,
 )
-from distinctcap.model import EOS, PAD, Captioner
-from distinctcap.search import greedy
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -349,8 +350,9 @@ def test_random_targets_come_from_the_d_minus_captions(data, negatives):
 
 
 def test_every_preset_entry_trains_and_decodes(tmp_path, data, negatives):
-    """Each preset entry through distinctcap.train.train (a few steps), then greedy decoding."""
-    from distinctcap.train import RunData, train
+    """Each preset entry through distinctcap.train.trainer.train (a few steps), then greedy
+    decoding."""
+    from distinctcap.train.trainer import RunData, train
 
     runs = preset_runs()
     base = {
@@ -395,7 +397,7 @@ def test_every_preset_entry_trains_and_decodes(tmp_path, data, negatives):
 def test_resumed_mid_run_ends_with_the_uninterrupted_weights(tmp_path, data, negatives, targets):
     """Hard targets are re-decoded after a resume (greedy of the frozen teacher: the same
     captions); random targets come from the torch RNG that the checkpoint restores."""
-    from distinctcap.train import RunData, Trainer, train
+    from distinctcap.train.trainer import RunData, Trainer, train
 
     run_data = RunData(data)
     base = {

@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from distinctcap.errors import DistinctcapError
+from distinctcap.core.errors import DistinctcapError
 from distinctcap.report.browser import screenshot
 
 

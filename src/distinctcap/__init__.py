@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 
 def load_run(run_dir, clip: str | None = None, device: str = "auto"):
     """A trained run folder (results/runs/<run>) ready to caption images: a
-    distinctcap.caption.Run. `clip` points at the run's CLIP if it moved."""
-    from distinctcap.caption import Run
+    distinctcap.runs.caption.Run. `clip` points at the run's CLIP if it moved."""
+    from distinctcap.runs.caption import Run
 
     return Run(run_dir, clip=clip, device=device)

@@ -1,7 +1,7 @@
-"""`python -m distinctcap`: the `distinctcap` command (distinctcap.cli)."""
+"""`python -m distinctcap`: the `distinctcap` command (distinctcap.runs.cli)."""
 
 import sys
 
-from distinctcap.cli import main
+from distinctcap.runs.cli import main
 
 sys.exit(main())

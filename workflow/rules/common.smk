@@ -1,21 +1,21 @@
 """Config validation, wildcard constraints and input functions shared by every stage.
 
 Everything imported here (and by the other rule files) while Snakemake parses the workflow and
-builds its DAG stays free of torch: config checks and method facts come from distinctcap.config
+builds its DAG stays free of torch: config checks and method facts come from distinctcap.core.config
 and distinctcap.methods.facts; the jobs' scripts import the heavy modules."""
 
 import re
 import sys
 from pathlib import Path
 
-from distinctcap.config import (
+from distinctcap.core.config import (
     effective_run_config,
     entropy_priority,
     load_schema,
     run_priorities,
     validate,
 )
-from distinctcap.errors import DistinctcapError
+from distinctcap.core.errors import DistinctcapError
 from distinctcap.methods.facts import FACTS
 
 SCHEMA = Path(workflow.basedir) / "workflow" / "schemas" / "config.schema.yaml"
@@ -58,7 +58,7 @@ PRETRAINED_DIR = [
 ]
 ENTROPY_SUBSETS = {"D-": "results/entropy/D-", "D+": "results/entropy/D+"}  # split_entropy
 # the neighbours rule's table of the top {pct} percent (neighbours.smk; the same name as
-# distinctcap.neighbours.table_path, which imports torch)
+# distinctcap.features.neighbours.table_path, which imports torch)
 NEIGHBOURS_TABLE = "results/neighbours/train_top{pct}pct.parquet"
 try:  # every run's effective block, checked now so a bad override fails before any job runs
     RUN_CONFIGS = {
@@ -173,7 +173,7 @@ def report_front_page():
 def require_java(jobs):
     """Stop before any job when one of `jobs` evaluates captions and `java` is missing: the
     COCO metrics need it, and otherwise it is found only after every training run finished."""
-    from distinctcap.metrics.coco import check_java
+    from distinctcap.evaluate.metrics.coco import check_java
 
     if any(job.rule.name == "evaluate" for job in jobs):
         try:

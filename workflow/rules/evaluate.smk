@@ -2,7 +2,7 @@
 table, the papers' table layouts with their published numbers, plots and a caption gallery,
 all wired into `snakemake --report` (captions in workflow/report/)."""
 
-from distinctcap.config import metric_block
+from distinctcap.core.config import metric_block
 from distinctcap.report.summary import evaluation_keys, reference_run
 
 EVALUATE = config["evaluate"]

@@ -2,7 +2,7 @@
 The run's effective config is a param, so editing its block reruns that run and its dependents.
 Resume checkpoints live in results/runs/{run}/checkpoints/, not a declared output, so a killed
 or failed job keeps them and the rerun continues from the last one if the run's config and
-input files are unchanged (else the trainer sets it aside, distinctcap.train)."""
+input files are unchanged (else the trainer sets it aside, distinctcap.train.trainer)."""
 
 
 rule train_run:
@@ -30,7 +30,7 @@ rule train_run:
 
 rule run_card:
     """The run folder's card and vocabulary copy, so `distinctcap caption` needs only the
-    folder and its CLIP (distinctcap.runcard)."""
+    folder and its CLIP (distinctcap.runs.runcard)."""
     input:
         model=f"{RUN_DIR}/{{run}}/model.pt",
         vocab=f"{DATA}/vocab.json",

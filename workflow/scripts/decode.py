@@ -1,11 +1,12 @@
-"""Decode a split's images with a run's model under each decoding setting (distinctcap.decode):
+"""Decode a split's images with a run's model under each decoding setting
+(distinctcap.evaluate.decode):
 one job per run, one output per (split, decoding) in the rule's order."""
 
 import torch
 
-from distinctcap import logs
-from distinctcap.decode import decode_run
-from distinctcap.devices import job_device
+from distinctcap.core import logs
+from distinctcap.core.devices import job_device
+from distinctcap.evaluate.decode import decode_run
 
 logs.setup(snakemake.log[0])
 device = str(job_device(snakemake.params.device, snakemake.resources.get("gpu", 0)))

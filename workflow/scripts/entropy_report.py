@@ -2,9 +2,9 @@
 
 from pathlib import Path
 
-from distinctcap import logs
-from distinctcap.entropy import extremes_markdown, plot_histogram
-from distinctcap.io import atomic_path, read_table
+from distinctcap.core import logs
+from distinctcap.core.io import atomic_path, read_table
+from distinctcap.features.entropy import extremes_markdown, plot_histogram
 
 logs.setup(snakemake.log[0])
 table = read_table(snakemake.input.table, "entropy")

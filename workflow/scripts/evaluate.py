@@ -2,9 +2,9 @@
 
 import torch
 
-from distinctcap import logs
-from distinctcap.devices import job_device
-from distinctcap.evaluate import evaluate_stage
+from distinctcap.core import logs
+from distinctcap.core.devices import job_device
+from distinctcap.evaluate.stage import evaluate_stage
 
 logs.setup(snakemake.log[0])
 device = str(job_device(snakemake.params.device, snakemake.resources.get("gpu", 0)))

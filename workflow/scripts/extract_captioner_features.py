@@ -2,11 +2,11 @@
 
 import torch
 
-from distinctcap import logs
-from distinctcap.devices import job_device
-from distinctcap.features import FeatureSettings
-from distinctcap.hf_captioner import extract_vision_features
-from distinctcap.io import read_table
+from distinctcap.core import logs
+from distinctcap.core.devices import job_device
+from distinctcap.core.io import read_table
+from distinctcap.features.captioner import extract_vision_features
+from distinctcap.features.extract import FeatureSettings
 
 logs.setup(snakemake.log[0])
 device = str(job_device(snakemake.params.device, snakemake.resources.get("gpu", 0)))

@@ -2,11 +2,11 @@
 
 import torch
 
-from distinctcap import logs
-from distinctcap.clip import load_clip
-from distinctcap.devices import job_device
-from distinctcap.features import FeatureSettings, extract_features
-from distinctcap.io import read_table
+from distinctcap.clip.load import load_clip
+from distinctcap.core import logs
+from distinctcap.core.devices import job_device
+from distinctcap.core.io import read_table
+from distinctcap.features.extract import FeatureSettings, extract_features
 
 logs.setup(snakemake.log[0])
 device = str(job_device(snakemake.params.device, snakemake.resources.get("gpu", 0)))

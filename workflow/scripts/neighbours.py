@@ -1,9 +1,9 @@
 """Neighbours stage: each training image's top-pct most similar training images by CLIP image
 embedding, the contrastive images of the specificity method (specificity paper §3.2)."""
 
-from distinctcap import logs
-from distinctcap.devices import job_device
-from distinctcap.neighbours import build_table
+from distinctcap.core import logs
+from distinctcap.core.devices import job_device
+from distinctcap.features.neighbours import build_table
 
 logs.setup(snakemake.log[0])
 device = str(job_device(snakemake.params.device, snakemake.resources.get("gpu", 0)))

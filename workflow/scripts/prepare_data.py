@@ -1,4 +1,4 @@
-from distinctcap import logs
+from distinctcap.core import logs
 from distinctcap.data.prepare import prepare
 
 logs.setup(snakemake.log[0])

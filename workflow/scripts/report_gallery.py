@@ -1,7 +1,7 @@
 """Rule report_gallery: test images with every run's captions side by side (HTML cards)."""
 
-from distinctcap import logs
-from distinctcap.io import read_table
+from distinctcap.core import logs
+from distinctcap.core.io import read_table
 from distinctcap.report.gallery import write_gallery
 
 logs.setup(snakemake.log[0])

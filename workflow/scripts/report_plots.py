@@ -2,9 +2,9 @@
 
 from pathlib import Path
 
-from distinctcap import logs
-from distinctcap.evaluate import read_metrics
+from distinctcap.core import logs
 from distinctcap.report.plots import plot_cider_vs_n, plot_metric_bars, plot_training_curves
+from distinctcap.report.summary import read_metrics
 
 logs.setup(snakemake.log[0])
 curves = {Path(p).parent.name: p for p in snakemake.input.training}

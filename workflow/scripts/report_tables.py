@@ -1,7 +1,7 @@
 """Rule report_tables: our rows in the papers' table layouts beside their published numbers."""
 
-from distinctcap import logs
-from distinctcap.evaluate import read_metrics
+from distinctcap.core import logs
+from distinctcap.report.summary import read_metrics
 from distinctcap.report.tables import write_tables
 
 logs.setup(snakemake.log[0])

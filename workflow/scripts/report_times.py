@@ -1,6 +1,6 @@
 """Rule report_times: the per-rule table of the benchmark files (distinctcap.report.times)."""
 
-from distinctcap import logs
+from distinctcap.core import logs
 from distinctcap.report.times import write_times
 
 logs.setup(snakemake.log[0])

@@ -2,10 +2,10 @@
 
 import torch
 
-from distinctcap import logs
-from distinctcap.devices import job_device
-from distinctcap.entropy import score_captions
-from distinctcap.io import read_table, write_table
+from distinctcap.core import logs
+from distinctcap.core.devices import job_device
+from distinctcap.core.io import read_table, write_table
+from distinctcap.features.entropy import score_captions
 
 logs.setup(snakemake.log[0])
 device = str(job_device(snakemake.params.device, snakemake.resources.get("gpu", 0)))

@@ -1,9 +1,9 @@
-"""Rule run_card: results/runs/{run}/run.json and its vocabulary copy (distinctcap.runcard)."""
+"""Rule run_card: results/runs/{run}/run.json and its vocabulary copy (distinctcap.runs.runcard)."""
 
 from pathlib import Path
 
-from distinctcap import logs
-from distinctcap.runcard import write_run_card
+from distinctcap.core import logs
+from distinctcap.runs.runcard import write_run_card
 
 logs.setup(snakemake.log[0])
 write_run_card(

@@ -3,9 +3,8 @@ headline table (the README's) as csv, markdown and LaTeX."""
 
 from pathlib import Path
 
-from distinctcap import logs
-from distinctcap.evaluate import read_metrics
-from distinctcap.report.summary import write_headline, write_summary
+from distinctcap.core import logs
+from distinctcap.report.summary import read_metrics, write_headline, write_summary
 
 logs.setup(snakemake.log[0])
 summary = write_summary(read_metrics(list(snakemake.input.metrics)), snakemake.output.summary)

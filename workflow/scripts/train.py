@@ -1,13 +1,13 @@
-"""Train one run: the rule's inputs become the trainer's paths (distinctcap.launch, which
-calls distinctcap.train.train here or in torchrun processes)."""
+"""Train one run: the rule's inputs become the trainer's paths (distinctcap.train.launch, which
+calls distinctcap.train.trainer.train here or in torchrun processes)."""
 
 from pathlib import Path
 
 import torch
 
-from distinctcap import logs
-from distinctcap.devices import job_device
-from distinctcap.launch import train_with_gpus
+from distinctcap.core import logs
+from distinctcap.core.devices import job_device
+from distinctcap.train.launch import train_with_gpus
 
 logs.setup(snakemake.log[0])
 device = str(job_device(snakemake.params.device, snakemake.resources.get("gpu", 0)))

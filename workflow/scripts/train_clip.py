@@ -2,10 +2,10 @@
 
 import torch
 
-from distinctcap import logs
-from distinctcap.clip import TrainSettings, save_weights, train_clip
-from distinctcap.devices import job_device
-from distinctcap.io import read_table, write_json
+from distinctcap.clip.train import TrainSettings, save_weights, train_clip
+from distinctcap.core import logs
+from distinctcap.core.devices import job_device
+from distinctcap.core.io import read_table, write_json
 
 logs.setup(snakemake.log[0])
 device = str(job_device(snakemake.params.device, snakemake.resources.get("gpu", 0)))

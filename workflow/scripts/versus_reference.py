@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-from distinctcap import logs
-from distinctcap.io import read_table
+from distinctcap.core import logs
+from distinctcap.core.io import read_table
 from distinctcap.report.versus import compare_runs, write_versus
 
 logs.setup(snakemake.log[0])

@@ -11,8 +11,7 @@
   the last incomplete batch dropped). The permutation is a pure function of (seed, epoch), so
   the data position of a resumed run is just the micro-batch counter j.
 - `select_captions` picks a run's training captions: all of D, or the entropy subset D- or D+
-  (UNKT §3.1), read from the subset's parquet shards.
-"""
+  (UNKT §3.1), read from the subset's parquet shards."""
 
 from __future__ import annotations
 
@@ -27,82 +26,11 @@ import pyarrow.parquet as pq
 import torch
 from torch import Tensor
 
-from distinctcap.errors import DistinctcapError
-from distinctcap.model import BOS, EOS, PAD, make_batch
+from distinctcap.captioner.model import BOS, EOS, PAD, make_batch
+from distinctcap.core.errors import DistinctcapError
+from distinctcap.features.read import ImageFeatures
 
 DATA_SELECTIONS = ("all", "D-", "D+")
-
-
-@dataclass
-class ImageFeatures:
-    image_ids: np.ndarray  # (N,) int64
-    pooled: Tensor  # (N, Dp) float32, L2-normalised
-    grid: Tensor  # (N, G, Dv) float16
-    # (N,) float32: pooled's norm before normalising (pooled * pooled_norm is CLIP's
-    # unnormalised projection, specificity dp/cdp); None where not loaded
-    pooled_norm: Tensor | None = None
-
-    @classmethod
-    def load(
-        cls, index_path: str | os.PathLike, image_ids: Sequence[int] | np.ndarray | None = None
-    ) -> ImageFeatures:
-        """The image features of a features index (distinctcap.features): every image, sorted
-        by image id, or those of `image_ids` in that order (a DistinctcapError names ids that
-        have none).
-
-        It reads what the job needs (ARCHITECTURE.md, Data contracts): `image_ids` (decode,
-        evaluate) reads only those images' rows, so the memory is that of the selection; every
-        image (training) maps the grid from the index's contiguous cache (`grid_cache`, built
-        once), whose pages the kernel loads as batches gather rows and may drop again; pooled
-        (small) is read into memory. The numbers are the shards' either way. A selection is
-        gathered from the cache when it exists (fewer bytes read than whole shards)."""
-        from distinctcap.features import (
-            feature_ids,
-            feature_rows,
-            grid_cache,
-            grid_cache_path,
-            load_image_features,
-            load_image_norms,
-        )
-
-        norms = load_image_norms(index_path, image_ids)
-        norm = None if norms is None else torch.from_numpy(norms)
-        if image_ids is None:
-            ids, pooled, _ = load_image_features(index_path, grid=False)
-            grid = grid_cache(index_path)
-        elif not grid_cache_path(index_path).is_file():
-            ids, pooled, grid = load_image_features(index_path, image_ids=image_ids)
-        else:
-            ids, pooled, _ = load_image_features(index_path, grid=False, image_ids=image_ids)
-            grid = np.ascontiguousarray(
-                grid_cache(index_path)[feature_rows(feature_ids(index_path), ids)]
-            )
-        return cls(ids, torch.from_numpy(pooled), torch.from_numpy(grid), norm)
-
-    def rows(self, image_ids: Sequence[int] | np.ndarray) -> np.ndarray:
-        """Row of each image id; a DistinctcapError names the ids that have no features."""
-        index = pd.Index(self.image_ids)
-        rows = index.get_indexer(np.asarray(image_ids, dtype=np.int64))
-        if (rows < 0).any():
-            missing = np.asarray(image_ids)[rows < 0][:10].tolist()
-            raise DistinctcapError(f"no image features for image ids {missing} (first 10 shown)")
-        return rows
-
-    def subset(self, image_ids: Sequence[int] | np.ndarray) -> ImageFeatures:
-        rows = torch.as_tensor(self.rows(image_ids))
-        norm = None if self.pooled_norm is None else self.pooled_norm[rows]
-        return ImageFeatures(
-            np.asarray(image_ids, dtype=np.int64), self.pooled[rows], self.grid[rows], norm
-        )
-
-    def unnormalised(self, rows: Tensor) -> Tensor:
-        """CLIP's image projections before L2 normalisation at `rows`, float32 (B, Dp)."""
-        if self.pooled_norm is None:
-            raise DistinctcapError(
-                "these image features carry no pooled_norm (made before it was stored); "
-                "rerun the extract_features rule"
-            )
-        return self.pooled[rows].float() * self.pooled_norm[rows].float().unsqueeze(-1)
 
 
 @dataclass

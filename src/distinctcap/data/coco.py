@@ -35,10 +35,10 @@ import pandas as pd
 from PIL import Image
 from tqdm import tqdm
 
+from distinctcap.core.download import download
+from distinctcap.core.errors import DistinctcapError
+from distinctcap.core.io import atomic_path
 from distinctcap.data.quality import check_tables
-from distinctcap.download import download
-from distinctcap.errors import DistinctcapError
-from distinctcap.io import atomic_path
 
 log = logging.getLogger(__name__)
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from distinctcap.core.io import write_json, write_table
 from distinctcap.data import shapes
 from distinctcap.data.quality import check_tables
 from distinctcap.data.tokenizer import CaptionTokenizer
-from distinctcap.io import write_json, write_table
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import pandas as pd
 from PIL import Image
 from tqdm import tqdm
 
-from distinctcap.errors import DistinctcapError
+from distinctcap.core.errors import DistinctcapError
 
 QUARANTINE_COLUMNS = ["kind", "id", "file", "reason"]
 

@@ -15,7 +15,7 @@ from functools import cached_property
 
 from open_clip.tokenizer import SimpleTokenizer
 
-from distinctcap.io import atomic_path
+from distinctcap.core.io import atomic_path
 
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")

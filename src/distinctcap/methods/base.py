@@ -1,6 +1,6 @@
 """The contract between the trainer and a training method (ARCHITECTURE.md, "Runs are data").
 
-The trainer (distinctcap.train) owns the loop: data order, optimiser, schedule, precision,
+The trainer (distinctcap.train.trainer) owns the loop: data order, optimiser, schedule, precision,
 accumulation, validation, checkpoints. An objective only turns a batch into a loss. A method is
 one `Objective` subclass; everything the config checker, the workflow and the trainer need to
 know about it is a class attribute declared here with its default:
@@ -11,7 +11,7 @@ know about it is a class attribute declared here with its default:
     options      its own run options -> their defaults (the schema, runs.yaml, must agree:
                  tests/test_config.py); other methods' options are refused in its block
     mean_over    "tokens" | "captions": what its loss averages over, so multi-GPU shards are
-                 weighted right (distinctcap.distributed.shard_weight); an instance sets its
+                 weighted right (distinctcap.core.distributed.shard_weight); an instance sets its
                  own where a run option changes it (unkt token_reduction: sum)
     val_metrics  {name: "min" | "max"} selection metrics it computes itself (`val_metric`)
     extra_inputs(run)  named inputs a run block needs beyond data, features and edge models,
@@ -25,7 +25,7 @@ know about it is a class attribute declared here with its default:
 and, per instance:
 
     __init__(run_cfg, ctx)    run_cfg is the run's effective config
-                              (distinctcap.config.effective_run_config)
+                              (distinctcap.core.config.effective_run_config)
     loss(model, batch, step, total_steps) -> (scalar loss of one micro-batch, extras for the
                               curve, e.g. {"lambda": 0.3}); `step` counts optimiser steps
                               from 0 to total_steps - 1; the trainer scales the loss for
@@ -52,7 +52,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
-from distinctcap.errors import DistinctcapError
+from distinctcap.core.errors import DistinctcapError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -60,8 +60,8 @@ if TYPE_CHECKING:
     import torch
     from torch import Tensor
 
+    from distinctcap.captioner.model import Captioner
     from distinctcap.data.batches import Batch, CaptionData
-    from distinctcap.model import Captioner
 
 @dataclass
 class TrainContext:

@@ -12,7 +12,7 @@ Per micro-batch (B caption rows, each with its image):
 - G = ln p_m(c|I) - ln p_n(c|I) (eq. 7) from one encoder pass over the batch's distinct images
   and one decoder pass over the B * (1 + K) captions (cross-attention keys/values once per
   batch row), for the target and (under no_grad) the reference;
-- loss = -J (eq. 8-10), `distinctcap.losses.contrastive_loss`.
+- loss = -J (eq. 8-10), `distinctcap.methods.losses.contrastive_loss`.
 
 The target runs in training mode (dropout on, as the trainer sets it) and the reference in eval
 mode, as in the authors' code, so G is not exactly 0 at the first step even though the target
@@ -43,15 +43,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from distinctcap.core.errors import DistinctcapError
 from distinctcap.data.batches import encode_batch
-from distinctcap.errors import DistinctcapError
-from distinctcap.losses import contrastive_loss
 from distinctcap.methods import facts
+from distinctcap.methods.losses import contrastive_loss
 
 if TYPE_CHECKING:
+    from distinctcap.captioner.model import Captioner
     from distinctcap.data.batches import Batch
     from distinctcap.methods.base import TrainContext
-    from distinctcap.model import Captioner
 
 CONSTRAINTS = ("both", "positive", "negative")
 
@@ -97,7 +97,8 @@ def pair_logprobs(
     the image of batch row b -> (B*g,), a sum over the non-pad labels (CL eq. 7 compares
     whole-caption probabilities). Each distinct image is encoded once (`encode_batch`) and the
     decoder's cross-attention keys/values are computed once per batch row, shared by its g
-    captions (distinctcap.model.Attention); one decoder pass over all rows. Differentiable;
+    captions (distinctcap.captioner.model.Attention); one decoder pass over all rows.
+    Differentiable;
     the caller decides no_grad."""
     logits = model.decode(encode_batch(model, batch), inputs)  # (B*g, N, V)
     nll = F.cross_entropy(

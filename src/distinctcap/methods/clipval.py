@@ -20,18 +20,18 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from distinctcap.errors import DistinctcapError
-from distinctcap.model import EOS, PAD, Captioner
-from distinctcap.search import greedy
+from distinctcap.captioner.model import EOS, PAD, Captioner
+from distinctcap.captioner.search import greedy
+from distinctcap.core.errors import DistinctcapError
 
 if TYPE_CHECKING:
-    from distinctcap.clip import ClipTextEncoder
+    from distinctcap.clip.text import ClipTextEncoder
     from distinctcap.data.batches import CaptionData
 
 
 def load_clip_model(paths: dict, method: str) -> nn.Module:
     """The CLIP model of a run's cfg["paths"] (clip: weights file or tag, clip_arch)."""
-    from distinctcap.clip import load_clip
+    from distinctcap.clip.load import load_clip
 
     if not paths.get("clip") or not paths.get("clip_arch"):
         raise DistinctcapError(
@@ -62,7 +62,7 @@ def clip_val_ranks(
     """Rank of its own image for the greedy caption of each validation image (the first
     `images` by feature row, 0 = all) among those images, by CLIP cosine (1-based, ties counted
     against the caption, as `metrics.retrieval`)."""
-    from distinctcap.metrics.retrieval import retrieval_ranks
+    from distinctcap.evaluate.metrics.retrieval import retrieval_ranks
 
     rows = torch.unique(val.image_rows, sorted=True)
     rows = rows[:images] if images else rows

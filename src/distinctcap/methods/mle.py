@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING
 from torch import Tensor
 
 from distinctcap.data.batches import encode_batch
-from distinctcap.losses import mle_loss
 from distinctcap.methods import facts
+from distinctcap.methods.losses import mle_loss
 
 if TYPE_CHECKING:
+    from distinctcap.captioner.model import Captioner
     from distinctcap.data.batches import Batch
     from distinctcap.methods.base import TrainContext
-    from distinctcap.model import Captioner
 
 
 class MLE(facts.MLE):

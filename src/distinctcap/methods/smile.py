@@ -28,17 +28,17 @@ from typing import TYPE_CHECKING
 
 from torch import Tensor
 
+from distinctcap.core.errors import DistinctcapError
 from distinctcap.data.batches import encode_batch
-from distinctcap.errors import DistinctcapError
-from distinctcap.losses import SMILE_SUBSETS, mle_loss, smile_loss, smile_objective
 from distinctcap.methods import facts
 from distinctcap.methods.cl import step_generator
 from distinctcap.methods.clipval import CLIP_VAL, load_clip_model
+from distinctcap.methods.losses import SMILE_SUBSETS, mle_loss, smile_loss, smile_objective
 
 if TYPE_CHECKING:
+    from distinctcap.captioner.model import Captioner
     from distinctcap.data.batches import Batch, CaptionData
     from distinctcap.methods.base import TrainContext
-    from distinctcap.model import Captioner
 
 class SMILE(facts.SMILE):
     """L = lambda L_MLE + (1 - lambda) L_SMILE (eq. 4), token means over non-pad labels."""
@@ -90,7 +90,7 @@ class SMILE(facts.SMILE):
         if name not in self.val_metrics:
             raise DistinctcapError(f"method smile computes {list(self.val_metrics)}, not {name!r}")
         if self.encoder is None:
-            from distinctcap.clip import ClipTextEncoder
+            from distinctcap.clip.text import ClipTextEncoder
 
             clip = getattr(self.ctx, "clip", None) or load_clip_model(self.paths, "smile")
             if self.ctx.tokenizer is None:

@@ -14,13 +14,13 @@ Per micro-batch:
    tokens, and the gradient w.r.t. the one-hot is used as the gradient w.r.t. p_t:
    onehot + p - p.detach(). For Gumbel, p_t = softmax((log p_t + g_t) / tau) (Jang et al.
    2017) with the noise g_t of step 1, so the hard token is argmax of the same perturbed scores.
-4. The frozen CLIP text encoder embeds the caption (`distinctcap.clip.ClipTextEncoder`, the
+4. The frozen CLIP text encoder embeds the caption (`distinctcap.clip.text.ClipTextEncoder`, the
    project's one CLIP text encoding, run from token embeddings), and `specificity_loss`
    (eq. 2-5) compares it with the true image's and, for cdp/ccos, a contrastive image's CLIP
    embedding: dp and cdp on CLIP's unnormalised projections (text: the tower's output before
    normalising; image: the stored pooled embedding times its stored norm), cos and ccos on
    unit vectors, as the paper defines them. The contrastive image is drawn uniformly from the
-   image's top-1% most similar training images (`distinctcap.neighbours`), reproducibly per
+   image's top-1% most similar training images (`distinctcap.features.neighbours`), reproducibly per
    (seed, step, micro-batch).
 
 The paper replaces MLE by this loss (§4: mle_weight 0, the default); `mle_weight` = lambda
@@ -39,18 +39,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from distinctcap.captioner.model import BOS, PAD, Captioner
+from distinctcap.captioner.search import ban_specials, decode_ids
+from distinctcap.core.errors import DistinctcapError
 from distinctcap.data.batches import encode_batch
-from distinctcap.errors import DistinctcapError
-from distinctcap.losses import SPECIFICITY_KINDS, mle_loss, specificity_loss
+from distinctcap.features.neighbours import NeighbourTable
 from distinctcap.methods import facts
 from distinctcap.methods.clipval import (  # noqa: F401  (caption_ids_tensor: re-export)
     caption_ids_tensor,
     load_clip_model,
     val_mean_rank,
 )
-from distinctcap.model import BOS, PAD, Captioner
-from distinctcap.neighbours import NeighbourTable
-from distinctcap.search import ban_specials, decode_ids
+from distinctcap.methods.losses import SPECIFICITY_KINDS, mle_loss, specificity_loss
 
 if TYPE_CHECKING:
     from distinctcap.data.batches import Batch, CaptionData
@@ -152,7 +152,7 @@ class Specificity(facts.Specificity):
             clip = getattr(ctx, "clip", None)
         if clip is None:
             clip = load_clip_model(paths, "specificity")
-        from distinctcap.clip import ClipTextEncoder
+        from distinctcap.clip.text import ClipTextEncoder
 
         self.encoder = ClipTextEncoder(clip, ctx.tokenizer.clip_ids).to(ctx.device)
         self.features = ctx.train_data.features

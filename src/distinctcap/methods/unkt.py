@@ -18,20 +18,20 @@ objective); the teacher runs without gradients.
 - L_hid^l (eq. 7): each decoder layer's hidden state (the residual stream after block l) is
   turned into a distribution by a softmax over the feature dimension, one per caption position
   (the paper applies a KL to hidden states without saying how they become distributions; see
-  distinctcap.losses.hidden_distribution), then reverse_kl_repulsion (eq. 6).
+  distinctcap.methods.losses.hidden_distribution), then reverse_kl_repulsion (eq. 6).
 - L_att^l (eq. 8): reverse_kl_repulsion of the attention rows softmax(QK^T / sqrt(d_k)) of
   decoder layer l, averaged over heads and positions; `attention: self | cross | both`. With
   `both`, a layer contributes its self- and its cross-attention term (the paper's "attention
   matrices of the l-th decoder layer"; our decoder layer has both kinds).
 - Every term is a mean over non-pad caption positions: rows of pad query positions are
-  excluded (they compute garbage under right padding, see distinctcap.model).
+  excluded (they compute garbage under right padding, see distinctcap.captioner.model).
   `token_reduction: sum` instead sums each caption's token terms of L_mle and L_pred, as eq. 4,
-  5 and 9 are printed, and takes the mean over captions (distinctcap.losses.reduce_tokens);
+  5 and 9 are printed, and takes the mean over captions (distinctcap.methods.losses.reduce_tokens);
   L_hid and L_att stay means.
 - `top_k: k` (not in UNKT) makes L_pred the unlikelihood of the teacher's k most probable
   tokens at each position, renormalised (soft targets only); None is eq. 5 as printed.
 - lam (§3.3): `lambda_schedule: progressive` rises linearly to 1 over the warm-up and then
-  follows eq. 10 (distinctcap.losses.progressive_lambda); `fixed` keeps `lambda_value`
+  follows eq. 10 (distinctcap.methods.losses.progressive_lambda); `fixed` keeps `lambda_value`
   (Table 8). The paper warms up over 5 epochs: `warmup_epochs` is converted to optimiser steps
   with the trainer's epoch length, len(train captions) // batch_size micro-batches divided by
   grad_accum (data/batches.py BatchOrder); `warmup_steps`, when set, is used as is. The warm-up
@@ -55,10 +55,13 @@ import pyarrow.parquet as pq
 import torch
 from torch import Tensor
 
-from distinctcap.config import steps_per_epoch
+from distinctcap.captioner.model import EOS
+from distinctcap.captioner.search import greedy
+from distinctcap.core.config import steps_per_epoch
+from distinctcap.core.errors import DistinctcapError
 from distinctcap.data.batches import encode_batch
-from distinctcap.errors import DistinctcapError
-from distinctcap.losses import (
+from distinctcap.methods import facts
+from distinctcap.methods.losses import (
     TOKEN_REDUCTIONS,
     hidden_distribution,
     mle_loss,
@@ -68,14 +71,12 @@ from distinctcap.losses import (
     token_unlikelihood_loss,
     unkt_objective,
 )
-from distinctcap.methods import facts
-from distinctcap.model import EOS
-from distinctcap.search import greedy
 
 if TYPE_CHECKING:
-    from distinctcap.data.batches import Batch, CaptionData, ImageFeatures
+    from distinctcap.captioner.model import Captioner
+    from distinctcap.data.batches import Batch, CaptionData
+    from distinctcap.features.read import ImageFeatures
     from distinctcap.methods.base import TrainContext
-    from distinctcap.model import Captioner
 
 TARGETS = ("soft", "hard", "random")
 ATTENTION = ("self", "cross", "both")
@@ -176,7 +177,8 @@ def align_negatives(negatives: Tensor, labels: Tensor, pad_id: int) -> Tensor:
 
 class GreedyCaptions:
     """The frozen teacher's greedy caption of each image as labels (tokens + [eos]), for the hard
-    targets of Table 6. An image is decoded (distinctcap.search.greedy, no grad) the first time
+    targets of Table 6. An image is decoded (distinctcap.captioner.search.greedy, no grad) the
+    first time
     a batch holds it and then kept: greedy decoding of a frozen model in eval mode is
     deterministic, so later batches would decode the same caption again."""
 

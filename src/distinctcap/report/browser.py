@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
 
-from distinctcap.errors import DistinctcapError
+from distinctcap.core.errors import DistinctcapError
 
 CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 # A fresh profile, no network, nothing in the background: the same page every call.

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from distinctcap.io import atomic_path, read_json
+from distinctcap.core.io import atomic_path, read_json
 from distinctcap.report.summary import headline_table, pick_decodings, run_label, run_order
 
 HOW_TO_READ = """\
@@ -132,7 +132,7 @@ def clip_retrieval(results: Path) -> list[str]:
 
 
 def entropy_extremes(results: Path, top: int = 3) -> list[str]:
-    """The first `top` rows of each part of entropy_extremes.md (distinctcap.entropy)."""
+    """The first `top` rows of each part of entropy_extremes.md (distinctcap.features.entropy)."""
     path = results / "report" / "entropy_extremes.md"
     if not path.is_file():
         return []

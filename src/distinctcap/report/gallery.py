@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from distinctcap.errors import DistinctcapError
-from distinctcap.io import atomic_path, read_table
+from distinctcap.core.errors import DistinctcapError
+from distinctcap.core.io import atomic_path, read_table
 from distinctcap.report.summary import run_order
 
 

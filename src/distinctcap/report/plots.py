@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from distinctcap.io import atomic_path
+from distinctcap.core.io import atomic_path
 
 
 def pyplot():

@@ -3,20 +3,21 @@ time: `evaluation_keys` (which evaluations exist) and `reference_run` (the MLE r
 are compared with in the tables).
 
 Imported while Snakemake parses the DAG, so it stays light: pandas and the metrics package's
-name lists, never torch or matplotlib (hence no import of distinctcap.evaluate).
+name lists, never torch or matplotlib (hence no import of distinctcap.evaluate.stage).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
 
-from distinctcap.errors import DistinctcapError
-from distinctcap.io import atomic_path
-from distinctcap.metrics import DIVERSITY_METRICS, QUALITY_METRICS
-from distinctcap.metrics.result import KEYS
+from distinctcap.core.errors import DistinctcapError
+from distinctcap.core.io import atomic_path, read_table
+from distinctcap.evaluate.metrics import DIVERSITY_METRICS, QUALITY_METRICS
+from distinctcap.evaluate.metrics.result import KEYS
 
 SUMMARY_BASE = (
     *KEYS,
@@ -173,8 +174,6 @@ def sampled_quality_markdown(summary: pd.DataFrame, runs: dict, split: str = "te
 
 def write_headline(summary: pd.DataFrame, runs: dict, csv: Path, md: Path, tex: Path) -> None:
     """The headline table of the test split as csv, markdown and LaTeX (rule summarize)."""
-    from distinctcap.report.versus import latex
-
     quality, diversity = pick_decodings(summary)
     headers, rows = headline_table(summary, runs, "test", quality, diversity)
     with atomic_path(csv) as tmp:
@@ -207,7 +206,7 @@ def read_summary(results: Path) -> pd.DataFrame:
 
 def summary_runs(results: Path, summary: pd.DataFrame) -> dict:
     """{run: its config block} from the run cards, for every run of the summary."""
-    from distinctcap.runcard import list_runs
+    from distinctcap.runs.runcard import list_runs
 
     cards = {card["name"]: card["run"] for card in list_runs(results)}
     return {name: cards.get(name, {"method": "?"}) for name in summary.run.unique()}
@@ -230,7 +229,7 @@ def compare_table(results: Path, split: str = "test") -> str:
 
 def run_table(results: Path, split: str = "test") -> str:
     """`distinctcap runs`: each finished run folder, its method and headline numbers."""
-    from distinctcap.runcard import list_runs
+    from distinctcap.runs.runcard import list_runs
 
     cards = {card["name"]: card for card in list_runs(results)}
     if not cards:
@@ -253,6 +252,37 @@ def _cell(rows: pd.DataFrame, key: tuple[str, str], column: str, digits: int) ->
     return "-" if value is None or pd.isna(value) else f"{value:.{digits}f}"
 
 
+
+
+def read_metrics(paths: Sequence[str | Path]) -> pd.DataFrame:
+    """The metrics rows of several parquets, `skipped` decoded to dicts, sorted by the keys."""
+    if not paths:
+        raise DistinctcapError("no metrics tables to read")
+    table = pd.concat([read_table(p) for p in paths], ignore_index=True)
+    table["skipped"] = [json.loads(s) for s in table.skipped]
+    return table.sort_values(list(KEYS), kind="stable").reset_index(drop=True)
+
+
+def latex(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], caption: str, labels: int = 2
+) -> str:
+    """A booktabs table (arrows as $\\uparrow$/$\\downarrow$, bold as \\textbf)."""
+    def tex(text: str) -> str:
+        text = text.replace("\\", "\\textbackslash{}")
+        for char in "&%$#_{}":
+            text = text.replace(char, "\\" + char)
+        text = text.replace("↑", "$\\uparrow$").replace("↓", "$\\downarrow$")
+        parts = text.split("**")
+        return "".join(f"\\textbf{{{p}}}" if i % 2 else p for i, p in enumerate(parts))
+
+    spec = "l" * labels + "r" * (len(headers) - labels)
+    body = [" & ".join(tex(c) for c in r) + " \\\\" for r in rows]
+    return "\n".join([
+        "\\begin{table}[t]", "\\centering", f"\\caption{{{tex(caption)}}}",
+        f"\\begin{{tabular}}{{{spec}}}", "\\toprule", " & ".join(tex(h) for h in headers) + " \\\\",
+        "\\midrule", *body, "\\bottomrule", "\\end{tabular}", "\\end{table}",
+    ]) + "\n"  # fmt: skip
+
 if __name__ == "__main__":  # make readme-table / make unkt-ablation-table
     import argparse
     import sys
@@ -269,8 +299,6 @@ if __name__ == "__main__":  # make readme-table / make unkt-ablation-table
     for path in args.configs:
         runs |= yaml.safe_load(Path(path).read_text()).get("runs", {})
     if Path(args.summary).is_dir():
-        from distinctcap.evaluate import read_metrics
-
         summary = summary_table(read_metrics(sorted(Path(args.summary).glob("*/*.parquet"))))
         runs = {name: block for name, block in runs.items() if name in set(summary.run)}
     else:

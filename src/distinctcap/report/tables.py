@@ -8,7 +8,7 @@ diversity, self-retrieval, CLIPScore, PPL) and the specificity paper's Tables 1 
 (diversity, novelty, vocabulary, R@k, mean rank; standard metrics), each in the paper's units.
 Fractions of the metrics package (distinct, novelty, R@k, scene F1) are printed as %.
 A skipped metric is NaN in the data and "skipped [n]" in a table, with its reason below it.
-The published numbers themselves are transcribed in distinctcap.published.
+The published numbers themselves are transcribed in distinctcap.report.published.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from distinctcap import published as P
-from distinctcap.io import atomic_path
+from distinctcap.core.io import atomic_path
+from distinctcap.report import published as P
 
 
 @dataclass(frozen=True)
@@ -423,7 +423,7 @@ def blocks(metrics: pd.DataFrame) -> list[tuple[str, str, Block]]:
 
 def tables_latex(metrics: pd.DataFrame) -> str:
     """Every table as a LaTeX (booktabs) table, captioned with its section and block."""
-    from distinctcap.report.versus import latex
+    from distinctcap.report.summary import latex
 
     return "\n".join(
         latex(block.headers, block.rows, f"{section}: {block.title}", labels=block.labels)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from distinctcap.io import atomic_path
+from distinctcap.core.io import atomic_path
 
 COLUMNS = {"s": "wall_s", "cpu_time": "cpu_s", "max_rss": "max_rss_mb"}
 

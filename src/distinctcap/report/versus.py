@@ -5,7 +5,7 @@ A difference counts as better or worse only where its 95 % interval excludes 0; 
 reads "no significant difference", so noise (e.g. 3.10e-10 vs 3.01e-10) is never a win.
 Scores per image, of each image's first caption (greedy, best beam or first sample), on the
 same images for run and reference:
-- CIDEr-D (distinctcap.metrics.cider, the references of the scored images as its corpus, on
+- CIDEr-D (distinctcap.evaluate.metrics.cider, the references of the scored images as its corpus, on
   whitespace tokens: the shapes captions have no punctuation; on COCO it differs slightly from
   the PTB-tokenised summary value), the statistic is the mean over images;
 - R@1, mean rank and CLIPScore, from the evaluate rule's per-image table (clip_rank: the
@@ -23,15 +23,15 @@ with replacement, the same resample for run and reference (paired), seeded.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from distinctcap.io import atomic_path
-from distinctcap.metrics.cider import CiderD
-from distinctcap.report.summary import HEADLINE_QUALITY, run_order
+from distinctcap.core.io import atomic_path
+from distinctcap.evaluate.metrics.cider import CiderD
+from distinctcap.report.summary import HEADLINE_QUALITY, latex, run_order
 
 COLUMNS = [
     "run", "decoding", "split", "metric", "value", "reference_value", "difference",
@@ -42,7 +42,7 @@ HEADERS = {column: f"{header} {arrow}" for header, column, _, arrow in HEADLINE_
 HEADERS["scene_precision"] = "scene precision ↑"
 LOWER_BETTER = frozenset(column for _, column, _, arrow in HEADLINE_QUALITY if arrow == "↓")
 SCENE_COUNTS = ("claims", "correct", "facts", "covered")
-# metric -> its value per image from a per-image table (distinctcap.evaluate.PER_IMAGE)
+# metric -> its value per image from a per-image table (distinctcap.evaluate.stage.PER_IMAGE)
 PER_IMAGE_VALUES: dict[str, Callable[[pd.DataFrame], pd.Series]] = {
     "r_at_1": lambda t: (t.clip_rank <= 1).astype(float),  # the hit of R@1 (recall_at_k)
     "mean_rank": lambda t: t.clip_rank.astype(float),
@@ -63,7 +63,7 @@ def cider_scores(texts: pd.Series, refs: dict[int, list[str]]) -> np.ndarray:
 
 def scene_counts(texts: pd.Series, scenes: pd.Series) -> np.ndarray:
     """(images, 4) claims, correct, facts, covered of each caption against its scene."""
-    from distinctcap.scene_score import score_caption
+    from distinctcap.data.scene import score_caption
 
     rows = []
     for image_id, text in texts.items():
@@ -215,26 +215,6 @@ def markdown(table: pd.DataFrame, reference: str) -> str:
     ]
     return "\n".join(lines) + "\n"
 
-
-def latex(
-    headers: Sequence[str], rows: Sequence[Sequence[str]], caption: str, labels: int = 2
-) -> str:
-    """A booktabs table (arrows as $\\uparrow$/$\\downarrow$, bold as \\textbf)."""
-    def tex(text: str) -> str:
-        text = text.replace("\\", "\\textbackslash{}")
-        for char in "&%$#_{}":
-            text = text.replace(char, "\\" + char)
-        text = text.replace("↑", "$\\uparrow$").replace("↓", "$\\downarrow$")
-        parts = text.split("**")
-        return "".join(f"\\textbf{{{p}}}" if i % 2 else p for i, p in enumerate(parts))
-
-    spec = "l" * labels + "r" * (len(headers) - labels)
-    body = [" & ".join(tex(c) for c in r) + " \\\\" for r in rows]
-    return "\n".join([
-        "\\begin{table}[t]", "\\centering", f"\\caption{{{tex(caption)}}}",
-        f"\\begin{{tabular}}{{{spec}}}", "\\toprule", " & ".join(tex(h) for h in headers) + " \\\\",
-        "\\midrule", *body, "\\bottomrule", "\\end{tabular}", "\\end{table}",
-    ]) + "\n"  # fmt: skip
 
 
 def write_versus(table: pd.DataFrame, reference: str, csv: Path, md: Path, tex: Path) -> None:

@@ -1,0 +1,390 @@
+"""Contrastive training of a CLIP from scratch (the shapes world's tiny one): epoch sampling,
+ClipLoss steps, resumable checkpoints, validation retrieval recall, and the shipped weights of
+the same fingerprint instead of training (distinctcap.clip.assets).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import os
+import pickle
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import open_clip
+import pandas as pd
+import torch
+from open_clip.loss import ClipLoss
+
+from distinctcap.clip.assets import fingerprint_mismatch, load_shipped
+from distinctcap.clip.load import byte_transform, load_images, normalize
+from distinctcap.clip.text import encode_text
+from distinctcap.core.devices import resolve_device
+from distinctcap.core.errors import DistinctcapError
+from distinctcap.core.io import atomic_path
+from distinctcap.core.logs import expect_random_init
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainSettings:
+    epochs: int = 240
+    batch_size: int = 64
+    lr: float = 1e-3
+    weight_decay: float = 0.1
+    warmup_fraction: float = 0.1
+    checkpoint_every: int = 10  # epochs between resume checkpoints; 0 = none
+    use_shipped: bool = True  # take assets/clip/ weights of the same fingerprint (clip_assets)
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """open_clip's convention: no weight decay on gains, biases, embeddings and logit_scale."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        skip = p.ndim < 2 or "embedding" in name or "logit_scale" in name
+        (no_decay if skip else decay).append(p)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+
+
+def lr_at(step: int, total: int, warmup: int, lr: float) -> float:
+    """Linear warm-up then cosine decay to zero."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    return 0.5 * lr * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
+
+
+def caption_index(captions: pd.DataFrame, image_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """CSR layout of captions per image: rows of `captions` sorted by image, and the offsets."""
+    position = {int(i): k for k, i in enumerate(image_ids)}
+    owner = captions.image_id.map(position).to_numpy()
+    order = np.argsort(owner, kind="stable")
+    counts = np.bincount(owner, minlength=len(image_ids))
+    if (counts == 0).any():
+        raise DistinctcapError(f"image {image_ids[counts == 0][0]} has no caption to train on")
+    return order, np.concatenate([[0], np.cumsum(counts)])
+
+
+def train_clip(
+    images: pd.DataFrame,
+    captions: pd.DataFrame,
+    arch: str,
+    settings: TrainSettings,
+    seed: int = 0,
+    device: str = "auto",
+    checkpoint: str | os.PathLike | None = None,
+    shipped: str | os.PathLike | None = None,
+) -> tuple[torch.nn.Module, dict]:
+    """Train `arch` from scratch with CLIP's contrastive loss on the train split.
+
+    Each epoch pairs every train image with one of its captions drawn at random; ClipLoss is
+    the symmetric cross-entropy over the batch's image-text similarity matrix scaled by the
+    learned temperature exp(t), clamped at 100 as in CLIP. Returns the model (eval mode) and
+    its validation retrieval recall (`retrieval_recall`).
+
+    With a `checkpoint` path, every `settings.checkpoint_every` epochs the whole training state
+    is written there; a later call with the same fingerprint (`train_fingerprint`) resumes from
+    it to the same final weights, and success removes it.
+
+    With `shipped` (the assets/clip folder) and `settings.use_shipped`, weights shipped there
+    with the same fingerprint are loaded instead of training (`clip_assets.load_shipped`);
+    `metrics["weights"]` says which ("trained" or the shipped file and its sha256).
+    """
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    dev = resolve_device(device)
+    expect_random_init()  # open_clip warns that it starts from random weights: the plan here
+    model, _, preprocess = open_clip.create_model_and_transforms(arch, device=dev, output_dict=True)
+    to_bytes, mean, std = byte_transform(preprocess)
+    tokenizer = open_clip.get_tokenizer(arch)
+    train_images = images[images.split == "train"].sort_values("image_id")
+    train_caps = captions[captions.split == "train"]
+    pixels = load_images(train_images.file.tolist(), to_bytes)
+    tokens = tokenizer(train_caps.text.tolist())
+    order, offsets = caption_index(train_caps, train_images.image_id.to_numpy())
+
+    n, bs = len(pixels), min(settings.batch_size, len(pixels))
+    steps_per_epoch = n // bs
+    total = steps_per_epoch * settings.epochs
+    opt = torch.optim.AdamW(
+        param_groups(model, settings.weight_decay), lr=settings.lr, betas=(0.9, 0.98), eps=1e-6
+    )
+    loss_fn = ClipLoss()
+    amp = torch.autocast("cuda", dtype=torch.bfloat16, enabled=dev.type == "cuda")
+    fingerprint = train_fingerprint(arch, settings, seed, dev, pixels, tokens, train_caps.image_id)
+    found = load_shipped(shipped, arch, fingerprint) if settings.use_shipped else None
+    if found:
+        model.load_state_dict(found[0])
+    progress = TrainProgress(epoch=settings.epochs) if found else resume_training(
+        checkpoint, fingerprint, model, opt, rng, settings.epochs
+    )
+    model.train()
+    start = time.perf_counter() - progress.seconds
+    warmup = int(settings.warmup_fraction * total)
+    while progress.epoch < settings.epochs:
+        perm = rng.permutation(n)
+        pick = order[offsets[perm] + rng.integers(0, np.diff(offsets)[perm])]
+        epoch_loss = 0.0
+        for b in range(steps_per_epoch):
+            rows = slice(b * bs, (b + 1) * bs)
+            x = normalize(pixels[perm[rows]].to(dev, non_blocking=True), mean, std)
+            t = tokens[pick[rows]].to(dev, non_blocking=True)
+            lr = lr_at(progress.step, total, warmup, settings.lr)
+            epoch_loss += contrastive_step(model, opt, loss_fn, amp, x, t, lr)
+            progress.step += 1
+        progress.end_epoch(
+            epoch_loss / max(1, steps_per_epoch),
+            model.logit_scale.exp().item(),
+            time.perf_counter() - start,
+            settings.epochs,
+        )
+        if checkpoint_due(checkpoint, settings, progress.epoch):
+            save_training(checkpoint, fingerprint, model, opt, rng, progress)
+    model.eval()
+    metrics = evaluate_retrieval(model, images, captions, "val", to_bytes, mean, std, tokenizer)
+    metrics.update(
+        train_seconds=round(time.perf_counter() - start, 1),
+        epochs=settings.epochs,
+        logit_scale=model.logit_scale.exp().item(),
+        arch=arch,
+        fingerprint=fingerprint,
+        weights=found[1] if found else "trained",
+    )
+    remove_checkpoint(checkpoint)
+    return model, metrics
+
+
+def contrastive_step(
+    model, opt, loss_fn, amp, x: torch.Tensor, t: torch.Tensor, lr: float
+) -> float:
+    """One optimiser step of ClipLoss on a batch of images `x` and tokens `t`; its loss."""
+    for group in opt.param_groups:
+        group["lr"] = lr
+    with amp:
+        out = model(x, t)
+        loss = loss_fn(out["image_features"], out["text_features"], out["logit_scale"])
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    with torch.no_grad():
+        model.logit_scale.clamp_(0, math.log(100))
+    return loss.item()
+
+
+@dataclass
+class TrainProgress:
+    """Where training stands: epochs done, optimiser steps done, the per-epoch log so far and
+    the seconds spent training (across resumed processes)."""
+
+    epoch: int = 0
+    step: int = 0
+    history: list[dict] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def end_epoch(self, loss: float, logit_scale: float, seconds: float, epochs: int) -> None:
+        """Record and log one finished epoch."""
+        self.epoch += 1
+        self.seconds = seconds
+        record = {"epoch": self.epoch, "loss": loss, "logit_scale": logit_scale, "seconds": seconds}
+        self.history.append(record)
+        log_epoch(record, epochs)
+
+
+def log_epoch(record: dict, epochs: int, note: str = "") -> None:
+    """One progress line per epoch, with the time left at the mean epoch time so far."""
+    left = record["seconds"] / record["epoch"] * (epochs - record["epoch"])
+    log.info(
+        "epoch %d/%d (%d %%): contrastive loss %.4f, logit scale %.2f, %.0f s, about %.0f min "
+        "left%s",
+        record["epoch"],
+        epochs,
+        100 * record["epoch"] // epochs,
+        record["loss"],
+        record["logit_scale"],
+        record["seconds"],
+        left / 60,
+        note,
+    )
+
+
+def train_fingerprint(
+    arch: str,
+    settings: TrainSettings,
+    seed: int,
+    device: torch.device,
+    pixels: torch.Tensor,
+    tokens: torch.Tensor,
+    caption_images: pd.Series,
+) -> dict:
+    """Everything that determines the trained weights, field by field (so a mismatch can be
+    named): the settings except `checkpoint_every` and `use_shipped`, and a hash of the loaded
+    training data (pixels, caption tokens and which image each caption belongs to)."""
+    data = hashlib.sha256()
+    for array in (pixels.numpy(), tokens.numpy(), caption_images.to_numpy(dtype=np.int64)):
+        data.update(np.ascontiguousarray(array).tobytes())
+    kept = {
+        k: v for k, v in asdict(settings).items() if k not in ("checkpoint_every", "use_shipped")
+    }
+    return {
+        "arch": arch,
+        "settings": kept,
+        "seed": seed,
+        "device": device.type,
+        "data": data.hexdigest()[:16],
+    }
+
+
+
+def checkpoint_due(
+    checkpoint: str | os.PathLike | None, settings: TrainSettings, epoch: int
+) -> bool:
+    """After `epoch` epochs: is a checkpoint to be written? (Never after the last one.)"""
+    every = settings.checkpoint_every
+    return bool(checkpoint and every and epoch % every == 0 and epoch < settings.epochs)
+
+
+def save_training(
+    path: str | os.PathLike,
+    fingerprint: dict,
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    rng: np.random.Generator,
+    progress: TrainProgress,
+) -> None:
+    """Write the whole training state to `path` atomically (a kill leaves the previous one)."""
+    state = {
+        "fingerprint": fingerprint,
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "numpy_rng": rng.bit_generator.state,
+        "torch_rng": torch.get_rng_state(),
+        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "progress": asdict(progress),
+    }
+    with atomic_path(path) as tmp:
+        torch.save(state, tmp)
+
+
+def load_training(path: Path, fingerprint: dict) -> dict | None:
+    """The checkpoint at `path` if it matches `fingerprint`; a mismatched or unreadable one is
+    renamed aside (kept for inspection) with one log line saying why."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as error:
+        set_aside(path, f"it cannot be read ({error})")
+        return None
+    mismatch = fingerprint_mismatch(state.get("fingerprint") or {}, fingerprint)
+    if mismatch:
+        set_aside(path, f"it is from a different {', '.join(mismatch)}")
+        return None
+    return state
+
+
+def set_aside(path: Path, why: str) -> None:
+    aside = path.with_name(f"{path.stem}.set-aside-{time.strftime('%Y%m%d-%H%M%S')}{path.suffix}")
+    os.replace(path, aside)
+    log.warning("not resuming CLIP training from %s: %s; moved it to %s", path, why, aside)
+
+
+def resume_training(
+    checkpoint: str | os.PathLike | None,
+    fingerprint: dict,
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    rng: np.random.Generator,
+    epochs: int,
+) -> TrainProgress:
+    """Restore model, optimiser and RNGs from a matching checkpoint and return its progress;
+    a fresh TrainProgress when there is none."""
+    path = Path(checkpoint) if checkpoint else None
+    state = load_training(path, fingerprint) if path and path.exists() else None
+    if state is None:
+        return TrainProgress()
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["optimizer"])
+    rng.bit_generator.state = state["numpy_rng"]
+    torch.set_rng_state(state["torch_rng"])
+    if state["cuda_rng"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
+    progress = TrainProgress(**state["progress"])
+    for record in progress.history:  # the log file of this process starts empty
+        log_epoch(record, epochs, " (before resuming)")
+    log.info("resumed CLIP training at epoch %d of %d from %s", progress.epoch + 1, epochs, path)
+    return progress
+
+
+def remove_checkpoint(checkpoint: str | os.PathLike | None) -> None:
+    """Training is done: drop its checkpoint (and the folder when nothing else is in it)."""
+    if not checkpoint:
+        return
+    path = Path(checkpoint)
+    path.unlink(missing_ok=True)
+    try:
+        path.parent.rmdir()
+    except OSError:  # not empty (a set-aside checkpoint) or already gone
+        pass
+
+
+@torch.inference_mode()
+def evaluate_retrieval(model, images, captions, split, to_bytes, mean, std, tokenizer) -> dict:
+    """Image<->text recall of `model` on one split (all of its images and captions)."""
+    dev = next(model.parameters()).device
+    imgs = images[images.split == split].sort_values("image_id")
+    caps = captions[captions.split == split]
+    pixels = load_images(imgs.file.tolist(), to_bytes)
+    tokens = tokenizer(caps.text.tolist())
+    img_emb = (
+        torch.cat(
+            [
+                model.encode_image(normalize(p.to(dev), mean, std), normalize=True)
+                for p in pixels.split(256)
+            ]
+        )
+        .float()
+        .cpu()
+    )
+    txt_emb = (
+        torch.cat([encode_text(model, t.to(dev), normalize=True) for t in tokens.split(1024)])
+        .float()
+        .cpu()
+    )
+    return retrieval_recall(img_emb, imgs.image_id.to_numpy(), txt_emb, caps.image_id.to_numpy())
+
+
+def retrieval_recall(
+    image_emb: torch.Tensor,
+    image_ids: np.ndarray,
+    text_emb: torch.Tensor,
+    text_image_ids: np.ndarray,
+    ks: Sequence[int] = (1, 5),
+) -> dict:
+    """Recall@k both ways. image->text: an image is a hit when one of its own captions is among
+    its k nearest captions; text->image: a caption is a hit when its image is among its k
+    nearest images. `chance_R@1` is 1 / number of images."""
+    sim = text_emb @ image_emb.T  # (Nt, Ni)
+    own = torch.as_tensor(text_image_ids[:, None] == image_ids[None, :])  # (Nt, Ni)
+    out = {
+        "n_images": len(image_ids),
+        "n_captions": len(text_image_ids),
+        "chance_R@1": 1.0 / len(image_ids),
+    }
+    for k in ks:
+        top_images = sim.topk(min(k, sim.shape[1]), dim=1).indices
+        out[f"text_to_image_R@{k}"] = own.gather(1, top_images).any(1).float().mean().item()
+        top_texts = sim.topk(min(k, sim.shape[0]), dim=0).indices  # (k, Ni)
+        out[f"image_to_text_R@{k}"] = own.gather(0, top_texts).any(0).float().mean().item()
+    return out
+
+
+def save_weights(model: torch.nn.Module, path: str | os.PathLike) -> None:
+    """A plain state dict (written atomically) that open_clip loads with pretrained=path."""
+    with atomic_path(path) as tmp:
+        torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, tmp)

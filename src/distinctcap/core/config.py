@@ -1,0 +1,470 @@
+"""Config validation: JSON schema with defaults, then the run graph (ARCHITECTURE.md, "Runs are
+data"), and each run's effective config.
+
+`validate(config, schema_path)` fills defaults from the schema and raises one DistinctcapError
+that names the key and what is allowed: a wrong type, an unknown key, an unknown run method,
+a run naming a missing `init`/`teacher`/`reference`, or a cycle among runs.
+`effective_run_config(config, name, schema)` is what determines one run's result.
+
+What a method requires (its edges, its options) is read from its facts class
+(distinctcap.methods.facts). Nothing here imports torch: the workflow calls this module while
+Snakemake parses it.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import jsonschema
+import yaml
+
+from distinctcap.core.errors import DistinctcapError
+from distinctcap.methods.facts import FACTS
+
+RUN_EDGES = ("init", "teacher", "reference")
+REQUIRED_EDGES = {method: facts.edges for method, facts in FACTS.items()}
+# Keys every run block may carry; the schema (sections/runs.yaml) fills every method's
+# options into every block, so a run keeps only these and its own method's options.
+RUN_KEYS = frozenset({"method", "data", *RUN_EDGES, "train"})
+OPTIONS = {method: frozenset(facts.options) for method, facts in FACTS.items()}
+
+
+def _fill_defaults(validator_class):
+    """A validator that sets each missing property's schema default before validating it."""
+    validate_properties = validator_class.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for name, sub in properties.items():
+                if "default" in sub and name not in instance:
+                    instance[name] = copy.deepcopy(sub["default"])
+        yield from validate_properties(validator, properties, instance, schema)
+
+    return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
+
+
+DefaultFilling = _fill_defaults(jsonschema.Draft7Validator)
+
+
+def load_schema(path: str | os.PathLike) -> dict:
+    """The main schema with each `sections/<name>.yaml` beside it as top-level property <name>."""
+    path = Path(path)
+    schema = yaml.safe_load(path.read_text())
+    for section in sorted((path.parent / "sections").glob("*.yaml")):
+        schema["properties"][section.stem] = yaml.safe_load(section.read_text())
+    return schema
+
+
+def validate(config: dict, schema: dict) -> dict:
+    """Return a copy of `config` with defaults filled; raise DistinctcapError if it is invalid."""
+    config = copy.deepcopy(config)
+    errors = sorted(DefaultFilling(schema).iter_errors(config), key=_error_depth)
+    if errors:
+        raise DistinctcapError(describe(errors[0]))
+    check_runs(config.get("runs", {}))
+    check_values(config)
+    return config
+
+
+def _error_depth(error: jsonschema.ValidationError) -> tuple:
+    """Deepest key first; an empty section (e.g. no runs yet) only when nothing else is wrong."""
+    return (error.validator == "minProperties", -len(error.absolute_path), str(error.absolute_path))
+
+
+def describe(error: jsonschema.ValidationError) -> str:
+    """One line: the key's dotted path, what is wrong and what is allowed."""
+    key = ".".join(str(p) for p in error.absolute_path) or "<top level>"
+    schema = error.schema
+    if error.validator == "additionalProperties":
+        allowed = sorted(schema.get("properties", {}))
+        extra = sorted(set(error.instance) - set(allowed))
+        where = f"{key}." if error.absolute_path else ""
+        return f"unknown key {where}{extra[0]}; allowed keys here: {', '.join(allowed)}"
+    if error.validator == "enum":
+        return f"{key} = {error.instance!r} is not allowed; choose one of {schema['enum']}"
+    if error.validator == "type":
+        return f"{key} = {error.instance!r} has the wrong type; expected {schema['type']}"
+    if error.validator == "pattern" and "propertyNames" in error.schema_path:
+        return (
+            f"{key}: name {error.instance!r} is not allowed; names are used as folder names, "
+            f"so use letters, digits, '_' and '-' only"
+        )
+    if error.validator == "minProperties" and not error.instance:
+        return f"{key} is empty; define at least one entry"
+    if error.validator in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+        return f"{key} = {error.instance!r}: {error.message}"
+    return f"{key}: {error.message}"
+
+
+def check_runs(runs: dict) -> None:
+    """Every init/teacher/reference names a defined run, and the runs form no cycle."""
+    for name, run in runs.items():
+        for edge in REQUIRED_EDGES.get(run.get("method"), ()):
+            if not run.get(edge):
+                raise DistinctcapError(
+                    f"runs.{name}.{edge} is required for method {run['method']!r}: "
+                    f"name one of the runs {', '.join(sorted(runs))}"
+                )
+        for edge in RUN_EDGES:
+            target = run.get(edge)
+            if target is not None and target not in runs:
+                raise DistinctcapError(
+                    f"runs.{name}.{edge} = {target!r} names no run; defined runs: "
+                    f"{', '.join(sorted(runs))}"
+                )
+    for name in runs:
+        cycle = _find_cycle(runs, name, [])
+        if cycle:
+            raise DistinctcapError(f"runs form a cycle: {' -> '.join(cycle)}")
+
+
+def _find_cycle(runs: dict, name: str, path: list[str]) -> list[str] | None:
+    if name in path:
+        return path[path.index(name):] + [name]
+    for target in run_dependencies(runs[name]):
+        cycle = _find_cycle(runs, target, path + [name])
+        if cycle:
+            return cycle
+    return None
+
+
+def run_dependencies(run: dict) -> Iterator[str]:
+    """The runs this run needs trained first (its DAG edges)."""
+    for edge in RUN_EDGES:
+        if run.get(edge):
+            yield run[edge]
+
+
+def run_priorities(run_configs: dict[str, dict]) -> dict[str, int]:
+    """Scheduling priority of each run's training job (effective configs by name): its steps
+    plus the largest priority among the runs that wait for it, so the head of the longest
+    chain of training starts first (on 2 cores the negative teacher, which UNKT waits for,
+    before the positive one, which nothing waits for)."""
+    waiting = {n: [m for m, r in run_configs.items() if n in run_dependencies(r)]
+               for n in run_configs}  # fmt: skip
+    done: dict[str, int] = {}
+
+    def chain(name: str) -> int:
+        if name not in done:
+            steps = TrainConfig.from_dict(run_configs[name]["train"]).steps
+            done[name] = steps + max((chain(m) for m in waiting[name]), default=0)
+        return done[name]
+
+    return {name: chain(name) for name in run_configs}
+
+
+def entropy_priority(run_configs: dict[str, dict], priorities: dict[str, int]) -> int:
+    """Scheduling priority of the entropy rules: above every run trained on D- or D+, whose
+    chain they head (without it, on 2 cores, the fine-tunes of the reference ran before the
+    entropy split and the teachers and UNKT started 8 minutes late); 0 when no run needs them."""
+    split_runs = [n for n, r in run_configs.items() if r.get("data") in ("D-", "D+")]
+    return max((priorities[n] + 1 for n in split_runs), default=0)
+
+
+def check_values(config: dict) -> None:
+    """Checks the schema cannot express."""
+    check_captioner(config.get("captioner", {}), config.get("runs", {}))
+    check_run_options(config.get("runs", {}))
+    fraction = config.get("entropy", {}).get("fraction")
+    if fraction is not None and not 0 < fraction < 1:
+        raise DistinctcapError(
+            f"entropy.fraction = {fraction} leaves D- or D+ empty; choose 0 < fraction < 1"
+        )
+
+
+def check_run_options(runs: dict) -> None:
+    """No run sets an option that its other options make meaningless (its method's facts say
+    which: Objective.option_conflicts)."""
+    for name, run in runs.items():
+        facts = FACTS.get(run.get("method"))
+        for key, why in (facts.option_conflicts(run) if facts else {}).items():
+            raise DistinctcapError(f"runs.{name}.{key} = {run.get(key)!r}: {why}")
+
+
+# Model types the transformers captioner backend supports (distinctcap.captioner.hf)
+PRETRAINED_TYPES = ("blip",)
+# Methods that need the native captioner: specificity's straight-through step feeds generated
+# ids into CLIP's text tower, which needs the captioner to share CLIP's tokenizer
+NATIVE_ONLY = ("specificity",)
+
+
+def check_captioner(captioner: dict, runs: dict) -> None:
+    """captioner.kind transformers: `pretrained` names a readable local folder, or a hub id
+    that can be fetched (online) or is in the Hugging Face cache (offline), of a supported
+    model type; no run uses a method that needs the native captioner."""
+    if captioner.get("kind", "native") != "transformers":
+        for key in ("pretrained", "vision"):
+            if key in captioner:
+                raise DistinctcapError(f"captioner.{key} is only read with kind: transformers")
+        return
+    source = captioner.get("pretrained")
+    if not source:
+        raise DistinctcapError(
+            "captioner.pretrained is required with kind: transformers; give a hub id or a "
+            "local save_pretrained folder"
+        )
+    model_type = _pretrained_type(str(source))
+    if model_type not in PRETRAINED_TYPES:
+        raise DistinctcapError(
+            f"captioner.pretrained = {source!r} is a {model_type!r} model; supported: "
+            f"{', '.join(PRETRAINED_TYPES)}"
+        )
+    for name, run in runs.items():
+        if run.get("method") in NATIVE_ONLY:
+            raise DistinctcapError(
+                f"runs.{name}.method = {run['method']!r} is not supported with captioner.kind "
+                "transformers: its straight-through step needs a retrieval model that shares "
+                "the captioner's tokenizer (CLIP shares the native one; BLIP's own image-text "
+                "head is not wired in); use the native captioner or another method"
+            )
+
+
+def _pretrained_type(source: str) -> str:
+    """model_type of `source`'s config.json: a local folder, or a hub id (its cached copy when
+    offline). Raises a DistinctcapError saying what was tried."""
+    key = f"captioner.pretrained = {source!r}"
+    path = Path(source).expanduser()
+    looks_local = path.is_absolute() or source.startswith((".", "~")) or source.count("/") > 1
+    if path.exists() or looks_local:
+        config = path / "config.json"
+        if not config.is_file():
+            what = "no config.json in that folder" if path.is_dir() else "no such folder"
+            raise DistinctcapError(f"{key}: tried the local folder {path}: {what}")
+        return _read_model_type(config, key)
+    from huggingface_hub import try_to_load_from_cache
+
+    cached = try_to_load_from_cache(source, "config.json")  # no network: every parse runs this
+    if isinstance(cached, str):
+        return _read_model_type(Path(cached), key)
+    if _offline():
+        raise DistinctcapError(
+            f"{key}: no local folder of that name, and as a hub id it is not in the "
+            "Hugging Face cache while HF_HUB_OFFLINE is set; download it with internet "
+            "access (unset HF_HUB_OFFLINE) or point at a local folder"
+        )
+    return _hub_model_type(source, key)
+
+
+def _offline() -> bool:
+    truthy = ("1", "on", "yes", "true")
+    return any(os.environ.get(v, "").lower() in truthy
+               for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def _read_model_type(config: Path, key: str) -> str:
+    import json
+
+    try:
+        return str(json.loads(config.read_text()).get("model_type"))
+    except (OSError, ValueError) as error:
+        raise DistinctcapError(f"{key}: cannot read {config} ({error})") from error
+
+
+def _hub_model_type(source: str, key: str) -> str:
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    try:
+        return _read_model_type(Path(hf_hub_download(source, "config.json")), key)
+    except (HfHubHTTPError, LocalEntryNotFoundError, OSError) as error:
+        raise DistinctcapError(
+            f"{key}: no local folder of that name, and the hub gave no config.json for it "
+            f"({type(error).__name__})"
+        ) from error
+
+
+# ---------------------------------------------------------------------------------------------
+# The `train` section
+
+SCHEDULES = ("linear", "cosine", "constant")
+# selection metrics every method has (distinctcap.train.trainer.VAL_METRICS); a method's facts add
+# its
+# own `val_metrics`
+SELECT_METRICS = frozenset({"val_loss", "self_retrieval", "cider", "oracle_cider", "sample_cider"})
+
+
+def steps_per_epoch(n_captions: int, batch_size: int, grad_accum: int = 1) -> float:
+    """Optimiser steps per pass over `n_captions` training captions, as the trainer counts them
+    (data/batches.py BatchOrder drops the last incomplete micro-batch; grad_accum micro-batches
+    a step). Epoch-stated schedules (train.epochs, warmup_epochs, unkt warmup_epochs) use it."""
+    batch_size = max(1, min(int(batch_size), n_captions))
+    return (n_captions // batch_size) / int(grad_accum)
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+
+
+@dataclass
+class TrainConfig:
+    """The `train` config section (schema: workflow/schemas/sections/train.yaml)."""
+
+    steps: int = 1500  # optimiser steps
+    epochs: float | None = None  # passes over the training captions; set, it replaces steps
+    batch_size: int = 64  # captions per micro-batch
+    grad_accum: int = 1  # micro-batches per optimiser step
+    group_by_image: bool = True  # an image's captions together in a batch (BatchOrder)
+    lr: float = 1e-3  # peak learning rate (papers: 3e-4 for the 512-wide model)
+    warmup_steps: int = 100  # linear warm-up from 0 (papers: 3,000)
+    warmup_epochs: float | None = None  # set, it replaces warmup_steps
+    schedule: str = "linear"  # decay after warm-up: linear | cosine | constant
+    final_lr_ratio: float = 0.0  # lr at the last step as a fraction of lr
+    weight_decay: float = 0.01  # AdamW, on matrices and embeddings only
+    betas: tuple[float, float] = (0.9, 0.98)
+    grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping
+    precision: str = "auto"  # auto: bf16 (or fp16) on CUDA, fp32 on CPU
+    val_every: int = 250  # steps between validations; 0 = only at the end
+    val_captions: int = 1000  # validation captions used (a fixed seeded subset); 0 = all
+    val_batch_size: int = 256
+    select_metric: str = "val_loss"  # selection: VAL_METRICS or the objective's val_metrics
+    patience: int = 0  # validations without improvement before stopping; 0 = never stop
+    checkpoint_every: int = 250  # steps between resume checkpoints; 0 = none
+    log_every: int = 25  # steps between curve rows / progress-bar updates
+    compile: bool = False  # torch.compile the captioner's blocks (falls back with a warning)
+
+    def __post_init__(self) -> None:
+        self.betas = tuple(self.betas)
+        for key in ("steps", "batch_size", "grad_accum", "log_every", "val_batch_size"):
+            if getattr(self, key) < 1:
+                raise DistinctcapError(f"train.{key} = {getattr(self, key)}: allowed >= 1")
+        if self.epochs is not None and self.epochs <= 0:
+            raise DistinctcapError(f"train.epochs = {self.epochs}: allowed > 0 (or null)")
+        if self.warmup_epochs is not None and self.warmup_epochs < 0:
+            raise DistinctcapError(
+                f"train.warmup_epochs = {self.warmup_epochs}: allowed >= 0 (or null)"
+            )
+        if self.schedule not in SCHEDULES:
+            raise DistinctcapError(f"train.schedule = {self.schedule!r}: choose one of {SCHEDULES}")
+        if self.precision not in PRECISIONS:
+            raise DistinctcapError(
+                f"train.precision = {self.precision!r}: choose one of {PRECISIONS}"
+            )
+
+    def in_steps(self, n_captions: int) -> TrainConfig:
+        """This config with `epochs` / `warmup_epochs` turned into optimiser steps for a run on
+        `n_captions` training captions (`steps_per_epoch`); steps at least 1, epochs then None."""
+        per_epoch = steps_per_epoch(n_captions, self.batch_size, self.grad_accum)
+        steps = self.steps if self.epochs is None else max(1, round(self.epochs * per_epoch))
+        warmup = self.warmup_steps
+        if self.warmup_epochs is not None:
+            warmup = round(self.warmup_epochs * per_epoch)
+        return dataclasses.replace(
+            self, steps=steps, warmup_steps=warmup, epochs=None, warmup_epochs=None
+        )
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "train") -> TrainConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise DistinctcapError(
+                f"unknown key {where}.{unknown[0]}; allowed keys here: {', '.join(sorted(known))}"
+            )
+        return cls(**d)
+
+
+# ---------------------------------------------------------------------------------------------
+# Config of a run
+
+
+def effective_run_config(config: dict, name: str, schema: dict | None = None) -> dict:
+    """The config that determines run `name`'s result: its block from `runs:` with `train`
+    merged over the top-level `train` defaults, plus `seed` and `captioner`. Snakemake passes
+    it as a rule param, so editing it reruns exactly this run and the runs that depend on it.
+    With the merged config `schema`, the run's `train` overrides are checked against the
+    `train` section (unknown keys, wrong types) with a DistinctcapError naming the key."""
+    if name not in config.get("runs", {}):
+        raise DistinctcapError(
+            f"no run named {name!r}; defined runs: {', '.join(sorted(config.get('runs', {})))}"
+        )
+    block = config["runs"][name]
+    overrides = block.get("train", {}) or {}
+    train = {**config.get("train", {}), **overrides}
+    if schema is not None:
+        _check_section(train, schema, ["runs", name, "train"])
+        _check_foreign_options(block, schema, name)
+    select = TrainConfig.from_dict(train, where=f"runs.{name}.train").select_metric
+    own = FACTS[block["method"]].val_metrics if block.get("method") in FACTS else {}
+    if select not in SELECT_METRICS and select not in own:
+        raise DistinctcapError(
+            f"runs.{name}.train.select_metric = {select!r}: method {block.get('method')!r} "
+            f"selects on one of {sorted(SELECT_METRICS | set(own))}"
+        )
+    keep = RUN_KEYS | OPTIONS.get(block.get("method"), frozenset())
+    run = {k: copy.deepcopy(v) for k, v in block.items() if k in keep and k != "train"}
+    return {
+        "name": name,
+        **run,
+        "seed": config.get("seed", 0),
+        "captioner": copy.deepcopy(config.get("captioner", {})),
+        "train": train,
+    }
+
+
+def _check_foreign_options(block: dict, schema: dict, name: str) -> None:
+    """Another method's option set away from its schema default would be silently ignored:
+    name it instead. (Defaults are filled into every block by the schema.)"""
+    options = schema["properties"]["runs"]["additionalProperties"]["properties"]
+    method = block["method"]
+    for key, value in block.items():
+        if key in RUN_KEYS or key in OPTIONS[method] or value == options[key].get("default"):
+            continue
+        owners = [m for m, keys in OPTIONS.items() if key in keys]
+        raise DistinctcapError(
+            f"runs.{name}.{key} is an option of {' / '.join(owners)} runs; run {name!r} has "
+            f"method {method!r}, whose options are: {', '.join(sorted(OPTIONS[method])) or 'none'}"
+        )
+
+
+def _check_section(values: dict, schema: dict, path: list[str]) -> None:
+    """Validate `values` against the section of `schema` at `path` (run blocks use the
+    top-level section of their last key), with the error naming the full dotted key."""
+    section = {**schema["properties"][path[-1]], "definitions": schema.get("definitions", {})}
+    errors = sorted(jsonschema.Draft7Validator(section).iter_errors(values), key=str)
+    if errors:
+        errors[0].path.extendleft(reversed(path))
+        raise DistinctcapError(describe(errors[0]))
+
+
+def load(config_path: str | os.PathLike, schema_path: str | os.PathLike) -> dict:
+    with open(config_path) as f:
+        return validate(yaml.safe_load(f) or {}, load_schema(schema_path))
+
+
+# ---------------------------------------------------------------------------------------------
+# The evaluate section
+
+
+@dataclass
+class EvalSettings:
+    """The `evaluate:` config block (workflow/schemas/sections/evaluate.yaml)."""
+
+    oracle_ns: list[int] = field(default_factory=lambda: [20])
+    curve_ns: list[int] = field(default_factory=lambda: [1, 2, 5, 10, 20])
+    best_of: int = 5
+    consensus_neighbours: int = 5
+    retrieval_ks: list[int] = field(default_factory=lambda: [1, 5, 10])
+    hard_pool: int = 0
+    gpt2_path: str | None = None
+    spice: bool = True
+    meteor_memory: str = "2G"
+    self_retrieval_pool: int = 100
+    self_retrieval_ks: list[int] = field(default_factory=lambda: [1, 5, 10])
+    self_retrieval_of_samples: bool = False
+    seed: int = 0
+    batch_size: int = 256
+    device: str = "cpu"
+
+    @classmethod
+    def from_config(cls, block: dict, **extra: object) -> EvalSettings:
+        """Settings from a config block; keys other than the fields (gallery, ...) are ignored."""
+        return cls(**metric_block({**block, **extra}))
+
+
+def metric_block(block: dict) -> dict:
+    """The keys of an `evaluate:` block the metrics depend on (not the gallery's), so that
+    editing a report-only key does not rerun every evaluation."""
+    names = {f.name for f in fields(EvalSettings)}
+    return {k: v for k, v in block.items() if k in names}

@@ -1,0 +1,158 @@
+"""Atomic writes and schema-checked parquet tables."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from distinctcap.core.errors import DistinctcapError
+
+SCHEMAS: dict[str, pa.Schema] = {
+    "images": pa.schema(
+        [("image_id", pa.int64()), ("file", pa.string()), ("split", pa.string()),
+         ("width", pa.int32()), ("height", pa.int32())]
+    ),
+    "captions": pa.schema(
+        [("caption_id", pa.int64()), ("image_id", pa.int64()), ("split", pa.string()),
+         ("text", pa.string()), ("tokens", pa.list_(pa.int32()))]
+    ),
+    "quarantine": pa.schema(
+        [("kind", pa.string()), ("id", pa.string()), ("file", pa.string()),
+         ("reason", pa.string())]
+    ),
+    "entropy": pa.schema(
+        [("caption_id", pa.int64()), ("image_id", pa.int64()), ("entropy", pa.float32()),
+         ("subset", pa.string())]
+    ),
+    "generated": pa.schema(
+        [("run", pa.string()), ("image_id", pa.int64()), ("sample", pa.int32()),
+         ("text", pa.string()), ("logprob", pa.float32())]
+    ),
+    "per_image": pa.schema(  # distinctcap.evaluate.stage.PER_IMAGE
+        [("image_id", pa.int64()), ("clip_rank", pa.int64()), ("clipscore", pa.float32())]
+    ),
+}
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside `path`; rename it to `path` only if the block succeeds.
+
+    The file gets the mode `open()` would give it (0o666 less the umask). A failure on a full
+    disk becomes a DistinctcapError naming `path`; the previous file at `path` stays intact."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = None
+    try:
+        tmp = _temp_beside(path)
+        yield tmp
+        os.replace(tmp, path)
+    except Exception as error:
+        if disk_full(error, path.parent):
+            raise DistinctcapError(
+                f"no space left on device writing {path} "
+                f"({shutil.disk_usage(path.parent).free} bytes free there; the temporary file "
+                f"is removed, any previous {path.name} is kept): {error}"
+            ) from error
+        raise
+    finally:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+
+
+def _temp_beside(path: Path) -> Path:
+    """A new empty file next to `path`, with the mode the umask gives new files."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o666 & ~current_umask())
+    finally:
+        os.close(fd)
+    return Path(tmp)
+
+
+def current_umask() -> int:
+    """This process's umask, read from /proc on Linux (no window with another umask for other
+    threads), else by setting and restoring it."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
+def disk_full(error: BaseException, folder: Path) -> bool:
+    """Whether `error` came from a full disk: ENOSPC, or (libraries that hide the errno, e.g.
+    torch.save) any error while the disk of `folder` has (nearly) no free space left."""
+    if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+        return True
+    try:
+        usage = shutil.disk_usage(folder)
+    except OSError:
+        return False
+    return usage.free < min(1 << 20, usage.total // 100)
+
+
+def write_table(df: pd.DataFrame, path: str | os.PathLike, table: str | None = None) -> None:
+    """Write `df` as parquet atomically; contract columns are cast to the named table's types."""
+    arrow = pa.Table.from_pandas(df, preserve_index=False)
+    for field in SCHEMAS[table] if table else []:
+        if field.name not in arrow.column_names:
+            raise DistinctcapError(f"{table} table is missing column {field.name!r}")
+        i = arrow.schema.get_field_index(field.name)
+        arrow = arrow.set_column(i, field, arrow.column(i).cast(field.type))
+    with atomic_path(path) as tmp:
+        pq.write_table(arrow, tmp)
+
+
+def read_table(path: str | os.PathLike, table: str | None = None) -> pd.DataFrame:
+    """Read parquet and check it has the named contract's columns and types."""
+    arrow = pq.read_table(path)
+    if table:
+        check_schema(arrow.schema, table, path)
+    return arrow.to_pandas()
+
+
+def check_schema(schema: pa.Schema, table: str, where: object) -> None:
+    for field in SCHEMAS[table]:
+        if field.name not in schema.names:
+            raise DistinctcapError(f"{where}: {table} table lacks column {field.name!r}")
+        got = schema.field(field.name).type
+        if got != field.type:
+            raise DistinctcapError(
+                f"{where}: column {field.name!r} of the {table} table is {got}, "
+                f"expected {field.type}"
+            )
+
+
+def write_json(obj: object, path: str | os.PathLike) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=float) + "\n")
+
+
+def read_json(path: str | os.PathLike) -> object:
+    return json.loads(Path(path).read_text())
+
+
+def file_sha256(paths: Sequence[str | os.PathLike]) -> str:
+    """One content hash over the files (order as given), read in 4 MiB blocks."""
+    digest = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            while block := f.read(1 << 22):
+                digest.update(block)
+    return digest.hexdigest()

@@ -1,0 +1,129 @@
+"""Diversity of the n captions of each image (UNKT §4.1 "Diversity metrics", Table 2) and
+corpus-level lexical statistics (SMILE §4: caption length, lexical diversity).
+
+Every function takes image id -> captions that are already PTB-tokenised (see
+`CocoTools.tokenize_groups`); words are whitespace tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from typing import Literal
+
+import numpy as np
+from pycocoevalcap.bleu.bleu import Bleu
+
+from distinctcap.core.errors import DistinctcapError
+from distinctcap.evaluate.metrics.cider import CiderD
+
+Captions = Mapping[Hashable, Sequence[str]]
+
+
+def _need_images(caps_by_image: Captions, min_captions: int = 1) -> None:
+    if not caps_by_image:
+        raise DistinctcapError("no images to evaluate")
+    few = [i for i, caps in caps_by_image.items() if len(caps) < min_captions]
+    if few:
+        raise DistinctcapError(
+            f"image ids {few[:5]} have fewer than {min_captions} captions; this metric compares "
+            "the captions of one image with each other"
+        )
+
+
+def div_n(caps_by_image: Captions, n: int) -> float:
+    """Div-n (Li et al. 2015, as in UNKT Table 2): distinct n-grams / words, mean over images.
+
+    Per image: the number of distinct n-grams across all its captions divided by the total
+    number of words in them ("a b c" + "a b d": Div-1 = 4/6, Div-2 = 3/6). An image whose
+    captions are all empty counts as 0.
+    """
+    _need_images(caps_by_image)
+    values = []
+    for caps in caps_by_image.values():
+        words = [c.split() for c in caps]
+        grams = {tuple(w[i : i + n]) for w in words for i in range(len(w) - n + 1)}
+        total = sum(len(w) for w in words)
+        values.append(len(grams) / total if total else 0.0)
+    return float(np.mean(values))
+
+
+def mbleu(caps_by_image: Captions) -> float:
+    """mBLEU-4 (UNKT Table 2, lower = more diverse).
+
+    For each i: corpus BLEU-4 (pycocoevalcap `Bleu(4)`) of every image's i-th caption against
+    that image's other captions; the mean over i. Images with fewer than i+1 captions sit out
+    round i.
+    """
+    _need_images(caps_by_image, 2)
+    rounds = []
+    for i in range(max(len(c) for c in caps_by_image.values())):
+        ids = [k for k, caps in caps_by_image.items() if len(caps) > i]
+        res = {k: [caps_by_image[k][i]] for k in ids}
+        gts = {k: [c for j, c in enumerate(caps_by_image[k]) if j != i] for k in ids}
+        rounds.append(Bleu(4).compute_score(gts, res, verbose=0)[0][3])
+    return float(np.mean(rounds))
+
+
+def self_cider(caps_by_image: Captions, df_corpus: Iterable[Sequence[str]] | None = None) -> float:
+    """SelfCIDEr (Wang & Chan 2019, UNKT Table 2): 0 = all captions alike, 1 = all unrelated.
+
+    Per image with n captions: K[i, j] = CIDEr-D(c_i | c_j) for i <= j, mirrored (the
+    reference implementation's kernel), eigenvalues λ of K / 10 clipped at 0, and
+    score = -log(√λ_max / Σ√λ) / log n; the mean over images.
+
+    Document frequencies: the reference implementation takes them from a fixed corpus (COCO
+    train); pass `df_corpus` (one caption group per image, e.g. the training references) to do
+    the same, which keeps runs comparable. Default: the evaluated caption sets, one document per
+    image (pycocoevalcap's corpus mode). An image whose n-grams all have idf 0 (K = 0) has no
+    measurable diversity and scores 0.
+    """
+    _need_images(caps_by_image, 2)
+    scorer = CiderD(caps_by_image.values() if df_corpus is None else df_corpus)
+    values = []
+    for caps in caps_by_image.values():
+        n = len(caps)
+        kernel = np.zeros((n, n))
+        for i in range(n):
+            for j in range(i, n):
+                kernel[i, j] = kernel[j, i] = scorer.pair(caps[i], caps[j])
+        lam = np.linalg.eigvalsh(kernel / 10.0)
+        # Clip at 0, and treat round-off (|λ| ~ 1e-16 λ_max) as the 0 it stands for.
+        lam[lam < 1e-12 * max(lam.max(), 0.0)] = 0.0
+        roots = np.sqrt(lam)
+        total = roots.sum()
+        values.append(0.0 if total <= 0 else -math.log(roots.max() / total) / math.log(n))
+    return float(np.mean(values))
+
+
+def distinct_share(caps_by_image: Captions, scope: Literal["image", "corpus"] = "image") -> float:
+    """Share of distinct captions: per image among its n captions (mean over images), or over
+    all captions of all images (`scope="corpus"`: low when one generic caption serves many
+    images). A fraction in [0, 1]."""
+    _need_images(caps_by_image)
+    if scope == "image":
+        return float(np.mean([len(set(c)) / len(c) for c in caps_by_image.values()]))
+    if scope == "corpus":
+        flat = [c for caps in caps_by_image.values() for c in caps]
+        return len(set(flat)) / len(flat)
+    raise DistinctcapError(f"distinct_share scope must be 'image' or 'corpus', got {scope!r}")
+
+
+def novelty(caps_by_image: Captions, train_captions: Iterable[str]) -> float:
+    """Share of generated captions that are not an exact copy of a training caption (both in
+    the same tokenisation). A fraction in [0, 1]; x100 for the usual percentage."""
+    _need_images(caps_by_image)
+    train = set(train_captions)
+    flat = [c for caps in caps_by_image.values() for c in caps]
+    return sum(c not in train for c in flat) / len(flat)
+
+
+def vocab_size(caps_by_image: Captions) -> float:
+    """Lexical diversity (SMILE Table 1): the number of distinct words over all captions."""
+    return float(len({w for caps in caps_by_image.values() for c in caps for w in c.split()}))
+
+
+def mean_length(caps_by_image: Captions) -> float:
+    """Caption length (SMILE Table 1): mean number of words per caption."""
+    _need_images(caps_by_image)
+    return float(np.mean([len(c.split()) for caps in caps_by_image.values() for c in caps]))

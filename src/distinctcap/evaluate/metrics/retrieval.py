@@ -1,0 +1,129 @@
+"""Distinctiveness by retrieval: CLIP self-retrieval R@k / mean rank (SMILE §4, specificity
+paper §4 "recall at k", "mean rank"), CLIPScore (Hessel et al. 2021, SMILE §4), and the
+captioner's own self-retrieval from log p(c | I) (CL §4.1).
+
+Embeddings are (rows, D) numpy arrays or CPU torch tensors; rows are L2-normalised here, so
+any CLIP output works. Ranks are 1-based and count ties against the caption (rank = number of
+pool images scoring at least as high as the target), so a degenerate constant embedding
+cannot score well.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from distinctcap.core.errors import DistinctcapError
+from distinctcap.evaluate.metrics.result import MetricResult
+
+# Hessel et al. 2021 encode candidates as "A photo depicts <caption>" for CLIPScore. Self-
+# retrieval (SMILE) encodes the caption as it is.
+CLIPSCORE_PREFIX = "A photo depicts "
+
+
+def _rows(x: object, name: str) -> np.ndarray:
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().float().numpy()
+    a = np.asarray(x, dtype=np.float32)
+    if a.ndim != 2:
+        raise DistinctcapError(f"{name} must be a (rows, D) matrix, got shape {a.shape}")
+    norm = np.linalg.norm(a, axis=1, keepdims=True)
+    return a / np.maximum(norm, 1e-12)
+
+
+def _ranks_from_scores(scores: np.ndarray, target: np.ndarray) -> np.ndarray:
+    own = scores[np.arange(len(scores)), target]
+    return (scores >= own[:, None]).sum(axis=1)
+
+
+def retrieval_ranks(
+    text_emb: object, image_emb: object, target_index: Sequence[int] | np.ndarray, chunk: int = 1024
+) -> np.ndarray:
+    """1-based rank of each caption's own image among all `image_emb` rows by cosine.
+
+    text_emb (N, D), image_emb (M, D), target_index (N,) = row of each caption's image. A hard
+    retrieval pool (SMILE, after CapEnrich) is just a bigger `image_emb`: append the extra
+    similar images after the test images and keep `target_index` pointing at the test rows.
+    """
+    text, image = _rows(text_emb, "text_emb"), _rows(image_emb, "image_emb")
+    target = np.asarray(target_index, dtype=np.int64)
+    if text.shape[1] != image.shape[1] or target.shape != (len(text),):
+        raise DistinctcapError(
+            f"text_emb {text.shape}, image_emb {image.shape} and target_index {target.shape} "
+            "must be (N, D), (M, D) and (N,)"
+        )
+    if len(target) and (target.min() < 0 or target.max() >= len(image)):
+        raise DistinctcapError(f"target_index must lie in [0, {len(image)}) (rows of image_emb)")
+    ranks = np.empty(len(text), dtype=np.int64)
+    for start in range(0, len(text), chunk):
+        stop = start + chunk
+        ranks[start:stop] = _ranks_from_scores(text[start:stop] @ image.T, target[start:stop])
+    return ranks
+
+
+def recall_at_k(
+    ranks: np.ndarray, ks: Sequence[int] = (1, 5, 10), prefix: str = ""
+) -> dict[str, float]:
+    """{prefix + "r_at_k": share of captions whose image ranks within the top k} (fractions)."""
+    ranks = np.asarray(ranks)
+    return {f"{prefix}r_at_{k}": float(np.mean(ranks <= k)) for k in ks}
+
+
+def mean_rank(ranks: np.ndarray) -> float:
+    """Mean 1-based rank of the correct image (specificity paper §4; lower is better)."""
+    return float(np.mean(ranks))
+
+
+def retrieval_scores(
+    text_emb: object,
+    image_emb: object,
+    target_index: Sequence[int] | np.ndarray,
+    ks: Sequence[int] = (1, 5, 10),
+) -> MetricResult:
+    """CLIP self-retrieval columns r_at_1, r_at_5, r_at_10 (fractions) and mean_rank."""
+    return rank_summary(retrieval_ranks(text_emb, image_emb, target_index), ks)
+
+
+def rank_summary(ranks: np.ndarray, ks: Sequence[int], prefix: str = "") -> MetricResult:
+    """{prefix}r_at_k (`recall_at_k`) and {prefix}mean_rank (`mean_rank`) of 1-based ranks."""
+    out = MetricResult(recall_at_k(ranks, ks, prefix=prefix))
+    out.values[f"{prefix}mean_rank"] = mean_rank(ranks)
+    return out
+
+
+def clipscores(text_emb: object, image_emb: object, w: float = 2.5) -> np.ndarray:
+    """CLIPScore of each pair (Hessel et al. 2021 eq. 1): w * max(cos(t_i, v_i), 0), float32.
+
+    Row i of `text_emb` is caption i encoded with CLIPSCORE_PREFIX prepended, row i of
+    `image_emb` its image. Range [0, w]; papers print it x100.
+    """
+    text, image = _rows(text_emb, "text_emb"), _rows(image_emb, "image_emb")
+    if text.shape != image.shape:
+        raise DistinctcapError(f"clipscore pairs rows: text {text.shape} vs image {image.shape}")
+    return w * np.clip((text * image).sum(axis=1), 0.0, None)
+
+
+def clipscore(text_emb: object, image_emb: object, w: float = 2.5) -> float:
+    """CLIPScore (Hessel et al. 2021 eq. 1): the mean over pairs of `clipscores`."""
+    return float(np.mean(clipscores(text_emb, image_emb, w)))
+
+
+def model_self_retrieval(
+    logp_matrix: object, target: int | Sequence[int] = 0, ks: Sequence[int] = (1, 5, 10)
+) -> MetricResult:
+    """Self-retrieval with the captioner itself (CL §4.1): rank images by log p(c_t | I).
+
+    `logp_matrix` (N_caps, pool): each caption's sequence log-probability under every pool
+    image; `target` is the column of its own image (0 by default, or one per caption).
+    Returns self_r_at_k (fractions) and self_mean_rank.
+    """
+    scores = np.asarray(logp_matrix, dtype=np.float64)
+    if scores.ndim != 2:
+        raise DistinctcapError(f"logp_matrix must be (N_caps, pool), got shape {scores.shape}")
+    if np.isnan(scores).any():
+        raise DistinctcapError("logp_matrix holds NaN log-probabilities")
+    cols = np.broadcast_to(np.asarray(target, dtype=np.int64), (len(scores),))
+    if len(cols) and (cols.min() < 0 or cols.max() >= scores.shape[1]):
+        raise DistinctcapError(f"target must lie in [0, {scores.shape[1]}) (pool columns)")
+    return rank_summary(_ranks_from_scores(scores, cols), ks, prefix="self_")

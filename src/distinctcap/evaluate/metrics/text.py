@@ -1,0 +1,124 @@
+"""All text-only metrics of one decoding of one run, each Java tool launched once (the
+evaluation stage, distinctcap.evaluate.stage, calls `evaluate_captions`; CLIP and model metrics are
+its own)."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+
+from distinctcap.core.errors import DistinctcapError
+from distinctcap.evaluate.metrics.coco import (
+    CocoTools,
+    check_references,
+    coco_session,
+    quality_scores,
+)
+from distinctcap.evaluate.metrics.diversity import (
+    distinct_share,
+    div_n,
+    mbleu,
+    mean_length,
+    novelty,
+    self_cider,
+    vocab_size,
+)
+from distinctcap.evaluate.metrics.multisample import (
+    best_k,
+    consensus_rerank,
+    oracle_from_table,
+    sample_score_table,
+)
+from distinctcap.evaluate.metrics.result import MetricResult
+
+Captions = Mapping[Hashable, Sequence[str]]
+DIVERSITY_METRICS = ("div1", "div2", "mbleu4", "self_cider", "distinct")
+
+
+def diversity_scores(caps_by_image: Captions, df_corpus: Captions | None = None) -> MetricResult:
+    """div1, div2, mbleu4, self_cider, distinct of tokenised captions (>= 2 per image), or all
+    skipped with the reason when some image has a single caption."""
+    out = MetricResult()
+    if min(len(c) for c in caps_by_image.values()) < 2:
+        for name in DIVERSITY_METRICS:
+            out.skip(name, "diversity compares the captions of one image: needs >= 2 per image")
+        return out
+    out.values["div1"] = div_n(caps_by_image, 1)
+    out.values["div2"] = div_n(caps_by_image, 2)
+    out.values["mbleu4"] = mbleu(caps_by_image)
+    docs = None if df_corpus is None else df_corpus.values()
+    out.values["self_cider"] = self_cider(caps_by_image, docs)
+    out.values["distinct"] = distinct_share(caps_by_image)
+    return out
+
+
+def evaluate_captions(
+    gts: Captions,
+    samples: Captions,
+    *,
+    train_refs: Captions | None = None,
+    oracle_ns: Sequence[int] = (),
+    neighbour_captions: Captions | None = None,
+    best_of: int = 5,
+    tools: CocoTools | None = None,
+) -> MetricResult:
+    """Quality, diversity, oracle and consensus metrics of a decoding (UNKT §4.1–4.3, SMILE §4).
+
+    gts: image id -> reference captions. samples: image id -> decoded captions in decoder
+    order (sample 0 = the caption a one-caption evaluation uses, e.g. the best beam). Raw
+    texts; everything is PTB-tokenised in one tokenizer launch, and METEOR and SPICE start at
+    most once. Columns:
+      - bleu1..bleu4, meteor, rouge_l, cider, spice of sample 0 (`quality_scores`);
+      - length, vocab, distinct_corpus (share of distinct sample-0 captions over the set) and
+        novelty (needs `train_refs`: image id -> training captions) of sample 0;
+      - div1, div2, mbleu4, self_cider, distinct over all samples of each image (skipped with
+        one sample); SelfCIDEr takes its idf from `train_refs` when given;
+      - oracle_{metric}_{n} for each n in `oracle_ns` (Table 1);
+      - with `neighbour_captions` (image id -> captions of its nearest training images):
+        consensus_{quality metric} of the re-ranked best caption and consensus_{diversity
+        metric} of the best `best_of` (Table 2).
+    """
+    missing = [i for i in samples if not samples[i]]
+    if not samples or missing:
+        raise DistinctcapError(f"every image needs at least one sample; empty: {missing[:5]}")
+    check_references(gts, list(samples))
+    groups = [{i: gts[i] for i in samples}, samples, neighbour_captions or {}, train_refs or {}]
+    out = MetricResult()
+    with coco_session(tools) as t:
+        gts_t, samples_t, neigh_t, train_t = t.tokenize_groups(*groups)
+        ranked = None
+        if neighbour_captions is not None:
+            ranked = consensus_rerank(samples_t, neigh_t, train_t.values() if train_refs else None)
+        _prefetch_spice(t, gts_t, samples_t, max(oracle_ns, default=1), ranked)
+        first = {i: caps[:1] for i, caps in samples_t.items()}
+        out.merge(quality_scores(gts_t, first, tokenized=True, tools=t))
+        out.values["length"] = mean_length(first)
+        out.values["vocab"] = vocab_size(first)
+        out.values["distinct_corpus"] = distinct_share(first, scope="corpus")
+        if train_refs is None:
+            out.skip("novelty", "novelty needs the training captions (train_refs)")
+        else:
+            out.values["novelty"] = novelty(first, (c for caps in train_t.values() for c in caps))
+        out.merge(diversity_scores(samples_t, train_t if train_refs else None))
+        if oracle_ns:
+            table, skipped = sample_score_table(
+                gts_t, samples_t, max(oracle_ns), tokenized=True, tools=t
+            )
+            for n in sorted(set(oracle_ns)):
+                out.merge(oracle_from_table(table, skipped, n))
+        if ranked is not None:
+            best = best_k(ranked, best_of)
+            best1 = {i: caps[:1] for i, caps in best.items()}
+            out.merge(quality_scores(gts_t, best1, tokenized=True, tools=t), prefix="consensus_")
+            out.merge(diversity_scores(best, train_t if train_refs else None), prefix="consensus_")
+    return out
+
+
+def _prefetch_spice(
+    tools: CocoTools, gts: Captions, samples: Captions, n: int, ranked: Captions | None
+) -> None:
+    """Score every (sample, refs) pair SPICE will be asked for in one SPICE run."""
+    if tools.spice_skip_reason is not None:
+        return
+    pairs = [(s, gts[i]) for i, caps in samples.items() for s in caps[:n]]
+    pairs += [(caps[0], gts[i]) for i, caps in (ranked or {}).items()]
+    tools.spice(pairs)

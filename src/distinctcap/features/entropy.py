@@ -1,0 +1,307 @@
+"""Retrieval entropy filtering (UNKT §3.1, eq. 3): split the training captions into D- / D+.
+
+For a caption y and the training images x_1..x_N,
+    p_r(x_i | y) = softmax_i(s_i),   s_i = scale * cos(y, x_i),
+    H(y) = -sum_i p_r(x_i | y) log p_r(x_i | y) = log Z - E_p[s]      (eq. 3, natural log)
+with log Z = logsumexp_i s_i. `retrieval_entropy` computes it exactly in one streamed pass over
+image chunks with a running log-sum-exp, so memory holds (text block x image chunk) tiles,
+never the N_text x N_images matrix (COCO: 591,753 x 118,287).
+
+Captions ranked by H: the top `fraction` (high entropy: the caption fits many images, i.e.
+generic, the "many-to-one" case) form D-, the rest D+. Only the train split is scored and split;
+val/test captions are never in D- or D+.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from distinctcap.core.errors import DistinctcapError
+from distinctcap.core.io import read_json, read_table, write_table
+
+log = logging.getLogger(__name__)
+
+SUBSETS = ("D-", "D+")
+
+
+def _mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out = a @ b.T. fp16/bf16 inputs with an fp32 `out`: on CUDA the product itself is
+    accumulated and returned in fp32 (mm's out_dtype, CUDA only); elsewhere it is upcast."""
+    if a.dtype == out.dtype:
+        return torch.mm(a, b.T, out=out)
+    if a.is_cuda:
+        return out.copy_(torch.mm(a, b.T, out_dtype=out.dtype))
+    return out.copy_(a @ b.T)
+
+
+def _block_entropy(
+    q: torch.Tensor, images: torch.Tensor, chunk: int, acc: torch.dtype
+) -> torch.Tensor:
+    """Entropy of softmax(q @ images.T) per row of q, streaming over image chunks.
+
+    Running state per row: m (max logit so far), z = sum exp(s - m), a = sum exp(s - m)(s - m).
+    Then H = log Z - E[s] = log z - a / z, all in offsets from m (no cancellation of large
+    logits). When m grows to m', old terms rescale by exp(m - m') and their offset by (m - m').
+    The two tiles are allocated once: fresh multi-MB buffers per chunk cost page faults.
+    """
+    rows = q.shape[0]
+    tile_s = torch.empty(rows * min(chunk, images.shape[0]), dtype=acc, device=q.device)
+    tile_e = torch.empty_like(tile_s)
+    m = z = a = None
+    for start in range(0, images.shape[0], chunk):
+        block = images[start : start + chunk]
+        s = _mm(q, block, tile_s[: rows * len(block)].view(rows, len(block)))  # (T, C) logits
+        e = tile_e[: s.numel()].view_as(s)
+        m_chunk = s.amax(dim=1)
+        m_new = m_chunk if m is None else torch.maximum(m, m_chunk)
+        s.sub_(m_new[:, None])  # s - m' <= 0
+        torch.exp(s, out=e)
+        z_chunk = e.sum(dim=1)
+        a_chunk = torch.bmm(e.unsqueeze(1), s.unsqueeze(2)).view(-1)  # row dots, no temp tile
+        if m is None:
+            z, a = z_chunk, a_chunk
+        else:
+            shift = m - m_new  # <= 0
+            decay = torch.exp(shift)
+            a = decay * (a + shift * z) + a_chunk
+            z = decay * z + z_chunk
+        m = m_new
+    return torch.log(z) - a / z
+
+
+def retrieval_entropy(
+    text_emb: torch.Tensor,
+    image_emb: torch.Tensor,
+    logit_scale: float,
+    chunk: int = 8192,
+    text_chunk: int = 1024,
+    matmul_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """UNKT eq. 3: H(y) for every caption embedding y over ALL image embeddings, in nats.
+
+    text_emb (Nt, D), image_emb (Ni, D): L2-normalised CLIP embeddings (cosine = dot product).
+    logit_scale: CLIP's exp(t) (the softmax temperature's inverse). Returns (Nt,) in the
+    accumulation dtype: float64 for float64 inputs, else float32. Exact (no top-k truncation);
+    beyond its inputs, memory holds two text_chunk x chunk tiles (32 MiB each by default),
+    whatever N_images. The product runs in `matmul_dtype` (default: the
+    accumulation dtype on CPU, float16 on CUDA, with the log-sum-exp always accumulated in fp32).
+    """
+    if text_emb.shape[-1] != image_emb.shape[-1]:
+        raise DistinctcapError(
+            f"text embeddings have dim {text_emb.shape[-1]}, images {image_emb.shape[-1]}"
+        )
+    if image_emb.shape[0] == 0:
+        raise DistinctcapError("retrieval entropy needs at least one image")
+    acc = torch.float64 if text_emb.dtype == torch.float64 else torch.float32
+    if matmul_dtype is None:
+        matmul_dtype = torch.float16 if text_emb.is_cuda and acc == torch.float32 else acc
+    images = image_emb.to(matmul_dtype).contiguous()
+    out = torch.empty(text_emb.shape[0], dtype=acc, device=text_emb.device)
+    for start in range(0, text_emb.shape[0], text_chunk):
+        q = (text_emb[start : start + text_chunk].to(acc) * logit_scale).to(matmul_dtype)
+        out[start : start + text_chunk] = _block_entropy(q, images, chunk, acc)
+    return out
+
+
+# ---------------------------------------------------------------- the stage
+
+
+def score_captions(
+    index_path: str | Path,
+    captions: pd.DataFrame,
+    logit_scale: float | None = None,
+    chunk: int = 8192,
+    text_chunk: int = 1024,
+    device: str = "auto",
+) -> pd.DataFrame:
+    """Retrieval entropy of every train caption over every train image (UNKT eq. 3).
+
+    `logit_scale` None uses the CLIP's own exp(t), recorded in the features index.
+    Returns caption_id, image_id, entropy (float32), sorted by caption_id.
+    """
+    from distinctcap.core.devices import resolve_device
+    from distinctcap.features.read import load_image_features, load_text_features
+    from distinctcap.features.store import check_finite
+
+    dev = resolve_device(device)
+    scale = float(read_json(index_path)["logit_scale"] if logit_scale is None else logit_scale)
+    train = captions[captions.split == "train"].sort_values("caption_id")
+    image_ids, pooled, _ = load_image_features(index_path, grid=False)
+    caption_ids, text = load_text_features(index_path)
+    train_images = np.isin(image_ids, train.image_id.unique())
+    rows = np.searchsorted(caption_ids, train.caption_id.to_numpy())
+    if (rows >= len(caption_ids)).any() or (
+        caption_ids[np.minimum(rows, len(caption_ids) - 1)] != train.caption_id.to_numpy()
+    ).any():
+        raise DistinctcapError(
+            f"{index_path} lacks text features of some train captions; "
+            "rerun the extract_features rule"
+        )
+    img = torch.from_numpy(pooled[train_images]).to(dev)
+    txt = torch.from_numpy(text[rows]).to(dev)
+    check_finite(image_ids[train_images], "image", img)
+    check_finite(train.caption_id.to_numpy(), "caption", txt)
+    log.info(
+        "retrieval entropy of %d captions over %d images, logit scale %.3f, on %s",
+        len(txt),
+        len(img),
+        scale,
+        dev,
+    )
+    entropy = retrieval_entropy(txt, img, scale, chunk=chunk, text_chunk=text_chunk)
+    return pd.DataFrame(
+        {
+            "caption_id": train.caption_id.to_numpy(),
+            "image_id": train.image_id.to_numpy(),
+            "entropy": entropy.float().cpu().numpy(),
+        }
+    )
+
+
+def split_subsets(scores: pd.DataFrame, fraction: float) -> pd.DataFrame:
+    """Rank by entropy (highest first, ties by caption_id); the top `fraction` is D-, the rest
+    D+ (UNKT §3.1: the top 50% by retrieval entropy form the negative set)."""
+    if not 0 < fraction < 1:
+        raise DistinctcapError(f"entropy.fraction = {fraction}: choose 0 < fraction < 1")
+    if len(scores) < 2:
+        raise DistinctcapError("need at least two train captions to split into D- and D+")
+    ranked = scores.sort_values(["entropy", "caption_id"], ascending=[False, True])
+    n_neg = min(max(round(fraction * len(ranked)), 1), len(ranked) - 1)
+    subset = np.where(np.arange(len(ranked)) < n_neg, "D-", "D+")
+    return ranked.assign(subset=subset).sort_values("caption_id").reset_index(drop=True)
+
+
+def threshold(table: pd.DataFrame) -> float:
+    """The lowest entropy in D- (the split point)."""
+    return float(table.entropy[table.subset == "D-"].min())
+
+
+def write_subsets(
+    table: pd.DataFrame, captions: pd.DataFrame, out_dirs: dict[str, str], shard_size: int = 100_000
+) -> dict[str, int]:
+    """Each subset's captions (captions table columns + entropy) as part-NNNNN.parquet shards."""
+    joined = captions.merge(table[["caption_id", "entropy", "subset"]], on="caption_id")
+    counts = {}
+    for name in SUBSETS:
+        rows = joined[joined.subset == name].drop(columns="subset").sort_values("caption_id")
+        folder = Path(out_dirs[name])
+        folder.mkdir(parents=True, exist_ok=True)
+        for stale in folder.glob("part-*.parquet"):
+            stale.unlink()
+        for i, start in enumerate(range(0, len(rows), shard_size)):
+            part = rows.iloc[start : start + shard_size]
+            write_table(part, folder / f"part-{i:05d}.parquet", "captions")
+        counts[name] = len(rows)
+    return counts
+
+
+def read_subset(folder: str | Path) -> pd.DataFrame:
+    """All captions of one subset folder (D- or D+), as a captions table with `entropy`."""
+    parts = sorted(Path(folder).glob("part-*.parquet"))
+    if not parts:
+        raise DistinctcapError(f"{folder} holds no part-*.parquet shards")
+    return pd.concat([read_table(p, "captions") for p in parts], ignore_index=True)
+
+
+def split_stage(
+    scores_path: str, captions_path: str, outputs: dict, fraction: float, shard_size: int
+) -> dict:
+    """The split rule: entropy table (with subset) + the D- / D+ shards."""
+    table = split_subsets(read_table(scores_path), fraction)
+    write_table(table, outputs["table"], "entropy")
+    counts = write_subsets(
+        table,
+        read_table(captions_path, "captions"),
+        {"D-": outputs["negative"], "D+": outputs["positive"]},
+        shard_size,
+    )
+    log.info(
+        "D-: %d captions, D+: %d captions, threshold H >= %.4f nats",
+        counts["D-"],
+        counts["D+"],
+        threshold(table),
+    )
+    return counts
+
+
+# ---------------------------------------------------------------- report
+
+
+def plot_histogram(table: pd.DataFrame, path: str | Path, bins: int = 60) -> None:
+    """Histogram of retrieval entropies per subset, with the split threshold."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from distinctcap.core.io import atomic_path
+
+    cut = threshold(table)
+    edges = np.linspace(table.entropy.min(), table.entropy.max(), bins + 1)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.hist(  # stacked: a bin straddling the threshold shows both parts
+        [table.entropy[table.subset == name] for name in SUBSETS],
+        bins=edges,
+        stacked=True,
+        color=["tab:red", "tab:blue"],
+        label=[f"{name} ({(table.subset == name).sum()} captions)" for name in SUBSETS],
+    )
+    ax.axvline(cut, color="black", linestyle="--", label=f"threshold {cut:.3f}")
+    ax.axvline(
+        math.log(max(1, table.image_id.nunique())),
+        color="grey",
+        linestyle=":",
+        label="log N images (uniform)",
+    )
+    ax.set(
+        xlabel="retrieval entropy H(y) [nats] (UNKT eq. 3)",
+        ylabel="captions",
+        title="Retrieval entropy of the training captions",
+    )
+    ax.legend()
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
+    plt.close(fig)
+
+
+def extremes_markdown(table: pd.DataFrame, captions: pd.DataFrame, top: int = 20) -> str:
+    """The `top` highest- and lowest-entropy captions with their entropies, as markdown.
+
+    Identical texts have identical embeddings, hence one entropy: each distinct text is listed
+    once with how many train captions (and images) carry it, so one generic caption repeated
+    across images does not fill the whole list.
+    """
+    joined = table.merge(captions[["caption_id", "text"]], on="caption_id")
+    texts = joined.groupby("text", sort=False).agg(
+        entropy=("entropy", "mean"),
+        subset=("subset", lambda s: "/".join(sorted(set(s)))),
+        captions=("caption_id", "size"),
+        first_id=("caption_id", "min"),
+    )
+    ranked = texts.reset_index().sort_values(["entropy", "first_id"], ascending=[False, True])
+    n_images = table.image_id.nunique()
+    lines = [
+        "# Retrieval entropy extremes (UNKT eq. 3)\n",
+        f"{len(table)} train captions ({len(texts)} distinct texts); D- = top "
+        f"{(table.subset == 'D-').mean():.0%} (H >= {threshold(table):.4f} nats; uniform over "
+        f"all {n_images} images would be {math.log(n_images):.4f}).\n",
+    ]
+    for title, rows in (("Highest", ranked.head(top)), ("Lowest", ranked.tail(top)[::-1])):
+        lines += [
+            f"\n## {title} {len(rows)}\n",
+            "| entropy | subset | captions | first caption_id | text |",
+            "|---:|:---|---:|---:|:---|",
+        ]
+        lines += [
+            f"| {r.entropy:.4f} | {r.subset} | {r.captions} | {r.first_id} | "
+            f"{str(r.text).replace('|', '/')} |"
+            for r in rows.itertuples()
+        ]
+    return "\n".join(lines) + "\n"

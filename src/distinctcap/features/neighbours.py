@@ -1,0 +1,184 @@
+"""The contrastive-image table of the specificity method (specificity paper §3.2, eq. 4-5).
+
+For the contrastive losses the paper draws I_c "at random from the top 1% most similar images
+to I_o"; we measure similarity by the cosine of the CLIP pooled image embeddings (the paper used
+the captioner CNN's last conv activations). The table is computed once per fraction and cached:
+one row per training image, `image_id` int64 and `neighbours` list<int64> of the k most similar
+other training images, most similar first, with k = max(1, ceil(fraction * (N - 1))).
+
+The similarity matrix is never held whole: query rows are processed `chunk` at a time against
+all N images (memory chunk x N), so COCO's 118k images fit, and the table is streamed to
+parquet one row group per chunk.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from torch import Tensor
+from tqdm import tqdm
+
+from distinctcap.core.errors import DistinctcapError
+from distinctcap.core.io import atomic_path
+
+log = logging.getLogger(__name__)
+
+ROOT = "results/neighbours"
+SCHEMA = pa.schema([("image_id", pa.int64()), ("neighbours", pa.list_(pa.int64()))])
+
+
+def table_path(pct: float, root: str = ROOT) -> str:
+    """The cached table of the top `pct` percent, e.g. results/neighbours/train_top1pct.parquet
+    (the `{pct}` wildcard of the neighbours rule; a run picks it with `contrastive_top_pct`)."""
+    return f"{root}/train_top{float(pct):g}pct.parquet"
+
+
+def neighbour_count(n: int, fraction: float) -> int:
+    """k = max(1, ceil(fraction * (n - 1))): the top `fraction` of the n - 1 other images."""
+    if not 0 < fraction <= 1:
+        raise DistinctcapError(f"neighbour fraction {fraction}: allowed 0 < fraction <= 1")
+    if n < 2:
+        raise DistinctcapError(f"{n} training image(s): contrastive images need at least 2")
+    return min(n - 1, max(1, math.ceil(fraction * (n - 1))))
+
+
+def _chunks(emb: Tensor, k: int, chunk: int):
+    """Yield (start, rows (c, k) int64 on CPU) of the k most similar other images per row."""
+    n = emb.shape[0]
+    for s in range(0, n, chunk):
+        q = emb[s : s + chunk]  # (c, D)
+        sims = q @ emb.T  # (c, N)
+        own = torch.arange(q.shape[0], device=emb.device)
+        sims[own, own + s] = float("-inf")  # self excluded
+        yield s, sims.topk(k, dim=1).indices.cpu()
+
+
+def top_neighbours(
+    emb: Tensor, k: int, chunk: int = 1024, device: str | torch.device = "cpu"
+) -> Tensor:
+    """Rows of the k most similar other rows of `emb` (N, D) (L2-normalised, so dot = cosine),
+    most similar first -> (N, k) int64. Ties are broken arbitrarily (torch.topk)."""
+    emb = torch.as_tensor(emb, dtype=torch.float32).to(device)
+    if not 1 <= k < emb.shape[0]:
+        raise DistinctcapError(f"k = {k} neighbours of {emb.shape[0]} images: allowed 1..N-1")
+    return torch.cat([rows for _, rows in _chunks(emb, k, chunk)])
+
+
+def write_neighbours(
+    image_ids: Sequence[int] | np.ndarray,
+    emb: Tensor | np.ndarray,
+    path: str | os.PathLike,
+    fraction: float = 0.01,
+    chunk: int = 1024,
+    device: str | torch.device = "cpu",
+) -> int:
+    """Compute the table of `image_ids` with pooled embeddings `emb` (N, D) and write it to
+    `path` atomically, streamed one row group per chunk. Returns k."""
+    ids = np.asarray(image_ids, dtype=np.int64)
+    emb = torch.as_tensor(np.asarray(emb), dtype=torch.float32)
+    if emb.ndim != 2 or len(ids) != emb.shape[0]:
+        raise DistinctcapError(f"{len(ids)} image ids but embeddings of shape {tuple(emb.shape)}")
+    if not torch.isfinite(emb).all():
+        bad = ids[(~torch.isfinite(emb).all(dim=1)).numpy()][:10].tolist()
+        raise DistinctcapError(f"non-finite image embeddings for image ids {bad} (first 10)")
+    k = neighbour_count(len(ids), fraction)
+    emb = emb.to(device)
+    with atomic_path(path) as tmp, pq.ParquetWriter(tmp, SCHEMA) as writer:
+        with tqdm(total=len(ids), unit="images", desc=f"neighbours (top {k})") as bar:
+            for s, rows in _chunks(emb, k, chunk):
+                c = rows.shape[0]
+                offsets = pa.array(np.arange(0, (c + 1) * k, k, dtype=np.int32))
+                values = pa.array(ids[rows.numpy().reshape(-1)])
+                lists = pa.ListArray.from_arrays(offsets, values)
+                writer.write_table(pa.table([pa.array(ids[s : s + c]), lists], schema=SCHEMA))
+                bar.update(c)
+    return k
+
+
+def read_neighbours(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
+    """-> image ids (N,) and neighbour ids (N, k), both int64."""
+    table = pq.read_table(path)
+    if table.schema.names != SCHEMA.names:
+        raise DistinctcapError(
+            f"{path}: neighbour table needs columns {SCHEMA.names}, has {table.schema.names}"
+        )
+    ids = table.column("image_id").to_numpy()
+    lists = table.column("neighbours").combine_chunks()
+    k = len(lists[0]) if len(lists) else 0
+    if len(lists) and lists.value_lengths().to_numpy().min() != k:
+        raise DistinctcapError(f"{path}: rows have different numbers of neighbours")
+    return ids, lists.flatten().to_numpy().reshape(len(ids), k)
+
+
+class NeighbourTable:
+    """Neighbours as rows of an image-feature table, for drawing contrastive images."""
+
+    def __init__(self, image_ids: np.ndarray, neighbour_ids: np.ndarray, feature_ids: np.ndarray):
+        """`feature_ids` (F,) are the image ids of the feature rows used in training; every
+        image of the table and every neighbour must be among them."""
+        index = pd.Index(np.asarray(feature_ids, dtype=np.int64))
+        rows = index.get_indexer(np.asarray(image_ids, dtype=np.int64))
+        neigh = index.get_indexer(np.asarray(neighbour_ids, dtype=np.int64).reshape(-1))
+        if (rows < 0).any() or (neigh < 0).any():
+            missing = np.concatenate(
+                [np.asarray(image_ids)[rows < 0], np.asarray(neighbour_ids).reshape(-1)[neigh < 0]]
+            )
+            raise DistinctcapError(
+                f"neighbour table names image ids without features: {missing[:10].tolist()}"
+            )
+        self.k = neighbour_ids.shape[1]
+        # (N, k) feature rows; int32 halves the table (COCO: 118k x 1183 neighbours = 0.56 GB)
+        self.neighbours = torch.as_tensor(neigh.reshape(-1, self.k).astype(np.int32))
+        self.slot = torch.full((len(index),), -1, dtype=torch.long)  # feature row -> table row
+        self.slot[torch.as_tensor(rows)] = torch.arange(len(rows))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, feature_ids: np.ndarray) -> NeighbourTable:
+        return cls(*read_neighbours(path), feature_ids)
+
+    def draw(self, feature_rows: Tensor, generator: torch.Generator) -> Tensor:
+        """One neighbour, uniformly among the k, for each image (B,) -> feature rows (B,)."""
+        slots = self.slot[feature_rows.cpu()]
+        if (slots < 0).any():
+            raise DistinctcapError(
+                f"feature rows {feature_rows.cpu()[slots < 0].tolist()} are not in the "
+                "neighbour table (contrastive images come from the training split)"
+            )
+        pick = torch.randint(self.k, (len(slots),), generator=generator)
+        return self.neighbours[slots, pick].long()
+
+
+def build_table(
+    features_index: str | os.PathLike,
+    images_path: str | os.PathLike,
+    out: str | os.PathLike,
+    pct: float = 1.0,
+    device: str = "auto",
+    chunk: int = 1024,
+) -> int:
+    """The stage: the training images' pooled CLIP embeddings (features index JSON, images
+    table) -> the table of their top `pct` percent most similar training images. Returns k."""
+    from distinctcap.core.io import read_table
+    from distinctcap.features.read import load_image_features
+
+    images = read_table(images_path, "images")
+    train = np.sort(images.image_id[images.split == "train"].to_numpy(dtype=np.int64))
+    ids, pooled, _ = load_image_features(features_index, grid=False)
+    keep = np.isin(ids, train)
+    if keep.sum() != len(train):
+        missing = np.setdiff1d(train, ids[keep])[:10].tolist()
+        raise DistinctcapError(f"no image features for training images {missing} (first 10)")
+    from distinctcap.core.devices import resolve_device
+
+    device = resolve_device(device)
+    k = write_neighbours(ids[keep], pooled[keep], out, pct / 100, chunk, device)
+    log.info("%d training images, top %g%% = %d neighbours each -> %s", len(train), pct, k, out)
+    return k

@@ -1,0 +1,331 @@
+"""Readers of the feature store: a selection of images' rows read row group by row group, the
+mapped float16 grid cache that training reads, image norms and text embeddings.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from torch import Tensor
+
+from distinctcap.core.errors import DistinctcapError
+from distinctcap.core.io import atomic_path, read_json
+from distinctcap.features.store import KEY, digest
+
+log = logging.getLogger(__name__)
+
+
+def _shard_files(index_path: str | Path, kind: str) -> tuple[dict, list[pq.ParquetFile]]:
+    """The index and its `kind` shards, opened (footer only); each shard's key is checked."""
+    index = read_json(index_path)
+    root = Path(index_path).parent
+    files = []
+    for entry in index[kind]["shards"]:
+        path = root / entry["path"]
+        try:
+            # pre_buffer would keep each opened shard's read ranges cached for the file's life:
+            # ~+470 MB for 1,000 images' rows from a 40k store (measured), growing with N
+            file = pq.ParquetFile(path, pre_buffer=False)
+            meta = file.schema_arrow.metadata or {}
+        except (OSError, pa.ArrowInvalid):
+            file, meta = None, {}
+        if file is None or meta.get(KEY, b"").decode() != entry["key"]:
+            raise DistinctcapError(
+                f"{path} is missing or was computed for other inputs or another CLIP than "
+                f"{index_path} records; rerun the extract_features rule"
+            )
+        files.append(file)
+    return index, files
+
+
+def _rows(table: pa.Table, column: str, dtype) -> np.ndarray:
+    """A fixed-size list column of one shard as a (rows, width) array."""
+    chunk = table.column(column).combine_chunks()
+    flat = chunk.flatten().to_numpy(zero_copy_only=False)
+    return flat.reshape(-1, chunk.type.list_size).astype(dtype, copy=False)
+
+
+def _width(files: list[pq.ParquetFile], column: str) -> int:
+    return files[0].schema_arrow.field(column).type.list_size
+
+
+def _row_groups(file: pq.ParquetFile) -> np.ndarray:
+    """The first row of each row group of a shard, and the shard's row count last."""
+    sizes = [file.metadata.row_group(g).num_rows for g in range(file.num_row_groups)]
+    return np.cumsum([0] + sizes)
+
+
+def _gather(file: pq.ParquetFile, local: np.ndarray, columns: dict, into: dict[str, tuple]) -> None:
+    """Write rows `local` of one shard's `columns` ({name: dtype}) into `into` ({name: (array,
+    positions)}), reading only the row groups that hold one of them, one at a time: parquet
+    decodes a list column with per-value levels, about 7x the values, so a read's transient
+    is one group's (ROW_GROUP_ROWS rows), not the shard's."""
+    starts = _row_groups(file)
+    group_of = np.searchsorted(starts, local, side="right") - 1
+    for g in np.unique(group_of):
+        pick = np.flatnonzero(group_of == g)
+        table = file.read_row_group(int(g), columns=list(columns))
+        for name, dtype in columns.items():
+            values = _rows(table, name, dtype)
+            array, positions = into[name]
+            array[positions[pick]] = values[local[pick] - starts[g]]
+            del values
+        del table
+        _release_arrow_memory()
+
+
+def _release_arrow_memory() -> None:
+    """Hand the freed buffers of a shard read back to the OS. Arrow's allocator (mimalloc or
+    jemalloc) keeps them for reuse otherwise, so a read of shard after shard grew the RSS by
+    about a shard each (measured: 1,000 images' rows peaked at 1.3 GB over a 10k store)."""
+    pa.default_memory_pool().release_unused()
+
+
+def feature_rows(ids: np.ndarray, image_ids: Sequence[int] | np.ndarray) -> np.ndarray:
+    """Row of each of `image_ids` in the sorted `ids`; a DistinctcapError names ids without
+    features."""
+    want = np.asarray(image_ids, dtype=np.int64)
+    if len(ids) > 1 and not (ids[1:] > ids[:-1]).all():  # shards are sorted; be safe anyway
+        rows = pd.Index(ids).get_indexer(want)
+        if (rows < 0).any():
+            missing = want[rows < 0][:10].tolist()
+            raise DistinctcapError(f"no image features for image ids {missing} (first 10 shown)")
+        return rows
+    rows = np.minimum(np.searchsorted(ids, want), max(len(ids) - 1, 0))
+    bad = (ids[rows] != want) if len(ids) else np.ones(len(want), dtype=bool)
+    if bad.any():
+        missing = want[bad][:10].tolist()
+        raise DistinctcapError(f"no image features for image ids {missing} (first 10 shown)")
+    return rows
+
+
+def feature_ids(index_path: str | Path) -> np.ndarray:
+    """The image ids of the index's shards, in their order (sorted): the rows of `grid_cache`."""
+    per_shard = [
+        f.read(columns=["image_id"]).column(0).to_numpy()
+        for f in _shard_files(index_path, "images")[1]
+    ]
+    return np.concatenate(per_shard).astype(np.int64) if per_shard else np.zeros(0, np.int64)
+
+
+def load_image_features(
+    index_path: str | Path,
+    grid: bool = True,
+    image_ids: Sequence[int] | np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(image_ids int64 (N,), pooled float32 (N, D) L2-normalised, grid float16 (N, G, Dv)):
+    every image sorted by image_id, or those of `image_ids` in that order (a DistinctcapError
+    names ids that have none). `grid=False` skips the grid tokens and returns None for them.
+
+    Reads the shards one at a time and only those that hold a wanted image (module section
+    "loaders"): the peak is the answer plus one shard."""
+    index, files = _shard_files(index_path, "images")
+    per_shard = [f.read(columns=["image_id"]).column(0).to_numpy() for f in files]
+    ids = np.concatenate(per_shard).astype(np.int64) if per_shard else np.zeros(0, np.int64)
+    if image_ids is None:
+        out_ids, want = ids, np.arange(len(ids))
+    else:
+        out_ids = np.asarray(image_ids, dtype=np.int64)
+        want = feature_rows(ids, out_ids)
+    columns = {"pooled": np.float32} | ({"grid": np.float16} if grid else {})
+    out = (
+        {
+            name: np.empty((len(out_ids), _width(files, name)), dtype)
+            for name, dtype in columns.items()
+        }
+        if files
+        else {}
+    )
+    starts = np.cumsum([0] + [len(s) for s in per_shard])
+    order = np.argsort(want, kind="stable")  # answer positions by row: one slice per shard
+    bounds = np.searchsorted(want[order], starts)
+    for s, file in enumerate(files):
+        dest = order[bounds[s] : bounds[s + 1]]
+        if len(dest):
+            _gather(file, want[dest] - starts[s], columns, {n: (a, dest) for n, a in out.items()})
+    width = index["images"].get("pooled_dim") or 0
+    pooled = out.get("pooled", np.zeros((len(out_ids), width), np.float32))
+    if not grid:
+        return out_ids, pooled, None
+    tokens = index["images"]["grid_tokens"]
+    flat = out.get("grid", np.zeros((len(out_ids), 0), np.float16))
+    return out_ids, pooled, flat.reshape(len(out_ids), tokens, -1)
+
+
+def grid_cache_path(index_path: str | Path) -> Path:
+    """Where `grid_cache` keeps the index's grid: `grid/<key>.npy` beside the image shards'
+    folder, the key a hash of every image shard's key (so of the CLIP and the images)."""
+    index = read_json(index_path)
+    shards = index["images"]["shards"]
+    if not shards:
+        raise DistinctcapError(f"{index_path} lists no image shards")
+    folder = (Path(index_path).parent / shards[0]["path"]).parent.parent
+    key = digest(index["fingerprint"], [s["key"] for s in shards])[:32]
+    return folder / "grid" / f"{key}.npy"
+
+
+def grid_cache(index_path: str | Path) -> np.ndarray:
+    """The grid of every image of the index (float16 (N, G, Dv), sorted by image_id, the values
+    `load_image_features` gives) as a read-only-on-disk memory map (copy-on-write in memory).
+
+    Built once per features index, under a lock (concurrent jobs wait for one writer instead
+    of each writing the same file): the .npy header, then each shard's grid appended with
+    plain writes, one shard at a time (written pages are page cache, not the writer's RSS),
+    then renamed into place. Other keys' caches in that folder are removed (a job that still
+    maps one keeps reading it). Its pages are the file's: the kernel shares them between jobs
+    and drops them under pressure, so a training job's memory is the batches it gathers."""
+    import fcntl
+
+    path = grid_cache_path(index_path)
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.parent / ".lock", "a+b") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                if not path.is_file():
+                    _write_grid_cache(index_path, path)
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+    return np.load(path, mmap_mode="c")
+
+
+def _write_grid_cache(index_path: str | Path, path: Path) -> None:
+    index, files = _shard_files(index_path, "images")
+    count, tokens = index["images"]["count"], index["images"]["grid_tokens"]
+    width = files[0].schema_arrow.field("grid").type.list_size
+    if width % tokens:
+        raise DistinctcapError(f"{index_path}: grid width {width} is not a multiple of {tokens}")
+    header = {"descr": "<f2", "fortran_order": False, "shape": (count, tokens, width // tokens)}
+    log.info("writing the grid cache %s (%.1f GiB)", path, count * width * 2 / 2**30)
+    written = 0
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.lib.format.write_array_header_2_0(f, header)
+        for file in files:
+            for g in range(file.num_row_groups):
+                values = _rows(file.read_row_group(g, columns=["grid"]), "grid", np.float16)
+                f.write(np.ascontiguousarray(values.astype("<f2", copy=False)).data)
+                written += len(values)
+                del values
+                _release_arrow_memory()
+        if written != count:
+            raise DistinctcapError(
+                f"{index_path} records {count} images; its shards hold {written}"
+            )
+    for stale in path.parent.glob("*.npy"):
+        if stale != path:
+            stale.unlink(missing_ok=True)
+
+
+def load_image_norms(
+    index_path: str | Path, image_ids: Sequence[int] | np.ndarray | None = None
+) -> np.ndarray | None:
+    """Norm of each image's pooled embedding before L2 normalisation, float32 (N,), in the
+    order of `load_image_features` with the same `image_ids` (pooled * norm is CLIP's
+    unnormalised projection); None for features without it (format 1, and a pre-trained
+    captioner's own vision states): only specificity dp/cdp need it."""
+    files = _shard_files(index_path, "images")[1]
+    if not files or "pooled_norm" not in files[0].schema_arrow.names:
+        return None
+    per_shard = [f.read(columns=["pooled_norm"]).column(0).to_numpy() for f in files]
+    norms = np.concatenate(per_shard).astype(np.float32)
+    if image_ids is None:
+        return norms
+    return norms[feature_rows(feature_ids(index_path), image_ids)]
+
+
+def load_text_features(index_path: str | Path) -> tuple[np.ndarray, np.ndarray]:
+    """(caption_ids int64 (M,), embeddings float32 (M, D) L2-normalised), sorted by caption_id."""
+    files = _shard_files(index_path, "texts")[1]
+    per_shard = [f.read(columns=["caption_id"]).column(0).to_numpy() for f in files]
+    if not per_shard:
+        return np.zeros(0, np.int64), np.zeros((0, 0), np.float32)
+    ids = np.concatenate(per_shard).astype(np.int64)
+    out = np.empty((len(ids), _width(files, "embedding")), np.float32)
+    starts = np.cumsum([0] + [len(s) for s in per_shard])
+    for s, file in enumerate(files):  # the answer + one row group's decode at a time
+        rows = np.arange(len(per_shard[s]))
+        _gather(file, rows, {"embedding": np.float32}, {"embedding": (out, rows + starts[s])})
+    return ids, out
+
+
+
+@dataclass
+class ImageFeatures:
+    image_ids: np.ndarray  # (N,) int64
+    pooled: Tensor  # (N, Dp) float32, L2-normalised
+    grid: Tensor  # (N, G, Dv) float16
+    # (N,) float32: pooled's norm before normalising (pooled * pooled_norm is CLIP's
+    # unnormalised projection, specificity dp/cdp); None where not loaded
+    pooled_norm: Tensor | None = None
+
+    @classmethod
+    def load(
+        cls, index_path: str | os.PathLike, image_ids: Sequence[int] | np.ndarray | None = None
+    ) -> ImageFeatures:
+        """The image features of a features index (distinctcap.features.extract): every image,
+        sorted
+        by image id, or those of `image_ids` in that order (a DistinctcapError names ids that
+        have none).
+
+        It reads what the job needs (ARCHITECTURE.md, Data contracts): `image_ids` (decode,
+        evaluate) reads only those images' rows, so the memory is that of the selection; every
+        image (training) maps the grid from the index's contiguous cache (`grid_cache`, built
+        once), whose pages the kernel loads as batches gather rows and may drop again; pooled
+        (small) is read into memory. The numbers are the shards' either way. A selection is
+        gathered from the cache when it exists (fewer bytes read than whole shards)."""
+        from distinctcap.features.read import (
+            feature_ids,
+            feature_rows,
+            grid_cache,
+            grid_cache_path,
+            load_image_features,
+            load_image_norms,
+        )
+
+        norms = load_image_norms(index_path, image_ids)
+        norm = None if norms is None else torch.from_numpy(norms)
+        if image_ids is None:
+            ids, pooled, _ = load_image_features(index_path, grid=False)
+            grid = grid_cache(index_path)
+        elif not grid_cache_path(index_path).is_file():
+            ids, pooled, grid = load_image_features(index_path, image_ids=image_ids)
+        else:
+            ids, pooled, _ = load_image_features(index_path, grid=False, image_ids=image_ids)
+            grid = np.ascontiguousarray(
+                grid_cache(index_path)[feature_rows(feature_ids(index_path), ids)]
+            )
+        return cls(ids, torch.from_numpy(pooled), torch.from_numpy(grid), norm)
+
+    def rows(self, image_ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Row of each image id; a DistinctcapError names the ids that have no features."""
+        index = pd.Index(self.image_ids)
+        rows = index.get_indexer(np.asarray(image_ids, dtype=np.int64))
+        if (rows < 0).any():
+            missing = np.asarray(image_ids)[rows < 0][:10].tolist()
+            raise DistinctcapError(f"no image features for image ids {missing} (first 10 shown)")
+        return rows
+
+    def subset(self, image_ids: Sequence[int] | np.ndarray) -> ImageFeatures:
+        rows = torch.as_tensor(self.rows(image_ids))
+        norm = None if self.pooled_norm is None else self.pooled_norm[rows]
+        return ImageFeatures(
+            np.asarray(image_ids, dtype=np.int64), self.pooled[rows], self.grid[rows], norm
+        )
+
+    def unnormalised(self, rows: Tensor) -> Tensor:
+        """CLIP's image projections before L2 normalisation at `rows`, float32 (B, Dp)."""
+        if self.pooled_norm is None:
+            raise DistinctcapError(
+                "these image features carry no pooled_norm (made before it was stored); "
+                "rerun the extract_features rule"
+            )
+        return self.pooled[rows].float() * self.pooled_norm[rows].float().unsqueeze(-1)

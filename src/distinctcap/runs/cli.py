@@ -1,0 +1,88 @@
+"""The `distinctcap` command (also `python -m distinctcap`):
+
+    distinctcap caption RUN_DIR IMAGE_OR_FOLDER... [--decoding beam3] [--out captions.jsonl]
+                                                   [--html vis.html] [--clip PATH]
+    distinctcap runs [--results results]       the trained runs with their headline metrics
+    distinctcap compare [--results results]    the headline table (the README's 9 columns)
+
+Light at import: torch loads only inside `caption`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from distinctcap.core.errors import DistinctcapError
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="distinctcap", description=__doc__.split("\n\n")[0])
+    commands = top.add_subparsers(dest="command", required=True)
+    cap = commands.add_parser("caption", help="caption your own images with a trained run")
+    cap.add_argument("run_dir", help="a run folder, e.g. results/runs/smile")
+    cap.add_argument("images", nargs="+", help="image files and folders (searched recursively)")
+    cap.add_argument("--decoding", default="greedy", help="a decoding setting of the run's config")
+    cap.add_argument("--out", help="write one JSON line per image here")
+    cap.add_argument("--html", help="write a page of images and captions here")
+    cap.add_argument("--clip", help="the run's CLIP, if it moved (its checksum must match)")
+    cap.add_argument("--device", default="auto", help="auto (GPU if usable), cpu or cuda")
+    for name, text in (("runs", "list the trained runs"), ("compare", "the headline table")):
+        sub = commands.add_parser(name, help=text)
+        sub.add_argument("--results", default="results", help="the results folder of a run")
+    return top
+
+
+def caption(args) -> int:
+    from distinctcap.runs.caption import Run, write_html, write_jsonl
+
+    run = Run(args.run_dir, clip=args.clip, device=args.device)
+    results = run.caption(args.images, decoding=args.decoding)
+    bad = [r for r in results if "error" in r]
+    for r in results:
+        if "error" not in r:
+            print(f"{r['file']}\t{r['caption']}")
+    for r in bad:
+        print(f"distinctcap: {r['file']}: not captioned: {r['error']}", file=sys.stderr)
+    if args.out:
+        write_jsonl(results, args.out)
+    if args.html:
+        write_html(results, args.html, f"{run.name} ({run.card['method']}), {args.decoding}")
+    if bad:
+        print(
+            f"distinctcap: {len(bad)} of {len(results)} files could not be read (above); the "
+            f"other {len(results) - len(bad)} were captioned",
+            file=sys.stderr,
+        )
+    return 1 if bad else 0
+
+
+def runs(args) -> int:
+    from distinctcap.report.summary import run_table
+
+    print(run_table(Path(args.results)), end="")
+    return 0
+
+
+def compare(args) -> int:
+    from distinctcap.report.summary import compare_table
+
+    print(compare_table(Path(args.results)), end="")
+    return 0
+
+
+COMMANDS = {"caption": caption, "runs": runs, "compare": compare}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except DistinctcapError as error:
+        print(f"distinctcap: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""A training run's resume state on disk, and the fingerprint that decides whether it is resumed.
+
+`fingerprint(cfg)` is what a run's result depends on: content hashes of its effective config
+and of every input `cfg["paths"]` names (captions, vocab, the features index and its shards, the
+D-/D+ subset folder, the init/teacher/reference models, a method's own files such as the CLIP or
+the neighbours table); paths and device are not part of it. The trainer writes it into
+summary.json and into every checkpoint.
+
+`Checkpoints` owns `<out_dir>/checkpoints/`: it writes a checkpoint dict, stamped with the
+fingerprint, atomically as `last.pt`; reads it back only if its fingerprint is this run's, and
+otherwise sets it aside as `stale-<its hash>.pt` with one log line naming what changed; and drops
+the resume state when the run has succeeded (set-aside checkpoints stay). It knows nothing about
+models: the trainer assembles the dict and restores from it (distinctcap.train.trainer;
+ARCHITECTURE.md,
+Invariants).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from distinctcap.core.io import atomic_path, file_sha256, read_json
+
+# ---------------------------------------------------------------------------------------------
+# Fingerprint: what a run's result depends on
+
+NOT_INPUTS = ("out_dir",)  # cfg["paths"] entries that name where outputs go, not content
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """Named content hashes: `config` and one per input in cfg["paths"]; `hash` combines them."""
+
+    parts: dict[str, str]
+
+    @property
+    def hash(self) -> str:
+        return _sha(json.dumps(self.parts, sort_keys=True))
+
+    def changes(self, old: dict[str, str]) -> list[str]:
+        """Names of the parts that differ from `old` (parts added or dropped included)."""
+        return sorted(k for k in self.parts.keys() | old.keys() if self.parts.get(k) != old.get(k))
+
+
+def fingerprint(cfg: dict) -> Fingerprint:
+    """The run's effective config (not paths, not device) and the content of each input that
+    cfg["paths"] names (files, folders, the features index with its shards)."""
+    kept = {k: v for k, v in cfg.items() if k not in ("paths", "device")}
+    parts = {"config": _sha(json.dumps(kept, sort_keys=True, default=str))}
+    for key, value in sorted((cfg.get("paths") or {}).items()):
+        digest = None if key in NOT_INPUTS else input_digest(key, value)
+        if digest is not None:
+            parts[key] = digest
+    return Fingerprint(parts)
+
+
+def input_digest(key: str, value: object) -> str | None:
+    """Content hash of one cfg["paths"] entry: a file, a folder or a list of files; None for a
+    value that names no file (a CLIP tag or architecture)."""
+    if key == "features" and Path(str(value)).is_file():
+        return features_digest(value)
+    values = list(value) if isinstance(value, list | tuple) else [value]
+    if not values or not all(isinstance(v, str | Path) and Path(v).exists() for v in values):
+        return None
+    return _sha("".join(path_digest(v) for v in values))
+
+
+def path_digest(path: str | Path) -> str:
+    """Content hash of a file, or of a folder's files: their sorted relative names and contents."""
+    path = Path(path)
+    if path.is_file():
+        return file_sha256([path])
+    files = sorted((p.relative_to(path).as_posix(), p) for p in path.rglob("*") if p.is_file())
+    return _sha("".join(f"{name}\0{file_sha256([p])}\n" for name, p in files))
+
+
+def features_digest(index_path: str | Path) -> str:
+    """Content hash of a features index and of every shard file it lists (the index's shard
+    keys hash what a shard was computed from, not the shard itself)."""
+    index = read_json(index_path)
+    root = Path(index_path).parent
+    entries = [e for kind in ("images", "texts") for e in index.get(kind, {}).get("shards", [])]
+    shards = [root / e["path"] for e in entries]
+    return _sha(
+        path_digest(index_path)
+        + "".join(f"{s.name}\0{path_digest(s) if s.is_file() else '-'}\n" for s in shards)
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The checkpoint folder
+
+
+class Checkpoints:
+    """`<out_dir>/checkpoints/last.pt` of one run (no path, and nothing to do, without an
+    out_dir). `paths` is the run's cfg["paths"], to name a changed input's file; only the main
+    process (`is_main`) sets a checkpoint aside; `log` is the owner's logger, which says so."""
+
+    def __init__(
+        self,
+        out_dir: Path | None,
+        fingerprint: Fingerprint,
+        paths: dict,
+        is_main: bool,
+        log: logging.Logger,
+    ):
+        self.folder = out_dir / "checkpoints" if out_dir else None
+        self.fingerprint, self.paths, self.is_main, self.log = fingerprint, paths, is_main, log
+
+    @property
+    def path(self) -> Path | None:
+        return self.folder / "last.pt" if self.folder else None
+
+    def save(self, state: dict) -> None:
+        """Replace last.pt atomically with `state`, stamped with this run's fingerprint."""
+        with atomic_path(self.path) as tmp:
+            torch.save({"fingerprint": self.fingerprint.parts, **state}, tmp)
+
+    def load(self) -> dict | None:
+        """last.pt if its fingerprint is this run's; None if there is none or it was set aside."""
+        ckpt = _read_checkpoint(self.path) if self.path else None
+        if ckpt is None:
+            return None
+        reason = self.stale_reason(ckpt.get("fingerprint"))
+        if reason:
+            self.set_aside(ckpt.get("fingerprint"), reason)
+            return None
+        return ckpt
+
+    def stale_reason(self, old: object) -> str | None:
+        """What differs between a checkpoint's fingerprint and this run's; None if nothing."""
+        if not isinstance(old, dict):
+            return "it has an old-format fingerprint without the inputs"
+        said = []
+        for key in self.fingerprint.changes(old):
+            value = self.paths.get(key) if key in self.fingerprint.parts else "no longer an input"
+            said.append(f"{key} changed" + (f": {_show_path(value)}" if value else ""))
+        return ", ".join(said) or None
+
+    def set_aside(self, old: object, reason: str) -> None:
+        """Rename a checkpoint of other inputs to stale-<its hash>.pt and say why, in one line."""
+        if not self.is_main:
+            return
+        path = self.path
+        old_hash = Fingerprint(old).hash if isinstance(old, dict) else str(old or "unknown")
+        stale = path.with_name(f"stale-{old_hash}.pt")
+        with contextlib.suppress(FileNotFoundError):
+            path.replace(stale)
+        self.log.warning(
+            "checkpoint %s set aside as %s (%s); training from step 0", path, stale.name, reason
+        )
+
+    def drop(self) -> None:
+        """Remove last.pt and temporaries of killed writes; set-aside stale-*.pt stay (the
+        folder goes when nothing is left)."""
+        for path in self.folder.glob("*"):
+            if path.is_file() and not path.name.startswith("stale-"):
+                path.unlink()
+        with contextlib.suppress(OSError):
+            self.folder.rmdir()
+
+
+def _read_checkpoint(path: Path) -> dict | None:
+    """The checkpoint at `path`, or None if there is none (another process may rename it)."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        return None
+
+
+def _show_path(value: object) -> str:
+    if isinstance(value, list | tuple):
+        return f"{value[0]} and {len(value) - 1} more" if len(value) > 1 else str(value[0])
+    return str(value)

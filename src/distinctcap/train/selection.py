@@ -1,0 +1,85 @@
+"""Caption-quality selection metrics on the validation images (CIDEr-D), for the trainer's
+`train.select_metric` (distinctcap.train.trainer.VAL_METRICS):
+
+- `cider`: CIDEr-D of the greedy caption of each image against its validation references.
+  CL trains the target "until [it] saturates its performance on the validation set" (CL §5.3,
+  reference replacement), measured by the captioning metrics of its tables; we take CIDEr.
+- `oracle_cider`: the best CIDEr-D among `SAMPLES` sampled captions per image (UNKT §4.2,
+  Table 1's oracle over n samples, here n = 5 to stay cheap): high only when the samples are
+  both good and different, so it selects on quality and diversity at once. UNKT does not say
+  how it selects; this is our choice.
+- `sample_cider`: the mean CIDEr-D of those samples (the quality of the distribution's tail).
+
+Captions are compared as token ids (the captioner's word-level vocabulary, so the same n-grams
+as words), with the document frequencies of the scored images' references, as pycocoevalcap.
+The first `IMAGES` validation images by feature row are scored; sampling is seeded, so a
+resumed run scores the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from distinctcap.captioner.model import EOS, PAD
+from distinctcap.evaluate.metrics.cider import CiderD
+
+IMAGES = 100  # validation images scored
+SAMPLES = 5  # samples per image for oracle_cider / sample_cider
+
+
+def _words(tokens) -> str:
+    return " ".join(str(int(t)) for t in tokens if int(t) not in (PAD, EOS))
+
+
+def references(val, rows: torch.Tensor) -> list[list[str]]:
+    """The validation captions of each image row in `rows`, as token-id sentences."""
+    where = {int(r): i for i, r in enumerate(rows)}
+    refs: list[list[str]] = [[] for _ in rows]
+    for c, row in enumerate(val.image_rows.tolist()):
+        if row in where:
+            refs[where[row]].append(_words(val.labels[c]))
+    return refs
+
+
+def _scored_rows(val, images: int) -> torch.Tensor:
+    return torch.unique(val.image_rows, sorted=True)[:images]
+
+
+def _decode(model, val, rows, autocast, n: int):
+    """Greedy captions (n = 0) or n samples per image of the rows, as token-id sentences."""
+    from distinctcap.captioner.search import greedy, sample
+
+    device = next(model.parameters()).device
+    grid, pooled = val.features.grid[rows].to(device).float(), val.features.pooled[rows].to(device)
+    with autocast() if autocast else contextlib.nullcontext():
+        if n == 0:
+            return [[_words(c.tokens)] for c in greedy(model, grid, pooled)]
+        gen = torch.Generator(device=device).manual_seed(0)
+        caps = sample(model, grid, pooled, n, generator=gen)
+    return [[_words(c.tokens) for c in per_image] for per_image in caps]
+
+
+def _cider_table(model, val, autocast: Callable | None, n: int, images: int) -> np.ndarray:
+    """(images, max(n, 1)) CIDEr-D of each decoded caption against its image's references."""
+    rows = _scored_rows(val, images)
+    refs = references(val, rows)
+    scorer = CiderD(refs)
+    candidates = _decode(model, val, rows, autocast, n)
+    pairs = zip(candidates, refs, strict=True)
+    return np.array([[scorer.score(c, r) for c in cs] for cs, r in pairs])
+
+
+def val_cider(model, val, batches=None, autocast=None, images: int = IMAGES) -> float:
+    return float(_cider_table(model, val, autocast, 0, images).mean())
+
+
+def val_oracle_cider(model, val, batches=None, autocast=None, images: int = IMAGES) -> float:
+    return float(_cider_table(model, val, autocast, SAMPLES, images).max(axis=1).mean())
+
+
+def val_sample_cider(model, val, batches=None, autocast=None, images: int = IMAGES) -> float:
+    return float(_cider_table(model, val, autocast, SAMPLES, images).mean())

@@ -1,0 +1,906 @@
+"""The trainer: one loop for every training method, deterministic on CPU and resumable.
+
+`train(cfg, data=None) -> TrainResult` is the whole stage, callable from tests (the Snakemake
+rule's script only fills `cfg["paths"]`). `cfg` is a run's effective config
+(`distinctcap.core.config.effective_run_config`): its `runs:` block (method, data,
+init/teacher/reference, method options), `seed`, `captioner` (architecture, CaptionerConfig
+fields) and `train` (the config.TrainConfig fields: the top-level `train` block with the run's
+`train` overrides on top).
+
+The loop, per optimiser step: gather `grad_accum` micro-batches (the data order is a pure
+function of (seed, epoch), with an image's captions together by default so each image is
+encoded once per batch, data/batches.py), loss = the method's objective (distinctcap.methods)
+under autocast (bf16, or fp16 with a GradScaler, on GPU; fp32 on CPU), backward of loss /
+grad_accum, gradient clipping, AdamW, learning-rate schedule (linear warm-up then linear or
+cosine decay: the papers warm up 3,000 steps to 3e-4, UNKT §4.1). Every `val_every` steps the
+selection metric (val_loss, self_retrieval, or one the objective computes itself) is computed on
+the validation captions; the best weights are kept (checkpoint selection) and `patience`
+validations without improvement stop the run (early stopping).
+
+Resume: every `checkpoint_every` steps `<out_dir>/checkpoints/last.pt` is replaced atomically
+with the model, optimiser, scheduler, scaler, RNG states (torch, CUDA, numpy, python), the data
+position, the best weights so far, the curve, the objective's own state (its state_dict), and
+the run's fingerprint: content hashes of its effective config and of every input `cfg["paths"]`
+names. The trainer assembles that dict and restores from it; `distinctcap.train.checkpoints`
+computes
+the fingerprint and owns the file. A rerun whose fingerprint matches continues from it and ends
+with the same weights as an uninterrupted run; otherwise the checkpoint is set aside as
+`checkpoints/stale-<its hash>.pt` with one log line naming what changed, and training starts
+from step 0.
+
+A non-finite loss or gradient stops the run with `NonFiniteLossError` (step and caption ids): on
+the CPU at once, on a GPU when `DeferredStats` reads the steps' numbers (one host sync, only at
+log, validation and checkpoint steps); parameters are checked finite before any checkpoint is
+written, so a broken state is never saved.
+
+Outputs in `<out_dir>`: model.pt (selected weights, `Captioner.load`-able), curve.csv (one row
+per log/validation step: step, epoch, lr, loss, grad_norm, tokens_per_s, val_* and the
+objective's own numbers) and summary.json (with the fingerprint and its parts, `inputs`).
+last.pt is removed on success; set-aside checkpoints stay.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import logging
+import math
+import os
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm import tqdm
+
+from distinctcap.captioner.load import load_captioner
+from distinctcap.captioner.model import PAD, Captioner, CaptionerConfig, DecoderBlock, EncoderBlock
+from distinctcap.core.config import TrainConfig
+from distinctcap.core.devices import resolve_device
+from distinctcap.core.distributed import (
+    DistEnv,
+    GradientReducer,
+    broadcast_flag,
+    broadcast_parameters,
+    my_micro_batches,
+    shard,
+    shard_weight,
+)
+from distinctcap.core.errors import DistinctcapError
+from distinctcap.core.io import atomic_path, read_table, write_json
+from distinctcap.data.batches import Batch, BatchOrder, CaptionData, encode_batch, select_captions
+from distinctcap.features.read import ImageFeatures
+from distinctcap.methods import METHODS
+from distinctcap.methods.base import TrainContext
+from distinctcap.train.checkpoints import Checkpoints, fingerprint
+from distinctcap.train.selection import val_cider, val_oracle_cider, val_sample_cider
+
+log = logging.getLogger(__name__)
+
+# ---------------------------------------------------------------------------------------------
+# Data
+
+
+@dataclass
+class RunData:
+    train: CaptionData
+    val: CaptionData | None = None
+    tokenizer: object | None = None  # CaptionTokenizer; its vocab_size sizes the model
+
+    @property
+    def vocab_size(self) -> int | None:
+        return getattr(self.tokenizer, "vocab_size", None)
+
+
+def load_run_data(cfg: dict) -> RunData:
+    """Training captions of the run's data selection and all validation captions, with their
+    image features, from the files in `cfg["paths"]` (captions, vocab, features, subset)."""
+    from distinctcap.data.tokenizer import CaptionTokenizer
+
+    paths = cfg["paths"]
+    captions = read_table(paths["captions"], "captions")
+    features = ImageFeatures.load(paths["features"])
+    max_len = cfg["captioner"]["max_len"]
+    if pretrained_kind(cfg):  # the model's own tokenizer (distinctcap.captioner.hf)
+        from distinctcap.captioner.hf import retokenize
+
+        captions, tokenizer = retokenize(captions, cfg["captioner"]["pretrained"])
+    else:
+        tokenizer = CaptionTokenizer.load(paths["vocab"])
+    chosen = select_captions(captions, "train", cfg.get("data", "all"), paths.get("subset"))
+    val = select_captions(captions, "val")
+    log.info(
+        "run %s: %d training captions (data %s), %d validation captions",
+        cfg.get("name"),
+        len(chosen),
+        cfg.get("data", "all"),
+        len(val),
+    )
+    return RunData(
+        CaptionData.from_table(chosen, features, max_len),
+        CaptionData.from_table(val, features, max_len) if len(val) else None,
+        tokenizer,
+    )
+
+
+def pretrained_kind(cfg: dict) -> bool:
+    """Whether the run's captioner is a pre-trained transformers model (captioner.kind)."""
+    return cfg.get("captioner", {}).get("kind", "native") == "transformers"
+
+
+# ---------------------------------------------------------------------------------------------
+# Optimisation pieces
+
+
+def lr_factor(step: int, warmup: int, total: int, schedule: str, final_ratio: float) -> float:
+    """Multiplier of the peak lr before optimiser step `step` (0-based): linear warm-up from
+    1/warmup to 1 over `warmup` steps, then linear or cosine decay to `final_ratio` at the last
+    step (total - 1), or constant."""
+    if step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    span = max(total - 1 - warmup, 1)
+    progress = min((step - warmup) / span, 1.0)
+    if schedule == "linear":
+        decay = 1.0 - progress
+    else:
+        decay = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return final_ratio + (1.0 - final_ratio) * decay
+
+
+def make_optimizer(
+    model: torch.nn.Module, tc: TrainConfig, device: torch.device | None = None
+) -> torch.optim.AdamW:
+    """AdamW; weight decay on matrices and embeddings, not on biases and norms (as nanoGPT).
+    On a GPU the fused implementation (one kernel for all parameters); on the CPU the default,
+    so CPU numbers do not change."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    groups = [
+        {"params": decay, "weight_decay": tc.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    fused = {"fused": True} if device is not None and device.type == "cuda" else {}
+    return torch.optim.AdamW(groups, lr=tc.lr, betas=tc.betas, **fused)
+
+
+def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    """None = plain fp32."""
+    if precision == "auto":
+        if device.type != "cuda":
+            return None
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if precision == "fp16" and device.type != "cuda":
+        raise DistinctcapError("train.precision = 'fp16' needs a GPU; use fp32 or bf16 on CPU")
+    return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+
+
+class NonFiniteLossError(DistinctcapError):
+    """A NaN/inf loss or gradient: names the step and the captions of the batch."""
+
+    def __init__(self, what: str, value: float, step: int, total: int, caption_ids: list[int]):
+        self.step, self.caption_ids = step, caption_ids
+        super().__init__(
+            f"{what} is {value} at step {step} of {total}; batch caption ids: {caption_ids}. "
+            "Training stopped without writing a checkpoint from this state; lower train.lr or "
+            "check these captions and their images' features."
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation metrics (checkpoint selection)
+
+
+@dataclass
+class ValMetric:
+    """fn(model, val data, val batches, autocast) -> value; `mode` min or max is better.
+    `val batches` is the fixed subset of `train.val_captions` validation captions."""
+
+    fn: Callable[[Captioner, CaptionData, list[Batch], Callable], float]
+    mode: str
+
+
+def val_loss(model: Captioner, val: CaptionData, batches: list[Batch], autocast: Callable):
+    """Token cross-entropy of the validation captions (UNKT eq. 1), mean over all their
+    non-pad tokens (token-weighted, so it does not depend on batch boundaries)."""
+    device = next(model.parameters()).device
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for batch in batches:
+            b = batch.to(device)
+            with autocast():
+                logits = model.decode(encode_batch(model, b), b.inputs)
+            nll = torch.nn.functional.cross_entropy(
+                logits.float().flatten(0, 1), b.labels.flatten(), ignore_index=PAD, reduction="sum"
+            )
+            total += float(nll)
+            count += b.n_tokens
+    return total / max(count, 1)
+
+
+def self_retrieval(
+    model: Captioner,
+    val: CaptionData,
+    batches: list[Batch],
+    autocast: Callable,
+    images: int = 100,
+) -> float:
+    """Model-based self-retrieval R@1 (CL §4.1, with the captioner as the retrieval model):
+    greedy-decode a caption for each of the first `images` validation images and count how
+    often log p(c_i | I_j) is largest for its own image j = i among those images."""
+    from distinctcap.captioner.search import greedy, sequence_logprob
+
+    rows = torch.unique(val.image_rows, sorted=True)[:images]
+    grid, pooled = val.features.grid[rows].float(), val.features.pooled[rows]
+    caps = greedy(model, grid, pooled)
+    m = len(rows)
+    pairs_img = torch.arange(m).repeat(m)  # caption i paired with every image j
+    tokens = [c.tokens for c in caps for _ in range(m)]
+    scores = sequence_logprob(model, grid, pooled, tokens, image_index=pairs_img).view(m, m)
+    return float((scores.argmax(dim=1) == torch.arange(m)).float().mean())
+
+
+# Selection metrics by name; `train.select_metric` names one (also in the schema's enum). The
+# objectives add their own (`val_metrics`: mean_rank, clip_self_retrieval).
+VAL_METRICS: dict[str, ValMetric] = {
+    "val_loss": ValMetric(val_loss, "min"),
+    "self_retrieval": ValMetric(self_retrieval, "max"),
+    "cider": ValMetric(val_cider, "max"),
+    "oracle_cider": ValMetric(val_oracle_cider, "max"),
+    "sample_cider": ValMetric(val_sample_cider, "max"),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Loop state and checkpoints
+
+
+@dataclass
+class LoopState:
+    step: int = 0  # optimiser steps done
+    best_metric: float | None = None
+    best_step: int | None = None
+    best_state: dict | None = None  # CPU copy of the selected weights
+    bad_evals: int = 0
+    stopped_early: bool = False
+    curve: list[dict] = field(default_factory=list)
+    window: dict = field(default_factory=lambda: new_window())  # sums since the last row
+
+
+def new_window() -> dict:
+    """Sums since the last curve row; extras as [sum, count] since not every step reports
+    every extra (e.g. a validation-only number)."""
+    return {"loss": 0.0, "norm": 0.0, "n": 0, "tokens": 0, "seconds": 0.0, "extras": {}}
+
+
+def _rng_state() -> dict:
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": [name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss],
+        "python": random.getstate(),
+    }
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    name, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _cpu_state(model: torch.nn.Module) -> dict:
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+
+
+def _check_finite_params(model: torch.nn.Module, step: int) -> None:
+    bad = [n for n, p in model.named_parameters() if not torch.isfinite(p).all()]
+    if bad:
+        raise DistinctcapError(
+            f"parameters {bad[:5]} are not finite after step {step}; no checkpoint written. "
+            "Lower train.lr or enable train.grad_clip."
+        )
+
+
+def to_device(batch: Batch, device: torch.device) -> Batch:
+    """`batch` on `device`; to a GPU through pinned memory, so the copy is asynchronous and the
+    host goes on preparing the next batch (the caching host allocator keeps the pinned buffer
+    until the copy is done)."""
+    if device.type != "cuda":
+        return batch.to(device)
+    move = {"device": device, "non_blocking": True}
+    return dataclasses.replace(
+        batch,
+        grid=batch.grid.pin_memory().to(**move),
+        pooled=batch.pooled.pin_memory().to(**move),
+        inputs=batch.inputs.pin_memory().to(**move),
+        labels=batch.labels.pin_memory().to(**move),
+    )
+
+
+def compile_blocks(model: Captioner, probe: Callable[[], None], backend: str) -> str | None:
+    """torch.compile each encoder and decoder block of `model` in place (the objectives call
+    encode / decode / decode_step, which a wrapper of `forward` would bypass; in place, the
+    state_dict keys stay). `probe()` runs one forward and backward so that a compiler failing
+    only at its first call fails here. Returns None, or why compiling failed; then the blocks
+    are left uncompiled."""
+    blocks = [m for m in model.modules() if isinstance(m, EncoderBlock | DecoderBlock)]
+    if not blocks:
+        return "the captioner has no native blocks to compile (captioner.kind transformers)"
+    try:
+        for block in blocks:
+            block.compile(backend=backend)
+        probe()
+    except Exception as error:  # noqa: BLE001 - any compiler failure means: train uncompiled
+        for block in blocks:
+            block._compiled_call_impl = None
+        lines = str(error).strip().splitlines()
+        return f"{type(error).__name__}: {lines[0][:200] if lines else ''}"
+    return None
+
+
+@dataclass
+class StepStats:
+    """One optimiser step's numbers, left on the device until `DeferredStats.resolve` reads them
+    all with one host-device sync (values as 0-dim tensors, or floats an objective gave)."""
+
+    step: int  # 1-based, as errors name it
+    losses: list[torch.Tensor]  # each micro-batch's (weighted) loss, detached
+    caption_ids: list[torch.Tensor]  # each micro-batch's captions (CPU)
+    norm: torch.Tensor  # gradient norm before clipping
+    tokens: int
+    extras: list[dict]  # each micro-batch's objective extras
+    reduced: torch.Tensor | None = None  # DDP: [loss, tokens] summed over the ranks (float64)
+
+
+@dataclass
+class StepNumbers:
+    """One optimiser step's numbers read back: the loss (the micro-batches' losses / grad_accum,
+    summed; with DDP over every process), the gradient norm, tokens and the objective's extras
+    (summed / grad_accum)."""
+
+    loss: float
+    norm: float
+    tokens: int
+    extras: dict[str, float]
+
+
+class DeferredStats:
+    """The optimiser steps' numbers, kept on the device as the steps give them (`add`) until
+    `resolve` reads them all with one host-device sync and checks them in step order: the first
+    non-finite loss, or gradient norm if `check_norm` (not under fp16's GradScaler, which skips
+    non-finite steps itself), raises NonFiniteLossError naming its step and captions."""
+
+    def __init__(self, total_steps: int, grad_accum: int, check_norm: bool):
+        self.total_steps, self.grad_accum, self.check_norm = total_steps, grad_accum, check_norm
+        self.pending: list[StepStats] = []
+
+    def add(self, stats: StepStats) -> None:
+        self.pending.append(stats)
+
+    def check(self, what: str, value: float, step: int, caption_ids: torch.Tensor) -> None:
+        if not math.isfinite(value):
+            raise NonFiniteLossError(what, value, step, self.total_steps, caption_ids.tolist())
+
+    def resolve(self) -> list[StepNumbers]:
+        """The pending steps' numbers, in step order; none are pending afterwards."""
+        pending, self.pending = self.pending, []
+        if not pending:
+            return []
+        tensors = []
+        for p in pending:
+            tensors += [*p.losses, p.norm]
+            tensors += [] if p.reduced is None else [p.reduced[0], p.reduced[1]]
+            tensors += [v for e in p.extras for v in e.values() if torch.is_tensor(v)]
+        # float32 -> float64 is exact: the same Python floats as float(t) of each tensor
+        values = iter(torch.stack([v.detach().reshape(()).double() for v in tensors]).tolist())
+        ga, numbers = self.grad_accum, []
+        for p in pending:
+            losses = [next(values) for _ in p.losses]
+            for value, ids in zip(losses, p.caption_ids, strict=True):
+                self.check("loss", value, p.step, ids)
+            norm = next(values)
+            if self.check_norm:
+                self.check("gradient norm", norm, p.step, p.caption_ids[-1])
+            loss_sum, tokens = 0.0, p.tokens
+            for value in losses:
+                loss_sum += value / ga
+            if p.reduced is not None:
+                loss_sum, tokens = next(values), int(next(values))
+            extras: dict[str, float] = {}
+            for extra in p.extras:
+                for k, v in extra.items():
+                    value = next(values) if torch.is_tensor(v) else float(v)
+                    # this process's micro-batches (all grad_accum of them on one process)
+                    extras[k] = extras.get(k, 0.0) + value / len(p.extras)
+            numbers.append(StepNumbers(loss_sum, norm, tokens, extras))
+        return numbers
+
+
+# ---------------------------------------------------------------------------------------------
+# The stage
+
+
+@dataclass
+class TrainResult:
+    model: Captioner  # with the selected weights, on the training device
+    steps: int  # optimiser steps done
+    metric: str
+    best_metric: float | None
+    best_step: int | None
+    stopped_early: bool
+    resumed_from: int | None  # step of the checkpoint this process started from
+    curve: pd.DataFrame
+    train_seconds: float  # time in training steps in this process (no setup, val, checkpoints)
+    tokens_per_s: float
+
+
+class Trainer:
+    """One run's training; `run()` is the loop. Built by `train(cfg, data)`."""
+
+    def __init__(self, cfg: dict, data: RunData):
+        self.cfg, self.data = cfg, data
+        self.tc = TrainConfig.from_dict(cfg.get("train", {})).in_steps(len(data.train))
+        # rank/world of torchrun processes (distinctcap.core.distributed)
+        self.dist = DistEnv.from_env()
+        self.device = self.dist.device(resolve_device(cfg.get("device", "auto")))
+        self.dist.init(self.device)
+        self.dtype = autocast_dtype(self.tc.precision, self.device)
+        self.seed = int(cfg.get("seed", 0))
+        paths = cfg.get("paths", {})
+        self.out_dir = Path(paths["out_dir"]) if paths.get("out_dir") else None
+        method = cfg.get("method", "mle")
+        if method not in METHODS:
+            raise DistinctcapError(f"run method {method!r}: choose one of {sorted(METHODS)}")
+
+        seed_everything(self.seed)
+        self.model = self._build_model().to(self.device)
+        broadcast_parameters(self.model, self.dist)
+        self.reducer = GradientReducer(self.model, self.dist)
+        objective_cls = METHODS[method]
+        frozen = {edge: self._load_frozen(edge) for edge in objective_cls.needs}
+        self.ctx = TrainContext(self.device, data.train, frozen, data.tokenizer, PAD)
+        self.objective = objective_cls(cfg, self.ctx)
+        self.mean_over = self.objective.mean_over  # for shard weights
+        self.selection = self._selection_metric(self.tc.select_metric)
+        self.optimizer = make_optimizer(self.model, self.tc, self.device)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            partial(
+                lr_factor,
+                warmup=self.tc.warmup_steps,
+                total=self.tc.steps,
+                schedule=self.tc.schedule,
+                final_ratio=self.tc.final_lr_ratio,
+            ),
+        )
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
+        groups = data.train.image_rows if self.tc.group_by_image else None
+        self.order = BatchOrder(len(data.train), self.tc.batch_size, self.seed, groups)
+        self.val_batches = self._val_subset()
+        self.state = LoopState()
+        self.last_lr = self.optimizer.param_groups[0]["lr"]
+        self.fingerprint = fingerprint(cfg)
+        self.checkpoints = Checkpoints(
+            self.out_dir, self.fingerprint, paths, self.dist.is_main, log
+        )
+        # On a GPU the host reads the step's numbers (loss, gradient norm, extras) and checks
+        # them only at flushes (log, validation and checkpoint steps), so it never waits for
+        # the GPU in between; on the CPU every step, before the optimiser step, as always.
+        self.eager = self.device.type != "cuda"
+        self.stats = DeferredStats(self.tc.steps, self.tc.grad_accum, not self.scaler.is_enabled())
+        self.window_start: float | None = None
+        self.train_seconds, self.total_tokens = 0.0, 0
+        if self.tc.compile:
+            self._compile()
+
+    # -- setup ---------------------------------------------------------------------------------
+
+    def _build_model(self) -> Captioner:
+        model = self._new_model()
+        init = self.cfg.get("paths", {}).get("init")
+        if self.cfg.get("init"):
+            if not init:
+                raise DistinctcapError(
+                    f"run {self.cfg.get('name')}: init = "
+                    f"{self.cfg['init']!r} but no init model path given"
+                )
+            try:
+                model.load_state_dict(load_captioner(init).state_dict())
+            except RuntimeError as error:
+                raise DistinctcapError(
+                    f"init model {init} does not fit the captioner config: {str(error)[:300]}"
+                ) from error
+        return model
+
+    def _new_model(self) -> Captioner:
+        cap = dict(self.cfg.get("captioner", {}))
+        if pretrained_kind(self.cfg):
+            from distinctcap.captioner.hf import HFCaptioner
+
+            vision = cap.get("vision", "frozen")
+            return HFCaptioner.from_pretrained(cap["pretrained"], cap["max_len"], vision)
+        vocab = cap.pop("vocab_size", None) or self.data.vocab_size
+        if vocab is None:
+            raise DistinctcapError(
+                "captioner vocab_size unknown: give a tokenizer or captioner.vocab_size"
+            )
+        feats = self.data.train.features
+        return Captioner(
+            CaptionerConfig(
+                vocab_size=vocab,
+                visual_dim=feats.grid.shape[-1],
+                pooled_dim=feats.pooled.shape[-1],
+                **cap,
+            )
+        )
+
+    def _load_frozen(self, edge: str) -> Captioner:
+        path = self.cfg.get("paths", {}).get(edge)
+        if not self.cfg.get(edge) or not path:
+            raise DistinctcapError(
+                f"run {self.cfg.get('name')}: method {self.cfg.get('method')!r} needs a "
+                f"{edge} run (runs.<name>.{edge}) and its model path"
+            )
+        model = load_captioner(path, map_location=self.device).eval()
+        return model.requires_grad_(False)
+
+    def _selection_metric(self, name: str) -> ValMetric:
+        """The selection metric: a VAL_METRICS entry or one the objective computes itself (its
+        `val_metrics`: name -> mode, and `val_metric(name, ...)`)."""
+        own = self.objective.val_metrics
+        if name in VAL_METRICS:
+            return VAL_METRICS[name]
+        if name in own:
+            return ValMetric(partial(self.objective.val_metric, name), own[name])
+        raise DistinctcapError(
+            f"train.select_metric = {name!r}: choose one of {sorted(VAL_METRICS)}"
+            + (f" or, for method {self.cfg.get('method')!r}, {sorted(own)}" if own else "")
+        )
+
+    def _val_subset(self) -> list[Batch]:
+        val = self.data.val
+        if val is None:
+            return []
+        idx = torch.arange(len(val))
+        if 0 < self.tc.val_captions < len(val):
+            g = torch.Generator().manual_seed(self.seed)
+            idx = torch.randperm(len(val), generator=g)[: self.tc.val_captions].sort().values
+        bs = self.tc.val_batch_size
+        return [val.batch(idx[s : s + bs]) for s in range(0, len(idx), bs)]
+
+    def autocast(self):
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
+    def _compile(self) -> None:
+        backend = os.environ.get("DISTINCTCAP_COMPILE_BACKEND", "inductor")
+
+        def probe() -> None:  # one forward/backward; the RNG and the gradients as before
+            rng = [self.device] if self.device.type == "cuda" else []
+            with torch.random.fork_rng(devices=rng, device_type=self.device.type):
+                b = to_device(self.data.train.batch(self.order.indices(0)), self.device)
+                self.model.train()
+                with self.autocast():
+                    logits = self.model.decode(encode_batch(self.model, b), b.inputs)
+                logits.float().sum().backward()
+            self.model.zero_grad(set_to_none=True)
+
+        why = compile_blocks(self.model, probe, backend)
+        if why:
+            msg = "train.compile: torch.compile (%s) failed, training uncompiled: %s"
+            log.warning(msg, backend, why)
+        else:
+            log.info("train.compile: encoder and decoder blocks compiled (%s)", backend)
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    def save_checkpoint(self) -> None:
+        _check_finite_params(self.model, self.state.step)
+        s = self.state
+        self.checkpoints.save(
+            {
+                "step": s.step,
+                "micro_batch": s.step * self.tc.grad_accum,  # data position (BatchOrder index)
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "scaler": self.scaler.state_dict(),
+                "rng": _rng_state(),
+                "best": {
+                    "metric": s.best_metric,
+                    "step": s.best_step,
+                    "state": s.best_state,
+                    "bad_evals": s.bad_evals,
+                },
+                "curve": s.curve,
+                "window": s.window,
+                # an objective's state beyond the model (e.g. CL's replaced reference), {} if none
+                "objective": self.objective.state_dict(),
+            }
+        )
+
+    def try_resume(self) -> int | None:
+        """Continue from last.pt if its fingerprint is this run's (else Checkpoints sets it
+        aside)."""
+        ckpt = self.checkpoints.load()
+        if ckpt is None:
+            return None
+        self.model.load_state_dict(ckpt["model"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        self.scheduler.load_state_dict(ckpt["scheduler"])
+        self.scaler.load_state_dict(ckpt["scaler"])
+        _set_rng_state(ckpt["rng"])
+        if ckpt.get("objective") is not None:
+            self.objective.load_state_dict(ckpt["objective"])
+        best = ckpt["best"]
+        self.state = LoopState(
+            ckpt["step"],
+            best["metric"],
+            best["step"],
+            best["state"],
+            best["bad_evals"],
+            False,
+            ckpt["curve"],
+            ckpt["window"],
+        )
+        log.info("resumed from %s at step %d", self.checkpoints.path, ckpt["step"])
+        return ckpt["step"]
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def train_step(self) -> StepStats:
+        """One optimiser step; its numbers stay on the device (StepStats, read by `flush`)."""
+        tc, s = self.tc, self.state
+        self.model.train()
+        losses, ids, extras, tokens = [], [], [], 0
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)  # DDP only
+        mine, whole = my_micro_batches(tc.grad_accum, self.dist)
+        for m in mine:
+            idx = self.order.indices(s.step * tc.grad_accum + m)
+            batch = self.data.train.batch(idx if whole else shard(idx, self.dist))
+            b = to_device(batch, self.device)
+            with self.autocast():
+                loss, extra = self.objective.loss(self.model, b, s.step, tc.steps)
+            if not whole:  # the slice's share, so the slice losses sum to the micro-batch's
+                loss = loss * shard_weight(self.data.train.lengths, idx, self.dist, self.mean_over)
+            value = loss.detach()
+            if self.eager:  # stop before the backward of a bad loss (on a GPU: at the flush)
+                self.stats.check("loss", float(value), s.step + 1, batch.caption_ids)
+            self.reducer.backward(self.scaler.scale(loss / tc.grad_accum), last=m == mine[-1])
+            losses.append(value)
+            ids.append(batch.caption_ids)
+            extras.append(extra)
+            tokens += batch.n_tokens
+            if self.dist.active:  # as float(value) / grad_accum summed in float64
+                loss_sum += value.double() / tc.grad_accum
+        self.reducer.finish()
+        reduced = None
+        if self.dist.active:  # issued now, read at the flush; the ranks' parts sum to the step's
+            count = torch.tensor(float(tokens), dtype=torch.float64, device=self.device)
+            reduced = torch.stack([loss_sum, count])
+            torch.distributed.all_reduce(reduced)
+        self.scaler.unscale_(self.optimizer)
+        max_norm = tc.grad_clip if tc.grad_clip > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm).detach()
+        if self.eager and self.stats.check_norm:  # fp16 skips non-finite steps itself
+            self.stats.check("gradient norm", float(norm), s.step + 1, batch.caption_ids)
+        self.last_lr = self.optimizer.param_groups[0]["lr"]  # the lr this step used
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        s.step += 1
+        return StepStats(s.step, losses, ids, norm, tokens, extras, reduced)
+
+    def flush(self) -> None:
+        """Read the pending steps' numbers (`DeferredStats.resolve`: one sync, checked in step
+        order) and add them to the curve window, with the time since the last flush."""
+        steps = self.stats.resolve()
+        if not steps:
+            return
+        seconds = time.perf_counter() - self.window_start
+        self.window_start = None
+        self.train_seconds += seconds
+        w = self.state.window
+        for n in steps:
+            self.total_tokens += n.tokens
+            w["loss"] += n.loss
+            w["norm"] += n.norm
+            w["n"] += 1
+            w["tokens"] += n.tokens
+            for k, v in n.extras.items():
+                total, count = w["extras"].get(k, (0.0, 0))
+                w["extras"][k] = [total + v, count + 1]
+        w["seconds"] += seconds
+
+    def validate(self) -> dict[str, float]:
+        """Selection metric (and val loss) on the validation captions; updates the best."""
+        s, tc = self.state, self.tc
+        self.model.eval()
+        val = self.data.val
+        metrics = {"val_loss": val_loss(self.model, val, self.val_batches, self.autocast)}
+        if tc.select_metric not in metrics:
+            fn = self.selection.fn
+            metrics[tc.select_metric] = float(fn(self.model, val, self.val_batches, self.autocast))
+        value = metrics[tc.select_metric]
+        if not self.objective.selectable(s.step, tc.steps):
+            return metrics
+        better = self.selection.mode == "min"
+        improved = s.best_metric is None or (
+            value < s.best_metric if better else value > s.best_metric
+        )
+        if improved:
+            s.best_metric, s.best_step, s.bad_evals = value, s.step, 0
+            s.best_state = _cpu_state(self.model)
+        else:
+            s.bad_evals += 1
+            if tc.patience and s.bad_evals >= tc.patience:
+                s.stopped_early = True
+        return metrics
+
+    def run(self) -> TrainResult:
+        resumed = self.try_resume()  # replaces self.state
+        tc, s = self.tc, self.state
+        name = self.cfg.get("name", "run")
+        log.info(
+            "run %s: %s, %d parameters, %d training captions, %d steps of %d x %d on %s (%s)",
+            name,
+            self.cfg.get("method", "mle"),
+            self.model.num_params(),
+            len(self.data.train),
+            tc.steps,
+            tc.grad_accum,
+            self.order.batch_size,
+            self.device,
+            self.dtype or "fp32",
+        )
+        bar = tqdm(
+            total=tc.steps,
+            initial=s.step,
+            unit="steps",
+            desc=f"train {name}",
+            mininterval=1.0,
+            dynamic_ncols=True,
+            disable=not self.dist.is_main,
+        )
+        while s.step < tc.steps and not s.stopped_early:
+            if self.window_start is None:
+                self.window_start = time.perf_counter()
+            self.stats.add(self.train_step())
+            bar.update(1)
+            last = s.step == tc.steps
+            do_val = bool(self.val_batches) and (
+                last or (tc.val_every and s.step % tc.val_every == 0)
+            )
+            do_log = s.step % tc.log_every == 0 or do_val or last
+            do_checkpoint = bool(
+                tc.checkpoint_every
+                and s.step % tc.checkpoint_every == 0
+                and not last
+                and self.checkpoints.path
+                and self.dist.is_main
+            )
+            if self.eager or do_log or do_checkpoint:
+                self.flush()  # before a curve row, a validation or a checkpoint
+            if do_log:
+                row = self._curve_row(s.window)
+                bar.set_postfix(
+                    loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_s']:.0f}", refresh=False
+                )
+                s.window = new_window()
+                if do_val:
+                    if self.dist.is_main:  # the others wait for its early-stopping decision
+                        row.update(self.validate())
+                    s.stopped_early = broadcast_flag(s.stopped_early, self.dist, self.device)
+                    log.info(
+                        "step %d: %s",
+                        s.step,
+                        {
+                            k: round(v, 4)
+                            for k, v in row.items()
+                            if k.startswith("val") or k == "loss"
+                        },
+                    )
+                s.curve.append(row)
+            if do_checkpoint and not s.stopped_early:
+                self.save_checkpoint()
+        self.flush()
+        train_seconds, total_tokens = self.train_seconds, self.total_tokens
+        bar.close()
+        _check_finite_params(self.model, s.step)
+        if s.stopped_early:
+            log.info(
+                "early stop at step %d: no improvement of %s in %d validations",
+                s.step,
+                tc.select_metric,
+                tc.patience,
+            )
+        if s.best_state is not None:
+            self.model.load_state_dict(s.best_state)
+        result = TrainResult(
+            self.model,
+            s.step,
+            tc.select_metric,
+            s.best_metric,
+            s.best_step,
+            s.stopped_early,
+            resumed,
+            pd.DataFrame(s.curve),
+            train_seconds,
+            total_tokens / train_seconds if train_seconds else 0.0,
+        )
+        if self.out_dir and self.dist.is_main:
+            self.write_outputs(result)
+        return result
+
+    def _curve_row(self, window: dict) -> dict:
+        n = max(window["n"], 1)
+        row = {
+            "step": self.state.step,
+            "epoch": self.order.epoch_of(self.state.step * self.tc.grad_accum - 1),
+            "lr": self.last_lr,
+            "loss": window["loss"] / n,
+            "grad_norm": window["norm"] / n,
+            "tokens_per_s": window["tokens"] / max(window["seconds"], 1e-9),
+        }
+        row.update({k: total / count for k, (total, count) in window["extras"].items()})
+        return row
+
+    def write_outputs(self, result: TrainResult) -> None:
+        out = self.out_dir
+        self.model.save(out / "model.pt")
+        with atomic_path(out / "curve.csv") as tmp:
+            result.curve.to_csv(tmp, index=False)
+        write_json(
+            {
+                "run": self.cfg.get("name"),
+                "method": self.cfg.get("method", "mle"),
+                "steps": result.steps,
+                "metric": result.metric,
+                "best_metric": result.best_metric,
+                "best_step": result.best_step,
+                "stopped_early": result.stopped_early,
+                "resumed_from": result.resumed_from,
+                "tokens_per_s": result.tokens_per_s,
+                "train_seconds": result.train_seconds,
+                "parameters": self.model.num_params(),
+                "processes": self.dist.world_size,
+                "fingerprint": self.fingerprint.hash,
+                "inputs": self.fingerprint.parts,
+                "config": {k: v for k, v in self.cfg.items() if k != "paths"},
+            },
+            out / "summary.json",
+        )
+        self.checkpoints.drop()
+
+
+def train(cfg: dict, data: RunData | None = None) -> TrainResult:
+    """Train one run (see the module doc). `data` defaults to `load_run_data(cfg)`."""
+    cfg = copy.deepcopy(cfg)
+    if data is None:
+        data = load_run_data(cfg)
+    trainer = Trainer(cfg, data)
+    try:
+        return trainer.run()
+    finally:
+        trainer.dist.close()

@@ -26,7 +26,9 @@ from distinctcap.core.devices import resolve_device
 from distinctcap.data.batches import BatchOrder, CaptionData, encode_batch
 from distinctcap.features.read import ImageFeatures
 from distinctcap.methods.losses import mle_loss
-from distinctcap.train.trainer import RunData, TrainConfig, autocast_dtype, make_optimizer, train
+from distinctcap.train.data import RunData
+from distinctcap.train.schedule import autocast_dtype, make_optimizer
+from distinctcap.train.trainer import TrainConfig, train
 
 CAPTIONER = {
     "vocab_size": 69,

@@ -38,7 +38,8 @@ from distinctcap.methods import METHODS
 from distinctcap.methods.base import TrainContext
 from distinctcap.methods.losses import mle_loss
 from distinctcap.methods.unkt import run_decoder
-from distinctcap.train.trainer import TrainConfig, autocast_dtype, make_optimizer
+from distinctcap.train.schedule import autocast_dtype, make_optimizer
+from distinctcap.train.trainer import TrainConfig
 
 
 def sizes(paper: bool) -> tuple[CaptionerConfig, int]:

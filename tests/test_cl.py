@@ -21,7 +21,8 @@ from distinctcap.methods import METHODS
 from distinctcap.methods.base import TrainContext
 from distinctcap.methods.cl import ContrastiveLearning, sample_negatives, step_generator
 from distinctcap.methods.losses import contrastive_loss
-from distinctcap.train.trainer import RunData, Trainer, train
+from distinctcap.train.data import RunData
+from distinctcap.train.trainer import Trainer, train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -150,7 +150,7 @@ def run_data():
 
     from distinctcap.data.batches import CaptionData
     from distinctcap.features.read import ImageFeatures
-    from distinctcap.train.trainer import RunData
+    from distinctcap.train.data import RunData
 
     g = torch.Generator().manual_seed(0)
     feats = ImageFeatures(

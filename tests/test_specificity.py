@@ -41,7 +41,8 @@ from distinctcap.methods.specificity import (
     generate_ids,
     val_mean_rank,
 )
-from distinctcap.train.trainer import RunData, train
+from distinctcap.train.data import RunData
+from distinctcap.train.trainer import train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

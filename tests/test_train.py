@@ -29,16 +29,11 @@ from distinctcap.methods import METHODS
 from distinctcap.methods.base import Objective
 from distinctcap.methods.losses import mle_loss
 from distinctcap.train.checkpoints import Fingerprint, fingerprint
-from distinctcap.train.trainer import (
-    VAL_METRICS,
-    NonFiniteLossError,
-    RunData,
-    TrainConfig,
-    Trainer,
-    ValMetric,
-    lr_factor,
-    train,
-)
+from distinctcap.train.data import RunData
+from distinctcap.train.schedule import lr_factor
+from distinctcap.train.selection import VAL_METRICS, ValMetric
+from distinctcap.train.stats import NonFiniteLossError
+from distinctcap.train.trainer import TrainConfig, Trainer, train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -714,7 +709,7 @@ def test_a_nan_loss_read_at_the_next_log_step_names_its_own_step(monkeypatch):
 
 def test_generic_selection_metrics_are_the_ones_the_config_allows():
     from distinctcap.core.config import SELECT_METRICS
-    from distinctcap.train.trainer import VAL_METRICS
+    from distinctcap.train.selection import VAL_METRICS
 
     assert set(VAL_METRICS) == SELECT_METRICS
 

@@ -352,7 +352,8 @@ def test_random_targets_come_from_the_d_minus_captions(data, negatives):
 def test_every_preset_entry_trains_and_decodes(tmp_path, data, negatives):
     """Each preset entry through distinctcap.train.trainer.train (a few steps), then greedy
     decoding."""
-    from distinctcap.train.trainer import RunData, train
+    from distinctcap.train.data import RunData
+    from distinctcap.train.trainer import train
 
     runs = preset_runs()
     base = {
@@ -397,7 +398,8 @@ def test_every_preset_entry_trains_and_decodes(tmp_path, data, negatives):
 def test_resumed_mid_run_ends_with_the_uninterrupted_weights(tmp_path, data, negatives, targets):
     """Hard targets are re-decoded after a resume (greedy of the frozen teacher: the same
     captions); random targets come from the torch RNG that the checkpoint restores."""
-    from distinctcap.train.trainer import RunData, Trainer, train
+    from distinctcap.train.data import RunData
+    from distinctcap.train.trainer import Trainer, train
 
     run_data = RunData(data)
     base = {

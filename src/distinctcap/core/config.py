@@ -282,7 +282,7 @@ def _hub_model_type(source: str, key: str) -> str:
 # The `train` section
 
 SCHEDULES = ("linear", "cosine", "constant")
-# selection metrics every method has (distinctcap.train.trainer.VAL_METRICS); a method's facts add
+# selection metrics every method has (distinctcap.train.selection.VAL_METRICS); a method's facts add
 # its
 # own `val_metrics`
 SELECT_METRICS = frozenset({"val_loss", "self_retrieval", "cider", "oracle_cider", "sample_cider"})

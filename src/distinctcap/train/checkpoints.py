@@ -21,9 +21,11 @@ import contextlib
 import hashlib
 import json
 import logging
+import random
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from distinctcap.core.io import atomic_path, file_sha256, read_json
@@ -183,3 +185,29 @@ def _show_path(value: object) -> str:
     if isinstance(value, list | tuple):
         return f"{value[0]} and {len(value) - 1} more" if len(value) > 1 else str(value[0])
     return str(value)
+
+
+def rng_state() -> dict:
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": [name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss],
+        "python": random.getstate(),
+    }
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    name, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)

@@ -1,5 +1,5 @@
 """Caption-quality selection metrics on the validation images (CIDEr-D), for the trainer's
-`train.select_metric` (distinctcap.train.trainer.VAL_METRICS):
+`train.select_metric` (distinctcap.train.selection.VAL_METRICS):
 
 - `cider`: CIDEr-D of the greedy caption of each image against its validation references.
   CL trains the target "until [it] saturates its performance on the validation set" (CL §5.3,
@@ -20,11 +20,17 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from distinctcap.captioner.model import EOS, PAD
+from distinctcap.captioner.model import (
+    EOS,
+    PAD,
+    Captioner,
+)
+from distinctcap.data.batches import Batch, CaptionData, encode_batch
 from distinctcap.evaluate.metrics.cider import CiderD
 
 IMAGES = 100  # validation images scored
@@ -83,3 +89,63 @@ def val_oracle_cider(model, val, batches=None, autocast=None, images: int = IMAG
 
 def val_sample_cider(model, val, batches=None, autocast=None, images: int = IMAGES) -> float:
     return float(_cider_table(model, val, autocast, SAMPLES, images).mean())
+
+
+@dataclass
+class ValMetric:
+    """fn(model, val data, val batches, autocast) -> value; `mode` min or max is better.
+    `val batches` is the fixed subset of `train.val_captions` validation captions."""
+
+    fn: Callable[[Captioner, CaptionData, list[Batch], Callable], float]
+    mode: str
+
+
+def val_loss(model: Captioner, val: CaptionData, batches: list[Batch], autocast: Callable):
+    """Token cross-entropy of the validation captions (UNKT eq. 1), mean over all their
+    non-pad tokens (token-weighted, so it does not depend on batch boundaries)."""
+    device = next(model.parameters()).device
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for batch in batches:
+            b = batch.to(device)
+            with autocast():
+                logits = model.decode(encode_batch(model, b), b.inputs)
+            nll = torch.nn.functional.cross_entropy(
+                logits.float().flatten(0, 1), b.labels.flatten(), ignore_index=PAD, reduction="sum"
+            )
+            total += float(nll)
+            count += b.n_tokens
+    return total / max(count, 1)
+
+
+def self_retrieval(
+    model: Captioner,
+    val: CaptionData,
+    batches: list[Batch],
+    autocast: Callable,
+    images: int = 100,
+) -> float:
+    """Model-based self-retrieval R@1 (CL §4.1, with the captioner as the retrieval model):
+    greedy-decode a caption for each of the first `images` validation images and count how
+    often log p(c_i | I_j) is largest for its own image j = i among those images."""
+    from distinctcap.captioner.search import greedy, sequence_logprob
+
+    rows = torch.unique(val.image_rows, sorted=True)[:images]
+    grid, pooled = val.features.grid[rows].float(), val.features.pooled[rows]
+    caps = greedy(model, grid, pooled)
+    m = len(rows)
+    pairs_img = torch.arange(m).repeat(m)  # caption i paired with every image j
+    tokens = [c.tokens for c in caps for _ in range(m)]
+    scores = sequence_logprob(model, grid, pooled, tokens, image_index=pairs_img).view(m, m)
+    return float((scores.argmax(dim=1) == torch.arange(m)).float().mean())
+
+
+# Selection metrics by name; `train.select_metric` names one (also in the schema's enum). The
+# objectives add their own (`val_metrics`: mean_rank, clip_self_retrieval).
+VAL_METRICS: dict[str, ValMetric] = {
+    "val_loss": ValMetric(val_loss, "min"),
+    "self_retrieval": ValMetric(self_retrieval, "max"),
+    "cider": ValMetric(val_cider, "max"),
+    "oracle_cider": ValMetric(val_oracle_cider, "max"),
+    "sample_cider": ValMetric(val_sample_cider, "max"),
+}

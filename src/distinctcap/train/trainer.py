@@ -36,25 +36,20 @@ written, so a broken state is never saved.
 Outputs in `<out_dir>`: model.pt (selected weights, `Captioner.load`-able), curve.csv (one row
 per log/validation step: step, epoch, lr, loss, grad_norm, tokens_per_s, val_* and the
 objective's own numbers) and summary.json (with the fingerprint and its parts, `inputs`).
-last.pt is removed on success; set-aside checkpoints stay.
-"""
+last.pt is removed on success; set-aside checkpoints stay."""
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import logging
-import math
 import os
-import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import torch
 from tqdm import tqdm
@@ -73,194 +68,27 @@ from distinctcap.core.distributed import (
     shard_weight,
 )
 from distinctcap.core.errors import DistinctcapError
-from distinctcap.core.io import atomic_path, read_table, write_json
-from distinctcap.data.batches import Batch, BatchOrder, CaptionData, encode_batch, select_captions
-from distinctcap.features.read import ImageFeatures
+from distinctcap.core.io import atomic_path, write_json
+from distinctcap.data.batches import Batch, BatchOrder, encode_batch
 from distinctcap.methods import METHODS
 from distinctcap.methods.base import TrainContext
-from distinctcap.train.checkpoints import Checkpoints, fingerprint
-from distinctcap.train.selection import val_cider, val_oracle_cider, val_sample_cider
+from distinctcap.train.checkpoints import (
+    Checkpoints,
+    fingerprint,
+    rng_state,
+    seed_everything,
+    set_rng_state,
+)
+from distinctcap.train.data import RunData, load_run_data, pretrained_kind, to_device
+from distinctcap.train.schedule import autocast_dtype, lr_factor, make_optimizer
+from distinctcap.train.selection import (
+    VAL_METRICS,
+    ValMetric,
+    val_loss,
+)
+from distinctcap.train.stats import DeferredStats, StepStats
 
 log = logging.getLogger(__name__)
-
-# ---------------------------------------------------------------------------------------------
-# Data
-
-
-@dataclass
-class RunData:
-    train: CaptionData
-    val: CaptionData | None = None
-    tokenizer: object | None = None  # CaptionTokenizer; its vocab_size sizes the model
-
-    @property
-    def vocab_size(self) -> int | None:
-        return getattr(self.tokenizer, "vocab_size", None)
-
-
-def load_run_data(cfg: dict) -> RunData:
-    """Training captions of the run's data selection and all validation captions, with their
-    image features, from the files in `cfg["paths"]` (captions, vocab, features, subset)."""
-    from distinctcap.data.tokenizer import CaptionTokenizer
-
-    paths = cfg["paths"]
-    captions = read_table(paths["captions"], "captions")
-    features = ImageFeatures.load(paths["features"])
-    max_len = cfg["captioner"]["max_len"]
-    if pretrained_kind(cfg):  # the model's own tokenizer (distinctcap.captioner.hf)
-        from distinctcap.captioner.hf import retokenize
-
-        captions, tokenizer = retokenize(captions, cfg["captioner"]["pretrained"])
-    else:
-        tokenizer = CaptionTokenizer.load(paths["vocab"])
-    chosen = select_captions(captions, "train", cfg.get("data", "all"), paths.get("subset"))
-    val = select_captions(captions, "val")
-    log.info(
-        "run %s: %d training captions (data %s), %d validation captions",
-        cfg.get("name"),
-        len(chosen),
-        cfg.get("data", "all"),
-        len(val),
-    )
-    return RunData(
-        CaptionData.from_table(chosen, features, max_len),
-        CaptionData.from_table(val, features, max_len) if len(val) else None,
-        tokenizer,
-    )
-
-
-def pretrained_kind(cfg: dict) -> bool:
-    """Whether the run's captioner is a pre-trained transformers model (captioner.kind)."""
-    return cfg.get("captioner", {}).get("kind", "native") == "transformers"
-
-
-# ---------------------------------------------------------------------------------------------
-# Optimisation pieces
-
-
-def lr_factor(step: int, warmup: int, total: int, schedule: str, final_ratio: float) -> float:
-    """Multiplier of the peak lr before optimiser step `step` (0-based): linear warm-up from
-    1/warmup to 1 over `warmup` steps, then linear or cosine decay to `final_ratio` at the last
-    step (total - 1), or constant."""
-    if step < warmup:
-        return (step + 1) / warmup
-    if schedule == "constant":
-        return 1.0
-    span = max(total - 1 - warmup, 1)
-    progress = min((step - warmup) / span, 1.0)
-    if schedule == "linear":
-        decay = 1.0 - progress
-    else:
-        decay = 0.5 * (1.0 + math.cos(math.pi * progress))
-    return final_ratio + (1.0 - final_ratio) * decay
-
-
-def make_optimizer(
-    model: torch.nn.Module, tc: TrainConfig, device: torch.device | None = None
-) -> torch.optim.AdamW:
-    """AdamW; weight decay on matrices and embeddings, not on biases and norms (as nanoGPT).
-    On a GPU the fused implementation (one kernel for all parameters); on the CPU the default,
-    so CPU numbers do not change."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    groups = [
-        {"params": decay, "weight_decay": tc.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
-    fused = {"fused": True} if device is not None and device.type == "cuda" else {}
-    return torch.optim.AdamW(groups, lr=tc.lr, betas=tc.betas, **fused)
-
-
-def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    """None = plain fp32."""
-    if precision == "auto":
-        if device.type != "cuda":
-            return None
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    if precision == "fp16" and device.type != "cuda":
-        raise DistinctcapError("train.precision = 'fp16' needs a GPU; use fp32 or bf16 on CPU")
-    return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
-
-
-class NonFiniteLossError(DistinctcapError):
-    """A NaN/inf loss or gradient: names the step and the captions of the batch."""
-
-    def __init__(self, what: str, value: float, step: int, total: int, caption_ids: list[int]):
-        self.step, self.caption_ids = step, caption_ids
-        super().__init__(
-            f"{what} is {value} at step {step} of {total}; batch caption ids: {caption_ids}. "
-            "Training stopped without writing a checkpoint from this state; lower train.lr or "
-            "check these captions and their images' features."
-        )
-
-
-# ---------------------------------------------------------------------------------------------
-# Validation metrics (checkpoint selection)
-
-
-@dataclass
-class ValMetric:
-    """fn(model, val data, val batches, autocast) -> value; `mode` min or max is better.
-    `val batches` is the fixed subset of `train.val_captions` validation captions."""
-
-    fn: Callable[[Captioner, CaptionData, list[Batch], Callable], float]
-    mode: str
-
-
-def val_loss(model: Captioner, val: CaptionData, batches: list[Batch], autocast: Callable):
-    """Token cross-entropy of the validation captions (UNKT eq. 1), mean over all their
-    non-pad tokens (token-weighted, so it does not depend on batch boundaries)."""
-    device = next(model.parameters()).device
-    total, count = 0.0, 0
-    with torch.no_grad():
-        for batch in batches:
-            b = batch.to(device)
-            with autocast():
-                logits = model.decode(encode_batch(model, b), b.inputs)
-            nll = torch.nn.functional.cross_entropy(
-                logits.float().flatten(0, 1), b.labels.flatten(), ignore_index=PAD, reduction="sum"
-            )
-            total += float(nll)
-            count += b.n_tokens
-    return total / max(count, 1)
-
-
-def self_retrieval(
-    model: Captioner,
-    val: CaptionData,
-    batches: list[Batch],
-    autocast: Callable,
-    images: int = 100,
-) -> float:
-    """Model-based self-retrieval R@1 (CL §4.1, with the captioner as the retrieval model):
-    greedy-decode a caption for each of the first `images` validation images and count how
-    often log p(c_i | I_j) is largest for its own image j = i among those images."""
-    from distinctcap.captioner.search import greedy, sequence_logprob
-
-    rows = torch.unique(val.image_rows, sorted=True)[:images]
-    grid, pooled = val.features.grid[rows].float(), val.features.pooled[rows]
-    caps = greedy(model, grid, pooled)
-    m = len(rows)
-    pairs_img = torch.arange(m).repeat(m)  # caption i paired with every image j
-    tokens = [c.tokens for c in caps for _ in range(m)]
-    scores = sequence_logprob(model, grid, pooled, tokens, image_index=pairs_img).view(m, m)
-    return float((scores.argmax(dim=1) == torch.arange(m)).float().mean())
-
-
-# Selection metrics by name; `train.select_metric` names one (also in the schema's enum). The
-# objectives add their own (`val_metrics`: mean_rank, clip_self_retrieval).
-VAL_METRICS: dict[str, ValMetric] = {
-    "val_loss": ValMetric(val_loss, "min"),
-    "self_retrieval": ValMetric(self_retrieval, "max"),
-    "cider": ValMetric(val_cider, "max"),
-    "oracle_cider": ValMetric(val_oracle_cider, "max"),
-    "sample_cider": ValMetric(val_sample_cider, "max"),
-}
-
-
-# ---------------------------------------------------------------------------------------------
-# Loop state and checkpoints
 
 
 @dataclass
@@ -281,32 +109,6 @@ def new_window() -> dict:
     return {"loss": 0.0, "norm": 0.0, "n": 0, "tokens": 0, "seconds": 0.0, "extras": {}}
 
 
-def _rng_state() -> dict:
-    name, keys, pos, has_gauss, gauss = np.random.get_state()
-    return {
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "numpy": [name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss],
-        "python": random.getstate(),
-    }
-
-
-def _set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-    name, keys, pos, has_gauss, gauss = state["numpy"]
-    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
-    version, internal, gauss_next = state["python"]
-    random.setstate((version, tuple(internal), gauss_next))
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
 def _cpu_state(model: torch.nn.Module) -> dict:
     return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
@@ -318,22 +120,6 @@ def _check_finite_params(model: torch.nn.Module, step: int) -> None:
             f"parameters {bad[:5]} are not finite after step {step}; no checkpoint written. "
             "Lower train.lr or enable train.grad_clip."
         )
-
-
-def to_device(batch: Batch, device: torch.device) -> Batch:
-    """`batch` on `device`; to a GPU through pinned memory, so the copy is asynchronous and the
-    host goes on preparing the next batch (the caching host allocator keeps the pinned buffer
-    until the copy is done)."""
-    if device.type != "cuda":
-        return batch.to(device)
-    move = {"device": device, "non_blocking": True}
-    return dataclasses.replace(
-        batch,
-        grid=batch.grid.pin_memory().to(**move),
-        pooled=batch.pooled.pin_memory().to(**move),
-        inputs=batch.inputs.pin_memory().to(**move),
-        labels=batch.labels.pin_memory().to(**move),
-    )
 
 
 def compile_blocks(model: Captioner, probe: Callable[[], None], backend: str) -> str | None:
@@ -355,88 +141,6 @@ def compile_blocks(model: Captioner, probe: Callable[[], None], backend: str) ->
         lines = str(error).strip().splitlines()
         return f"{type(error).__name__}: {lines[0][:200] if lines else ''}"
     return None
-
-
-@dataclass
-class StepStats:
-    """One optimiser step's numbers, left on the device until `DeferredStats.resolve` reads them
-    all with one host-device sync (values as 0-dim tensors, or floats an objective gave)."""
-
-    step: int  # 1-based, as errors name it
-    losses: list[torch.Tensor]  # each micro-batch's (weighted) loss, detached
-    caption_ids: list[torch.Tensor]  # each micro-batch's captions (CPU)
-    norm: torch.Tensor  # gradient norm before clipping
-    tokens: int
-    extras: list[dict]  # each micro-batch's objective extras
-    reduced: torch.Tensor | None = None  # DDP: [loss, tokens] summed over the ranks (float64)
-
-
-@dataclass
-class StepNumbers:
-    """One optimiser step's numbers read back: the loss (the micro-batches' losses / grad_accum,
-    summed; with DDP over every process), the gradient norm, tokens and the objective's extras
-    (summed / grad_accum)."""
-
-    loss: float
-    norm: float
-    tokens: int
-    extras: dict[str, float]
-
-
-class DeferredStats:
-    """The optimiser steps' numbers, kept on the device as the steps give them (`add`) until
-    `resolve` reads them all with one host-device sync and checks them in step order: the first
-    non-finite loss, or gradient norm if `check_norm` (not under fp16's GradScaler, which skips
-    non-finite steps itself), raises NonFiniteLossError naming its step and captions."""
-
-    def __init__(self, total_steps: int, grad_accum: int, check_norm: bool):
-        self.total_steps, self.grad_accum, self.check_norm = total_steps, grad_accum, check_norm
-        self.pending: list[StepStats] = []
-
-    def add(self, stats: StepStats) -> None:
-        self.pending.append(stats)
-
-    def check(self, what: str, value: float, step: int, caption_ids: torch.Tensor) -> None:
-        if not math.isfinite(value):
-            raise NonFiniteLossError(what, value, step, self.total_steps, caption_ids.tolist())
-
-    def resolve(self) -> list[StepNumbers]:
-        """The pending steps' numbers, in step order; none are pending afterwards."""
-        pending, self.pending = self.pending, []
-        if not pending:
-            return []
-        tensors = []
-        for p in pending:
-            tensors += [*p.losses, p.norm]
-            tensors += [] if p.reduced is None else [p.reduced[0], p.reduced[1]]
-            tensors += [v for e in p.extras for v in e.values() if torch.is_tensor(v)]
-        # float32 -> float64 is exact: the same Python floats as float(t) of each tensor
-        values = iter(torch.stack([v.detach().reshape(()).double() for v in tensors]).tolist())
-        ga, numbers = self.grad_accum, []
-        for p in pending:
-            losses = [next(values) for _ in p.losses]
-            for value, ids in zip(losses, p.caption_ids, strict=True):
-                self.check("loss", value, p.step, ids)
-            norm = next(values)
-            if self.check_norm:
-                self.check("gradient norm", norm, p.step, p.caption_ids[-1])
-            loss_sum, tokens = 0.0, p.tokens
-            for value in losses:
-                loss_sum += value / ga
-            if p.reduced is not None:
-                loss_sum, tokens = next(values), int(next(values))
-            extras: dict[str, float] = {}
-            for extra in p.extras:
-                for k, v in extra.items():
-                    value = next(values) if torch.is_tensor(v) else float(v)
-                    # this process's micro-batches (all grad_accum of them on one process)
-                    extras[k] = extras.get(k, 0.0) + value / len(p.extras)
-            numbers.append(StepNumbers(loss_sum, norm, tokens, extras))
-        return numbers
-
-
-# ---------------------------------------------------------------------------------------------
-# The stage
 
 
 @dataclass
@@ -625,7 +329,7 @@ class Trainer:
                 "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(),
                 "scaler": self.scaler.state_dict(),
-                "rng": _rng_state(),
+                "rng": rng_state(),
                 "best": {
                     "metric": s.best_metric,
                     "step": s.best_step,
@@ -649,7 +353,7 @@ class Trainer:
         self.optimizer.load_state_dict(ckpt["optimizer"])
         self.scheduler.load_state_dict(ckpt["scheduler"])
         self.scaler.load_state_dict(ckpt["scaler"])
-        _set_rng_state(ckpt["rng"])
+        set_rng_state(ckpt["rng"])
         if ckpt.get("objective") is not None:
             self.objective.load_state_dict(ckpt["objective"])
         best = ckpt["best"]

@@ -1,0 +1,55 @@
+"""The optimiser, its learning-rate schedule and the autocast precision."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from distinctcap.core.config import TrainConfig
+from distinctcap.core.errors import DistinctcapError
+
+
+def lr_factor(step: int, warmup: int, total: int, schedule: str, final_ratio: float) -> float:
+    """Multiplier of the peak lr before optimiser step `step` (0-based): linear warm-up from
+    1/warmup to 1 over `warmup` steps, then linear or cosine decay to `final_ratio` at the last
+    step (total - 1), or constant."""
+    if step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    span = max(total - 1 - warmup, 1)
+    progress = min((step - warmup) / span, 1.0)
+    if schedule == "linear":
+        decay = 1.0 - progress
+    else:
+        decay = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return final_ratio + (1.0 - final_ratio) * decay
+
+
+def make_optimizer(
+    model: torch.nn.Module, tc: TrainConfig, device: torch.device | None = None
+) -> torch.optim.AdamW:
+    """AdamW; weight decay on matrices and embeddings, not on biases and norms (as nanoGPT).
+    On a GPU the fused implementation (one kernel for all parameters); on the CPU the default,
+    so CPU numbers do not change."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    groups = [
+        {"params": decay, "weight_decay": tc.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    fused = {"fused": True} if device is not None and device.type == "cuda" else {}
+    return torch.optim.AdamW(groups, lr=tc.lr, betas=tc.betas, **fused)
+
+
+def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    """None = plain fp32."""
+    if precision == "auto":
+        if device.type != "cuda":
+            return None
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if precision == "fp16" and device.type != "cuda":
+        raise DistinctcapError("train.precision = 'fp16' needs a GPU; use fp32 or bf16 on CPU")
+    return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]

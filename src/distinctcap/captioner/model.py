@@ -36,8 +36,7 @@ from torch import Tensor, nn
 
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import atomic_path
-
-PAD, BOS, EOS, UNK = 0, 1, 2, 3  # the captioner vocabulary's special ids (data/tokenizer.py)
+from distinctcap.data.tokenizer import BOS, EOS, PAD, UNK  # noqa: F401  (re-exported until importers move)
 
 KV = tuple[Tensor, Tensor]  # keys, values: (B, H, T, Dh) each
 

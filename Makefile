@@ -44,8 +44,8 @@ test: install
 readme-table: install
 	$(PY) -m distinctcap.report.summary results/metrics/summary.csv config.yaml
 
-# README's UNKT sampled-quality table of the unkt-ablations arms evaluated so far (make
-# unkt-ablations trains the README's ten; plain snakemake with the preset trains all).
+# The UNKT sampled-quality table (docs/unkt-sampled-captions.md) of the arms evaluated so far
+# (make unkt-ablations trains the ten it reports; plain snakemake with the preset trains all).
 UNKT_ARMS := unkt_wo_pred unkt_wo_att unkt_wo_hid unkt_fixed_lambda unkt_pred_only unkt_exclude_gold unkt_t2 unkt_sum unkt_top5 unkt_lambda_fast
 unkt-ablations: install
 	$(SNAKEMAKE) --configfile config.yaml presets/unkt-ablations.yaml -- $(foreach run,$(UNKT_ARMS),$(foreach d,greedy beam3 sample20,results/metrics/$(run)/test-$(d).parquet))

@@ -157,7 +157,7 @@ SAMPLED_QUALITY = (  # (header, decoding, column, digits, arrow)
 
 
 def sampled_quality_markdown(summary: pd.DataFrame, runs: dict, split: str = "test") -> str:
-    """UNKT's sampled-quality ablation (README, "UNKT's sampled captions"): the MLE reference
+    """UNKT's sampled-quality ablation (docs/unkt-sampled-captions.md): the MLE reference
     and every unkt run, each with its mode (greedy, beam 3) and its samples (20 an image: their
     mean CIDEr-D, the oracle over them, Div-2)."""
     rows = summary[summary.split == split].set_index(["run", "decoding"])

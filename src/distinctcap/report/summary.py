@@ -18,6 +18,7 @@ from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import atomic_path, read_table
 from distinctcap.evaluate.metrics import DIVERSITY_METRICS, QUALITY_METRICS
 from distinctcap.evaluate.metrics.result import KEYS
+from distinctcap.runs.runcard import list_runs
 
 SUMMARY_BASE = (
     *KEYS,
@@ -206,8 +207,6 @@ def read_summary(results: Path) -> pd.DataFrame:
 
 def summary_runs(results: Path, summary: pd.DataFrame) -> dict:
     """{run: its config block} from the run cards, for every run of the summary."""
-    from distinctcap.runs.runcard import list_runs
-
     cards = {card["name"]: card["run"] for card in list_runs(results)}
     return {name: cards.get(name, {"method": "?"}) for name in summary.run.unique()}
 
@@ -229,8 +228,6 @@ def compare_table(results: Path, split: str = "test") -> str:
 
 def run_table(results: Path, split: str = "test") -> str:
     """`distinctcap runs`: each finished run folder, its method and headline numbers."""
-    from distinctcap.runs.runcard import list_runs
-
     cards = {card["name"]: card for card in list_runs(results)}
     if not cards:
         raise DistinctcapError(f"no finished runs under {results / 'runs'} (no run.json)")

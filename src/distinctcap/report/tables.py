@@ -23,6 +23,7 @@ import pandas as pd
 
 from distinctcap.core.io import atomic_path
 from distinctcap.report import published as P
+from distinctcap.report.summary import latex
 
 
 @dataclass(frozen=True)
@@ -423,8 +424,6 @@ def blocks(metrics: pd.DataFrame) -> list[tuple[str, str, Block]]:
 
 def tables_latex(metrics: pd.DataFrame) -> str:
     """Every table as a LaTeX (booktabs) table, captioned with its section and block."""
-    from distinctcap.report.summary import latex
-
     return "\n".join(
         latex(block.headers, block.rows, f"{section}: {block.title}", labels=block.labels)
         for section, _, block in blocks(metrics)

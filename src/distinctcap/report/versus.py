@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from distinctcap.core.io import atomic_path
+from distinctcap.data.scene import score_caption
 from distinctcap.evaluate.metrics.cider import CiderD
 from distinctcap.report.summary import HEADLINE_QUALITY, latex, run_order
 
@@ -63,8 +64,6 @@ def cider_scores(texts: pd.Series, refs: dict[int, list[str]]) -> np.ndarray:
 
 def scene_counts(texts: pd.Series, scenes: pd.Series) -> np.ndarray:
     """(images, 4) claims, correct, facts, covered of each caption against its scene."""
-    from distinctcap.data.scene import score_caption
-
     rows = []
     for image_id, text in texts.items():
         scene = scenes[image_id]

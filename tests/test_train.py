@@ -707,11 +707,17 @@ def test_a_nan_loss_read_at_the_next_log_step_names_its_own_step(monkeypatch):
     assert info.value.caption_ids == data.train.caption_ids[order.indices(3)].tolist()
 
 
-def test_generic_selection_metrics_are_the_ones_the_config_allows():
-    from distinctcap.core.config import SELECT_METRICS
-    from distinctcap.train.selection import VAL_METRICS
+def test_the_trainer_computes_exactly_the_registered_selection_metrics():
+    """distinctcap.train.select_metrics is the one list: the trainer has a function of each of
+    its metrics with its mode, and each method's objective computes its own `val_metrics`."""
+    from distinctcap.methods.clipval import CLIP_VAL
+    from distinctcap.methods.facts import FACTS
+    from distinctcap.train.select_metrics import SELECT_METRICS
 
-    assert set(VAL_METRICS) == SELECT_METRICS
+    assert {name: m.mode for name, m in VAL_METRICS.items()} == SELECT_METRICS
+    for method, facts in FACTS.items():
+        assert METHODS[method].val_metrics == facts.val_metrics
+        assert set(facts.val_metrics) <= set(CLIP_VAL), method
 
 
 def test_cider_selection_metrics():

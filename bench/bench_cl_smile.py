@@ -28,6 +28,7 @@ from distinctcap.data.batches import CaptionData
 from distinctcap.features.read import ImageFeatures
 from distinctcap.methods import METHODS
 from distinctcap.methods.base import TrainContext
+from distinctcap.train.run import RunConfig
 
 
 def make_data(images: int, per_image: int, grid: int, dv: int, dp: int, vocab: int, max_len: int):
@@ -82,7 +83,7 @@ def main() -> None:
     k = args.negatives
 
     def objective(method: str, **options):
-        return METHODS[method]({"name": method, "seed": 0, **options}, ctx)
+        return METHODS[method](RunConfig(name=method, options=options), ctx)
 
     variants: dict[str, tuple[object, float | None]] = {
         "mle": (objective("mle"), None),

@@ -127,20 +127,21 @@ def stage_evaluate(store: Path, work: Path) -> None:
 
 def stage_train(store: Path, work: Path, steps: int = 20) -> None:
     from distinctcap.core.config import effective_run_config
+    from distinctcap.core.devices import resolve_device
+    from distinctcap.train.run import RunConfig, RunPaths
     from distinctcap.train.trainer import train
 
     cfg = effective_run_config(coco_config(), "reference")
     cfg["train"].update(
         steps=steps, warmup_steps=2, val_every=0, val_captions=100, checkpoint_every=0
     )
-    cfg["device"] = DEVICE
-    cfg["paths"] = {
+    inputs = {
         "captions": str(store / "data/captions.parquet"),
         "vocab": str(store / "data/vocab.json"),
         "features": str(store / "features/index.json"),
-        "out_dir": str(work / "run"),
     }
-    train(cfg)
+    paths = RunPaths(inputs, work / "run")
+    train(RunConfig.from_effective(cfg), paths, resolve_device(DEVICE))
 
 
 def stage_entropy(store: Path, work: Path) -> None:

@@ -29,6 +29,7 @@ from distinctcap.features.read import ImageFeatures
 from distinctcap.methods import METHODS
 from distinctcap.methods.base import TrainContext
 from distinctcap.methods.specificity import generate_ids, output_probs
+from distinctcap.train.run import RunConfig
 
 
 def main() -> None:
@@ -92,7 +93,7 @@ def main() -> None:
 
     def objective(method: str, **options):
         extra = {"clip": clip, "neighbours": table} if method == "specificity" else {}
-        return METHODS[method]({"name": method, "seed": 0, **options}, ctx, **extra)
+        return METHODS[method](RunConfig(name=method, options=options), ctx, **extra)
 
     variants = {
         "mle": objective("mle"),

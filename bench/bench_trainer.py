@@ -27,6 +27,7 @@ from distinctcap.data.batches import BatchOrder, CaptionData, encode_batch
 from distinctcap.features.read import ImageFeatures
 from distinctcap.methods.losses import mle_loss
 from distinctcap.train.data import RunData
+from distinctcap.train.run import RunConfig, RunPaths
 from distinctcap.train.schedule import autocast_dtype, make_optimizer
 from distinctcap.train.trainer import TrainConfig, train
 
@@ -115,7 +116,8 @@ def bare_steps_per_s(cfg: dict, data: RunData, steps: int) -> float:
 
 
 def train_steps_per_s(cfg: dict, data: RunData) -> float:
-    result = train(cfg, data)
+    run = RunConfig.from_effective({k: v for k, v in cfg.items() if k != "device"})
+    result = train(run, RunPaths(), resolve_device(cfg["device"]), data)
     return result.steps / result.train_seconds
 
 

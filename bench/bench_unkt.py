@@ -38,6 +38,7 @@ from distinctcap.methods import METHODS
 from distinctcap.methods.base import TrainContext
 from distinctcap.methods.losses import mle_loss
 from distinctcap.methods.unkt import run_decoder
+from distinctcap.train.run import RunConfig
 from distinctcap.train.schedule import autocast_dtype, make_optimizer
 from distinctcap.train.trainer import TrainConfig
 
@@ -100,12 +101,11 @@ def main() -> None:
     optimizer = make_optimizer(student, TrainConfig())
     groups = None if args.ungrouped else data.image_rows  # the trainer's train.group_by_image
     batch = data.batch(BatchOrder(len(data), args.batch, 0, groups).indices(0)).to(dev)
-    ctx = TrainContext(dev, data, {"teacher": teacher})
-
     tmp = Path(tempfile.mkdtemp())
     negatives = tmp / "d_minus.parquet"
     pd.DataFrame({"caption_id": data.caption_ids.numpy()[::2]}).to_parquet(negatives)
-    base = {"method": "unkt", "warmup_steps": 0, "paths": {"d_minus": str(negatives)}}
+    ctx = TrainContext(dev, data, {"teacher": teacher}, paths={"d_minus": str(negatives)})
+    base = {"warmup_steps": 0}
     variants = {
         "mle": ("mle", {}),
         "mle + internals": (None, {}),
@@ -119,7 +119,7 @@ def main() -> None:
         if method is None:
             losses[name] = lambda m, b: mle_loss(run_decoder(m, b, True)[0], b.labels, 0)
         else:
-            objective = METHODS[method]({**base, **opts}, ctx)
+            objective = METHODS[method](RunConfig(method=method, options={**base, **opts}), ctx)
             losses[name] = lambda m, b, o=objective: o.loss(m, b, 0, 1000)[0]
 
     def step(loss_fn) -> None:

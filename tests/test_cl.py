@@ -10,6 +10,7 @@ import pytest
 import torch
 import yaml
 from conftest import ROOT, shrink_runs, tiny_captioner
+from train_job import fit, job_parts, run_of
 
 from distinctcap.captioner.model import Captioner
 from distinctcap.captioner.search import sequence_logprob
@@ -22,7 +23,7 @@ from distinctcap.methods.base import TrainContext
 from distinctcap.methods.cl import ContrastiveLearning, sample_negatives, step_generator
 from distinctcap.methods.losses import contrastive_loss
 from distinctcap.train.data import RunData
-from distinctcap.train.trainer import Trainer, train
+from distinctcap.train.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -55,7 +56,7 @@ def data():
 
 def objective(data, reference, **options) -> ContrastiveLearning:
     ctx = TrainContext(torch.device("cpu"), data, {"reference": reference})
-    return METHODS["cl"]({"name": "cl", "method": "cl", "seed": 3, **options}, ctx)
+    return METHODS["cl"](run_of({"name": "cl", "method": "cl", "seed": 3, **options}), ctx)
 
 
 def frozen(model: Captioner) -> Captioner:
@@ -158,7 +159,7 @@ def test_negatives_are_reproducible_for_the_same_seed_and_step(data):
     assert torch.equal(first, resumed)
     assert not torch.equal(first, objective(data, frozen(captioner(0))).negatives(batch, 8))
     ctx = TrainContext(torch.device("cpu"), data, {"reference": frozen(captioner(0))})
-    other_seed = ContrastiveLearning({"seed": 4}, ctx).negatives(batch, 7)
+    other_seed = ContrastiveLearning(run_of({"seed": 4}), ctx).negatives(batch, 7)
     assert not torch.equal(first, other_seed)
     g1 = step_generator(3, 7, batch.caption_ids)
     g2 = step_generator(3, 7, batch.caption_ids[:2])  # another micro-batch of the same step
@@ -281,7 +282,7 @@ def trained_reference(tmp_path_factory):
     """A tiny MLE reference, trained 3 steps by the real trainer, saved like a run's model.pt."""
     data, _ = caption_data(np.repeat(np.arange(IMAGES) * 10, PER_IMAGE))
     config = preset_config()
-    result = train(effective_run_config(config, "reference"), RunData(data))
+    result = fit(effective_run_config(config, "reference"), RunData(data))
     path = tmp_path_factory.mktemp("reference") / "model.pt"
     result.model.save(path)
     return config, RunData(data), path
@@ -292,7 +293,7 @@ def test_every_preset_entry_trains_a_few_steps(trained_reference, name):
     config, data, path = trained_reference
     cfg = effective_run_config(config, name)
     cfg["paths"] = {edge: str(path) for edge in ("init", "reference") if cfg.get(edge)}
-    result = train(cfg, data)
+    result = fit(cfg, data)
     assert result.steps == TINY_TRAIN["steps"]
     assert np.isfinite(result.curve["loss"]).all()
     if cfg["method"] == "cl" and cfg["constraints"] != "negative":
@@ -308,13 +309,13 @@ def test_cl_resumed_mid_run_ends_with_the_uninterrupted_weights(
     cfg["replace_reference_every"] = replace_every
     cfg["train"] = {**cfg["train"], "steps": 5, "checkpoint_every": 0}
     cfg["paths"] = {"init": str(path), "reference": str(path)}
-    whole = train(cfg, data)
+    whole = fit(cfg, data)
     cfg["paths"]["out_dir"] = str(tmp_path)
-    killed = Trainer(cfg, data)
+    killed = Trainer(*job_parts(cfg), data)
     for _ in range(3):  # the reference was replaced at step 2 (when replace_every = 2)
         killed.train_step()
     killed.save_checkpoint()
-    resumed = Trainer(cfg, data).run()
+    resumed = Trainer(*job_parts(cfg), data).run()
     assert resumed.resumed_from == 3
     after = resumed.model.state_dict()
     assert all(torch.equal(v, after[k]) for k, v in whole.model.state_dict().items())

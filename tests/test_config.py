@@ -288,6 +288,23 @@ def test_select_metric_must_be_one_the_runs_method_computes():
         effective_run_config(config, "r", SCHEMA)
 
 
+def test_select_metric_names_have_one_owner():
+    """The schema's enum of train.select_metric is filled from distinctcap.train.select_metrics
+    (every method's metrics and each method's own), not written in the YAML."""
+    import yaml
+
+    from distinctcap.methods.facts import FACTS
+    from distinctcap.train.select_metrics import SELECT_METRICS
+
+    enum = SCHEMA["properties"]["train"]["properties"]["select_metric"]["enum"]
+    assert set(enum) == set(SELECT_METRICS).union(*(f.val_metrics for f in FACTS.values()))
+    written = yaml.safe_load((ROOT / "workflow/schemas/sections/train.yaml").read_text())
+    assert "enum" not in written["properties"]["select_metric"]
+    assert error_of({"runs": RUNS, "train": {"select_metric": "bleu"}}).startswith(
+        "train.select_metric = 'bleu' is not allowed; choose one of"
+    )
+
+
 def test_the_head_of_the_longest_training_chain_gets_the_highest_priority():
     """Two cores: the negative teacher (UNKT waits for it) starts before the positive one."""
     def run(steps, **edges):

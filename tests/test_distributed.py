@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from train_job import fit, job_parts
 
 from distinctcap.core.distributed import (
     DistEnv,
@@ -209,14 +210,13 @@ def test_two_gloo_processes_give_the_one_process_loss_curve(
 
     from distinctcap.captioner.model import Captioner
     from distinctcap.train.launch import launch
-    from distinctcap.train.trainer import train
 
     data = run_data()
-    one = train(run_config(tmp_path / "one", batch_size, grad_accum), data)
+    one = fit(run_config(tmp_path / "one", batch_size, grad_accum), data)
     data_file = tmp_path / "data.pt"
     torch.save(data, data_file)
     two_cfg = run_config(tmp_path / "two", batch_size, grad_accum)
-    launch(two_cfg, 2, str(tmp_path / "two.log"), str(data_file))
+    launch(*job_parts(two_cfg), 2, str(tmp_path / "two.log"), str(data_file))
 
     curve = pd.read_csv(tmp_path / "two" / "curve.csv")
     print("max relative loss difference", (curve.loss / one.curve.loss - 1).abs().max())

@@ -12,6 +12,7 @@ import torch
 import yaml
 from conftest import ROOT, tiny_captioner
 from tiny_blip import save_tiny_blip
+from train_job import run_of
 
 from distinctcap.captioner import search
 from distinctcap.captioner.load import load_captioner
@@ -92,7 +93,7 @@ def test_method_losses_are_the_loss_functions_of_the_model_outputs(blip, backend
 
     def loss(method, **options):
         with torch.no_grad():
-            return METHODS[method](options, ctx).loss(model, batch, 0, 10)[0]
+            return METHODS[method](run_of(options), ctx).loss(model, batch, 0, 10)[0]
 
     mle = losses.mle_loss(logits, labels, PAD)
     assert loss("mle") == pytest.approx(float(mle), rel=1e-5)

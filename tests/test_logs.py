@@ -116,6 +116,8 @@ def test_a_gpu_job_without_cuda_stops_at_its_start_with_its_reason_in_the_rule_l
 
 
 def test_a_failing_torchrun_process_logs_its_error(tmp_path):
+    from train_job import job_parts
+
     from distinctcap.core.errors import DistinctcapError
     from distinctcap.train.launch import launch
 
@@ -123,7 +125,7 @@ def test_a_failing_torchrun_process_logs_its_error(tmp_path):
     log = tmp_path / "train.log"
     log.write_text("the job's own line\n")
     try:
-        launch(cfg, 2, str(log), str(tmp_path / "no-such-data.pt"))
+        launch(*job_parts(cfg), 2, str(log), str(tmp_path / "no-such-data.pt"))
     except DistinctcapError as error:
         assert str(log) in str(error)
     else:

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import tiny_captioner
+from train_job import run_of
 
 from distinctcap.captioner.model import Captioner
 from distinctcap.core.errors import DistinctcapError
@@ -37,7 +38,7 @@ def data() -> CaptionData:
 
 def smile(data, **options):
     ctx = TrainContext(torch.device("cpu"), data)
-    return METHODS["smile"]({"name": "smile", "method": "smile", "seed": 1, **options}, ctx)
+    return METHODS["smile"](run_of({"name": "smile", "method": "smile", "seed": 1, **options}), ctx)
 
 
 def logits_of(model, batch):

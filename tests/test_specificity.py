@@ -12,7 +12,9 @@ import torch
 import torch.nn.functional as F
 import yaml
 from conftest import ROOT, shrink_runs, tiny_captioner
+from train_job import fit, job_parts, run_of
 
+import distinctcap.clip.train  # save_weights (not imported by anything else here)
 import distinctcap.clip.weights  # registers the tiny `shapes-vit-tiny` architecture
 from distinctcap.captioner.model import EOS, PAD
 from distinctcap.captioner.search import greedy
@@ -42,7 +44,6 @@ from distinctcap.methods.specificity import (
     val_mean_rank,
 )
 from distinctcap.train.data import RunData
-from distinctcap.train.trainer import train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -172,7 +173,7 @@ def test_straight_through_gradient_is_the_one_hot_gradient(clip, tok):
 
 def make_objective(clip, tok, data, feats, **run):
     ctx = TrainContext(torch.device("cpu"), data, {}, tok)
-    return Specificity({"seed": 0, **run}, ctx, clip=clip, neighbours=table_of(feats))
+    return Specificity(run_of({"seed": 0, **run}), ctx, clip=clip, neighbours=table_of(feats))
 
 
 def test_registered_method():
@@ -310,14 +311,14 @@ def test_bad_options_and_missing_table(clip, tok):
     feats, data = world(clip, tok)
     ctx = TrainContext(torch.device("cpu"), data, {}, tok)
     with pytest.raises(DistinctcapError, match="loss"):
-        Specificity({"loss": "l2"}, ctx, clip=clip)
+        Specificity(run_of({"loss": "l2"}), ctx, clip=clip)
     with pytest.raises(DistinctcapError, match="mle_weight"):
-        Specificity({"mle_weight": 2.0}, ctx, clip=clip)
+        Specificity(run_of({"mle_weight": 2.0}), ctx, clip=clip)
     with pytest.raises(DistinctcapError, match="sampling"):
-        Specificity({"sampling": "beam"}, ctx, clip=clip)
+        Specificity(run_of({"sampling": "beam"}), ctx, clip=clip)
     with pytest.raises(DistinctcapError, match="contrastive-image table"):
-        Specificity({"loss": "cdp"}, ctx, clip=clip)
-    Specificity({"loss": "dp"}, ctx, clip=clip)  # non-contrastive kinds need no table
+        Specificity(run_of({"loss": "cdp"}), ctx, clip=clip)
+    Specificity(run_of({"loss": "dp"}), ctx, clip=clip)  # non-contrastive kinds need no table
 
 
 def test_val_mean_rank(clip, tok):
@@ -351,7 +352,7 @@ def test_smile_selects_on_validation_clip_self_retrieval(clip, tok):
     model = captioner(tok)
     ctx = TrainContext(torch.device("cpu"), data, {}, tok)
     ctx.clip = clip
-    objective = SMILE({"seed": 0}, ctx)
+    objective = SMILE(run_of({"seed": 0}), ctx)
     assert objective.val_metrics == {"clip_self_retrieval": "max"}
     ranks = clip_val_ranks(model, data, ClipTextEncoder(clip, tok.clip_ids))
     assert objective.val_metric("clip_self_retrieval", model, data) == np.mean(ranks == 1)
@@ -475,7 +476,7 @@ def trained_reference(tmp_path_factory, clip, tok):
     }
     feats, data = world(clip, tok)
     run_data = RunData(data, None, tok)
-    reference = train(effective_run_config(config, "reference"), run_data)
+    reference = fit(effective_run_config(config, "reference"), run_data)
     paths = {"init": tmp / "reference.pt", "clip": tmp / "clip.pt", "clip_arch": ARCH}
     reference.model.save(paths["init"])
     distinctcap.clip.train.save_weights(clip, paths["clip"])
@@ -490,7 +491,7 @@ def test_main_run_and_preset_entries_train(trained_reference, name):
     cfg = effective_run_config(config, name)
     table = tmp / table_path(cfg["contrastive_top_pct"])
     cfg["paths"] = {**{k: str(v) for k, v in paths.items()}, "neighbours": str(table)}
-    result = train(cfg, data)
+    result = fit(cfg, data)
     assert result.steps == TINY_TRAIN["steps"]
     assert np.isfinite(result.curve["loss"]).all()
     assert {"specificity", "cos_true", "gen_len"} <= set(result.curve)
@@ -508,13 +509,13 @@ def test_resumed_mid_run_ends_with_the_uninterrupted_weights(trained_reference):
     cfg["train"] = {**cfg["train"], "steps": 5}
     table = tmp / table_path(cfg["contrastive_top_pct"])
     cfg["paths"] = {**{k: str(v) for k, v in paths.items()}, "neighbours": str(table)}
-    whole = train(cfg, data)
+    whole = fit(cfg, data)
     cfg["paths"]["out_dir"] = str(tmp / "resumed")
-    killed = Trainer(cfg, data)
+    killed = Trainer(*job_parts(cfg), data)
     for _ in range(3):
         killed.train_step()
     killed.save_checkpoint()
-    resumed = Trainer(cfg, data).run()
+    resumed = Trainer(*job_parts(cfg), data).run()
     assert resumed.resumed_from == 3
     after = resumed.model.state_dict()
     assert all(torch.equal(v, after[k]) for k, v in whole.model.state_dict().items())

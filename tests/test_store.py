@@ -166,10 +166,11 @@ def test_training_and_decoding_give_the_same_numbers_as_with_a_full_read(
 ):
     # the store changes how features are read (row groups, a mapped grid cache), never the
     # numbers: a tiny run trained and decoded both ways ends with the same weights and captions
+    from train_job import fit
+
     from distinctcap.core.config import effective_run_config, load
     from distinctcap.core.io import read_table
     from distinctcap.evaluate.decode import decode_run
-    from distinctcap.train.trainer import train
 
     cfg = effective_run_config(
         load(ROOT / "tests/tiny_config.yaml", ROOT / "workflow/schemas/config.schema.yaml"),
@@ -189,7 +190,7 @@ def test_training_and_decoding_give_the_same_numbers_as_with_a_full_read(
             "features": str(store["features"]),
             "out_dir": str(out),
         }
-        result = train(cfg)
+        result = fit(cfg)
         result.model.save(out / "model.pt")
         decode_run(out / "model.pt", store["features"], store["images"], store["vocab"],
                    out / "generated.parquet", "r", "test", {"kind": "greedy"}, device="cpu")

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from train_job import fit, job_parts
 
 from distinctcap.captioner.model import Captioner, CaptionerConfig
 from distinctcap.core.config import OPTIONS, RUN_KEYS, effective_run_config, load_schema, validate
@@ -30,10 +31,11 @@ from distinctcap.methods.base import Objective
 from distinctcap.methods.losses import mle_loss
 from distinctcap.train.checkpoints import Fingerprint, fingerprint
 from distinctcap.train.data import RunData
+from distinctcap.train.run import RunConfig
 from distinctcap.train.schedule import lr_factor
 from distinctcap.train.selection import VAL_METRICS, ValMetric
 from distinctcap.train.stats import NonFiniteLossError
-from distinctcap.train.trainer import TrainConfig, Trainer, train
+from distinctcap.train.trainer import TrainConfig, Trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -109,22 +111,22 @@ def test_lr_schedule_warms_up_linearly_then_decays():
 
 
 def test_trainer_applies_the_schedule_to_the_optimiser():
-    result = train(tiny_cfg(steps=10, warmup_steps=4, log_every=1, val_every=0), tiny_data())
+    result = fit(tiny_cfg(steps=10, warmup_steps=4, log_every=1, val_every=0), tiny_data())
     expected = [3e-3 * lr_factor(s, 4, 10, "linear", 0.0) for s in range(10)]
     assert result.curve.lr.tolist() == pytest.approx(expected)  # the lr each step used
 
 
 def test_same_seed_gives_identical_weights_and_another_seed_does_not():
-    a = train(tiny_cfg(), tiny_data()).model.state_dict()
-    b = train(tiny_cfg(), tiny_data()).model.state_dict()
+    a = fit(tiny_cfg(), tiny_data()).model.state_dict()
+    b = fit(tiny_cfg(), tiny_data()).model.state_dict()
     assert same_weights(a, b)
     other = tiny_cfg()
     other["seed"] = 1
-    assert not same_weights(a, train(other, tiny_data()).model.state_dict())
+    assert not same_weights(a, fit(other, tiny_data()).model.state_dict())
 
 
 def test_training_lowers_the_loss_and_writes_outputs(tmp_path):
-    result = train(tiny_cfg(tmp_path, steps=40, val_every=10, checkpoint_every=10), tiny_data())
+    result = fit(tiny_cfg(tmp_path, steps=40, val_every=10, checkpoint_every=10), tiny_data())
     curve = pd.read_csv(tmp_path / "curve.csv")
     assert {"step", "epoch", "lr", "loss", "grad_norm", "tokens_per_s", "val_loss"} <= set(curve)
     assert curve.loss.iloc[-1] < curve.loss.iloc[0] - 0.3
@@ -140,8 +142,8 @@ def test_grad_accumulation_equals_a_larger_batch():
     """Equal-length captions: the mean of the two micro-batch means is the mean of the batch,
     and BatchOrder gives accumulation 2 x 4 the same captions as one batch of 8."""
     data = tiny_data(equal_len=True)
-    big = train(tiny_cfg(dropout=0.0, batch_size=8, val_every=0), data).model.state_dict()
-    acc = train(tiny_cfg(dropout=0.0, batch_size=4, grad_accum=2, val_every=0), data)
+    big = fit(tiny_cfg(dropout=0.0, batch_size=8, val_every=0), data).model.state_dict()
+    acc = fit(tiny_cfg(dropout=0.0, batch_size=4, grad_accum=2, val_every=0), data)
     for k, v in acc.model.state_dict().items():
         torch.testing.assert_close(v, big[k], atol=1e-5, rtol=1e-4)  # float sum order
 
@@ -166,7 +168,7 @@ def test_nan_loss_stops_naming_step_and_captions_without_a_checkpoint(tmp_path, 
     cfg["method"] = "nan_at_3"
     data = tiny_data()
     with pytest.raises(NonFiniteLossError) as info:
-        train(cfg, data)
+        fit(cfg, data)
     order = BatchOrder(len(data.train), 8, 0, groups=data.train.image_rows)
     expected_ids = data.train.caption_ids[order.indices(3)].tolist()
     assert info.value.step == 4 and info.value.caption_ids == expected_ids
@@ -179,7 +181,7 @@ def test_nan_loss_stops_naming_step_and_captions_without_a_checkpoint(tmp_path, 
 
 def test_an_exploding_lr_never_reaches_a_checkpoint(tmp_path):
     with pytest.raises(DistinctcapError, match="not finite|is nan|is inf"):
-        train(tiny_cfg(tmp_path, lr=float("inf"), warmup_steps=0, checkpoint_every=1), tiny_data())
+        fit(tiny_cfg(tmp_path, lr=float("inf"), warmup_steps=0, checkpoint_every=1), tiny_data())
     assert not (tmp_path / "checkpoints" / "last.pt").exists()
 
 
@@ -196,7 +198,7 @@ def scripted_metric(values: list[float], seen: list[dict]) -> ValMetric:
 def test_validation_keeps_the_best_weights(tmp_path, monkeypatch):
     seen: list[dict] = []
     monkeypatch.setitem(VAL_METRICS, "scripted", scripted_metric([0.1, 0.5, 0.3], seen))
-    result = train(tiny_cfg(tmp_path, select_metric="scripted"), tiny_data())
+    result = fit(tiny_cfg(tmp_path, select_metric="scripted"), tiny_data())
     assert len(seen) == 3 and result.best_step == 8 and result.best_metric == 0.5
     assert same_weights(result.model.state_dict(), seen[1])
     assert same_weights(Captioner.load(tmp_path / "model.pt").state_dict(), seen[1])
@@ -206,7 +208,7 @@ def test_validation_keeps_the_best_weights(tmp_path, monkeypatch):
 def test_early_stopping_after_patience_validations_without_improvement(monkeypatch):
     seen: list[dict] = []
     monkeypatch.setitem(VAL_METRICS, "scripted", scripted_metric([0.5, 0.4, 0.45, 0.3], seen))
-    result = train(tiny_cfg(steps=40, select_metric="scripted", patience=2), tiny_data())
+    result = fit(tiny_cfg(steps=40, select_metric="scripted", patience=2), tiny_data())
     assert result.stopped_early and result.steps == 12 and len(seen) == 3
     assert result.best_step == 4 and same_weights(result.model.state_dict(), seen[0])
 
@@ -229,14 +231,14 @@ class MLEWithOwnMetric(NaNAtStep):
 
 def test_selection_on_a_metric_of_the_objective_and_unknown_metrics(monkeypatch):
     monkeypatch.setitem(METHODS, "own", MLEWithOwnMetric)
-    result = train({**tiny_cfg(select_metric="own"), "method": "own"}, tiny_data())
+    result = fit({**tiny_cfg(select_metric="own"), "method": "own"}, tiny_data())
     assert (result.best_step, result.best_metric) == (8, 1.0)
     with pytest.raises(DistinctcapError, match="select_metric = 'own': choose one of"):
-        train(tiny_cfg(select_metric="own"), tiny_data())
+        fit(tiny_cfg(select_metric="own"), tiny_data())
 
 
 def test_self_retrieval_selection_runs_and_is_a_fraction():
-    result = train(tiny_cfg(select_metric="self_retrieval", steps=4), tiny_data())
+    result = fit(tiny_cfg(select_metric="self_retrieval", steps=4), tiny_data())
     assert 0.0 <= result.best_metric <= 1.0 and result.metric == "self_retrieval"
 
 
@@ -267,9 +269,9 @@ def test_objective_state_is_resumed(tmp_path, monkeypatch):
     cfg = {**tiny_cfg(tmp_path, log_every=1), "method": "counting"}
     monkeypatch.setattr(Counting, "crash_at", 6)
     with pytest.raises(RuntimeError, match="simulated crash"):
-        train(cfg, tiny_data())
+        fit(cfg, tiny_data())
     monkeypatch.setattr(Counting, "crash_at", None)
-    result = train(cfg, tiny_data())
+    result = fit(cfg, tiny_data())
     assert result.resumed_from == 4
     assert result.curve["count"].tolist() == [float(k) for k in range(1, 13)]
 
@@ -285,7 +287,7 @@ class EvenStepExtra(NaNAtStep):
 def test_an_extra_missing_on_some_steps_is_averaged_over_the_steps_that_report_it(monkeypatch):
     monkeypatch.setitem(METHODS, "even", EvenStepExtra)
     cfg = {**tiny_cfg(log_every=4, val_every=0), "method": "even"}
-    result = train(cfg, tiny_data())
+    result = fit(cfg, tiny_data())
     assert result.curve["even"].tolist() == [1.0, 5.0, 9.0]  # steps (0, 2), (4, 6), (8, 10)
 
 
@@ -294,8 +296,8 @@ import json, sys, torch
 sys.path.insert(0, {tests!r})
 torch.set_num_threads({threads})
 from test_train import tiny_cfg, tiny_data
-from distinctcap.train.trainer import train
-train(tiny_cfg(__import__("pathlib").Path({out!r}), **{kw!r}), tiny_data())
+from train_job import fit
+fit(tiny_cfg(__import__("pathlib").Path({out!r}), **{kw!r}), tiny_data())
 """
 
 
@@ -325,7 +327,7 @@ def test_resume_after_sigkill_ends_with_the_uninterrupted_weights(tmp_path):
     summary = json.loads((tmp_path / "killed" / "summary.json").read_text())
     assert summary["resumed_from"] is not None and 0 < summary["resumed_from"] < 60
 
-    whole = train(tiny_cfg(tmp_path / "whole", **kw), tiny_data())
+    whole = fit(tiny_cfg(tmp_path / "whole", **kw), tiny_data())
     resumed = Captioner.load(tmp_path / "killed" / "model.pt").state_dict()
     assert same_weights(resumed, whole.model.state_dict())
     curve = pd.read_csv(tmp_path / "killed" / "curve.csv")
@@ -336,13 +338,13 @@ def test_a_checkpoint_of_another_config_is_not_resumed(tmp_path, monkeypatch, ca
     caplog.set_level(logging.INFO, logger="distinctcap.train.trainer")
     monkeypatch.setitem(METHODS, "nan_at_3", NaNAtStep)
     with pytest.raises(NonFiniteLossError):  # leaves a checkpoint of step 3 behind
-        train({**tiny_cfg(tmp_path, checkpoint_every=1), "method": "nan_at_3"}, tiny_data())
-    result = train(tiny_cfg(tmp_path), tiny_data())
+        fit({**tiny_cfg(tmp_path, checkpoint_every=1), "method": "nan_at_3"}, tiny_data())
+    result = fit(tiny_cfg(tmp_path), tiny_data())
     assert result.resumed_from is None
     (line,) = set_aside_lines(caplog)
     assert "(config changed); training from step 0" in line
     assert same_weights(
-        result.model.state_dict(), train(tiny_cfg(), tiny_data()).model.state_dict()
+        result.model.state_dict(), fit(tiny_cfg(), tiny_data()).model.state_dict()
     )
 
 
@@ -409,7 +411,7 @@ def init_cfg(out: Path, init: Path) -> dict:
 
 def leave_killed_state(cfg: dict, data: RunData, steps: int = 4) -> Path:
     """What a kill after the first checkpoint leaves: real steps, then the real checkpoint."""
-    trainer = Trainer(cfg, data)
+    trainer = Trainer(*job_parts(cfg), data)
     for _ in range(steps):
         trainer.train_step()
     trainer.save_checkpoint()
@@ -430,7 +432,7 @@ def test_a_checkpoint_of_other_subset_shards_is_set_aside(tmp_path, caplog):
     old = torch.load(ckpt, weights_only=True)["fingerprint"]
 
     write_subset(subset, list(range(1008, 1032)))  # same folder, other captions
-    result = train(cfg, subset_data(captions, subset))
+    result = fit(cfg, subset_data(captions, subset))
 
     assert result.resumed_from is None
     stale = ckpt.with_name(f"stale-{Fingerprint(old).hash}.pt")
@@ -438,7 +440,7 @@ def test_a_checkpoint_of_other_subset_shards_is_set_aside(tmp_path, caplog):
     (line,) = set_aside_lines(caplog)
     assert f"checkpoint {ckpt} set aside as {stale.name} (subset changed: {subset})" in line
     assert line.endswith("training from step 0")
-    clean = train(subset_cfg(tmp_path / "clean", captions, subset), subset_data(captions, subset))
+    clean = fit(subset_cfg(tmp_path / "clean", captions, subset), subset_data(captions, subset))
     assert same_weights(result.model.state_dict(), clean.model.state_dict())
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert set(summary["inputs"]) == {"config", "captions", "subset"}
@@ -454,13 +456,13 @@ def test_a_checkpoint_on_another_init_model_is_set_aside(tmp_path, caplog):
     ckpt = leave_killed_state(cfg, tiny_data())
 
     write_init(init, seed=2)  # the retrained reference, at the same path
-    result = train(cfg, tiny_data())
+    result = fit(cfg, tiny_data())
 
     assert result.resumed_from is None and not ckpt.exists()
     assert len(list(ckpt.parent.glob("stale-*.pt"))) == 1
     (line,) = set_aside_lines(caplog)
     assert f"(init changed: {init}); training from step 0" in line
-    clean = train(init_cfg(tmp_path / "clean", init), tiny_data())
+    clean = fit(init_cfg(tmp_path / "clean", init), tiny_data())
     assert same_weights(result.model.state_dict(), clean.model.state_dict())
 
 
@@ -477,9 +479,9 @@ def test_a_rerun_on_unchanged_inputs_resumes_to_the_uninterrupted_weights(tmp_pa
 
     leave_killed_state(cfg(tmp_path / "run"), subset_data(captions, subset))
     write_subset(subset, list(range(1000, 1024)))  # rewritten with the same content
-    result = train(cfg(tmp_path / "run"), subset_data(captions, subset))
+    result = fit(cfg(tmp_path / "run"), subset_data(captions, subset))
     assert result.resumed_from == 4 and not set_aside_lines(caplog)
-    whole = train(cfg(tmp_path / "whole"), subset_data(captions, subset))
+    whole = fit(cfg(tmp_path / "whole"), subset_data(captions, subset))
     assert same_weights(result.model.state_dict(), whole.model.state_dict())
     assert not (tmp_path / "run" / "checkpoints").exists()
 
@@ -490,13 +492,13 @@ def test_an_old_format_checkpoint_is_set_aside(tmp_path, caplog):
     ckpt = leave_killed_state(cfg, tiny_data())
     state = torch.load(ckpt, weights_only=True)
     torch.save({**state, "fingerprint": "0123456789abcdef"}, ckpt)  # before input fingerprints
-    result = train(cfg, tiny_data())
+    result = fit(cfg, tiny_data())
     assert result.resumed_from is None
     assert (ckpt.parent / "stale-0123456789abcdef.pt").exists()  # kept past the run's success
     (line,) = set_aside_lines(caplog)
     assert "old-format fingerprint" in line
     assert same_weights(
-        result.model.state_dict(), train(tiny_cfg(**NO_VAL), tiny_data()).model.state_dict()
+        result.model.state_dict(), fit(tiny_cfg(**NO_VAL), tiny_data()).model.state_dict()
     )
 
 
@@ -517,14 +519,18 @@ def test_the_fingerprint_covers_input_contents_not_paths(tmp_path):
         "clip_arch": "ViT-B-32",
         "out_dir": str(tmp_path),
     }
-    before = fingerprint({**tiny_cfg(), "paths": paths})
+    def fingerprint_of(paths: dict):
+        run, run_paths, _ = job_parts({**tiny_cfg(), "paths": paths})
+        return fingerprint(run.effective(), run_paths.inputs)
+
+    before = fingerprint_of(paths)
     assert set(before.parts) == {"config", "features", "subset", "clip_files"}
     moved = {**paths, "out_dir": str(tmp_path / "elsewhere")}
-    assert fingerprint({**tiny_cfg(), "paths": moved}) == before
+    assert fingerprint_of(moved) == before
     shard.write_bytes(b"other features")  # the index is unchanged: its key is not content
-    assert fingerprint({**tiny_cfg(), "paths": paths}).changes(before.parts) == ["features"]
+    assert fingerprint_of(paths).changes(before.parts) == ["features"]
     (subset / "part-00001.parquet").rename(subset / "part-00002.parquet")
-    after = fingerprint({**tiny_cfg(), "paths": paths})
+    after = fingerprint_of(paths)
     assert after.changes(before.parts) == ["features", "subset"]
     assert after.hash != before.hash
 
@@ -548,6 +554,20 @@ def test_effective_run_config_merges_the_run_train_block_over_the_defaults():
     assert neg["train"] == {**config["train"], "steps": 7, "lr": 0.01}
     assert neg["data"] == "D-" and neg["name"] == "teacher_neg" and "paths" not in neg
     TrainConfig.from_dict(neg["train"])
+
+
+def test_a_run_config_gives_back_the_effective_config_it_was_built_from():
+    """summary.json's "config" and the fingerprint read RunConfig.effective(): for every run of
+    config.yaml it is the effective run config itself."""
+    import yaml
+
+    config = validate(yaml.safe_load((ROOT / "config.yaml").read_text()), SCHEMA)
+    for name in config["runs"]:
+        effective = effective_run_config(config, name, SCHEMA)
+        run = RunConfig.from_effective(effective)
+        assert run.effective() == effective, name
+        assert run.train == TrainConfig.from_dict(effective["train"])
+        assert set(run.options) == OPTIONS[run.method], name
 
 
 @pytest.mark.parametrize(
@@ -657,10 +677,10 @@ def test_compile_trains_the_same_weights_or_warns_once_and_trains_uncompiled(
     """train.compile: true compiles the blocks (dynamo's `eager` backend: the same arithmetic,
     cheap on a CPU); where compiling fails the run trains uncompiled after one warning line.
     Either way the weights are those of the uncompiled run."""
-    plain = train(tiny_cfg(checkpoint_every=0), tiny_data())
+    plain = fit(tiny_cfg(checkpoint_every=0), tiny_data())
     monkeypatch.setenv("DISTINCTCAP_COMPILE_BACKEND", backend)
     with caplog.at_level(logging.WARNING, logger="distinctcap"):
-        compiled = train(tiny_cfg(checkpoint_every=0, compile=True), tiny_data())
+        compiled = fit(tiny_cfg(checkpoint_every=0, compile=True), tiny_data())
     warned = [r.getMessage() for r in caplog.records if "train.compile" in r.getMessage()]
     if backend == "eager":
         assert warned == []
@@ -678,7 +698,7 @@ def deferred_trainer(cfg, data):
     """A Trainer that reads its numbers only at flushes, as it does on a GPU."""
     from distinctcap.train.trainer import Trainer
 
-    trainer = Trainer(cfg, data)
+    trainer = Trainer(*job_parts(cfg), data)
     trainer.eager = False
     return trainer
 
@@ -687,7 +707,7 @@ def test_reading_the_numbers_only_at_log_steps_gives_the_same_run():
     """On a GPU the host syncs only at log, validation and checkpoint steps (Trainer.flush):
     the curve and the weights are those of the step-by-step reading."""
     cfg = tiny_cfg(checkpoint_every=0, log_every=3, grad_accum=2)
-    eager = train(cfg, tiny_data())
+    eager = fit(cfg, tiny_data())
     deferred = deferred_trainer(cfg, tiny_data()).run()
     assert eager.curve.drop(columns="tokens_per_s").equals(
         deferred.curve.drop(columns="tokens_per_s")
@@ -707,11 +727,17 @@ def test_a_nan_loss_read_at_the_next_log_step_names_its_own_step(monkeypatch):
     assert info.value.caption_ids == data.train.caption_ids[order.indices(3)].tolist()
 
 
-def test_generic_selection_metrics_are_the_ones_the_config_allows():
-    from distinctcap.core.config import SELECT_METRICS
-    from distinctcap.train.selection import VAL_METRICS
+def test_the_trainer_computes_exactly_the_registered_selection_metrics():
+    """distinctcap.train.select_metrics is the one list: the trainer has a function of each of
+    its metrics with its mode, and each method's objective computes its own `val_metrics`."""
+    from distinctcap.methods.clipval import CLIP_VAL
+    from distinctcap.methods.facts import FACTS
+    from distinctcap.train.select_metrics import SELECT_METRICS
 
-    assert set(VAL_METRICS) == SELECT_METRICS
+    assert {name: m.mode for name, m in VAL_METRICS.items()} == SELECT_METRICS
+    for method, facts in FACTS.items():
+        assert METHODS[method].val_metrics == facts.val_metrics
+        assert set(facts.val_metrics) <= set(CLIP_VAL), method
 
 
 def test_cider_selection_metrics():
@@ -727,7 +753,7 @@ def test_cider_selection_metrics():
     )
 
     data = tiny_data()
-    result = train(tiny_cfg(select_metric="cider", steps=8), data)
+    result = fit(tiny_cfg(select_metric="cider", steps=8), data)
     model, val = result.model.eval(), data.val
     rows = torch.unique(val.image_rows, sorted=True)
     refs = references(val, rows)

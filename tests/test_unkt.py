@@ -11,6 +11,7 @@ import pytest
 import torch
 import yaml
 from conftest import tiny_captioner
+from train_job import fit, job_parts, run_of
 
 from distinctcap.captioner.model import EOS, PAD, Captioner
 from distinctcap.captioner.search import greedy
@@ -70,11 +71,10 @@ def negatives(tmp_path_factory, data) -> Path:
 
 
 def make(data, run: dict, teacher: Captioner | None = None, negatives: Path | None = None):
-    ctx = TrainContext(torch.device("cpu"), data, {"teacher": teacher or tiny(1)})
+    paths = {"d_minus": str(negatives)} if negatives is not None else {}
+    ctx = TrainContext(torch.device("cpu"), data, {"teacher": teacher or tiny(1)}, paths=paths)
     cfg = {"method": "unkt", "train": {"batch_size": 8}, **run}
-    if negatives is not None:
-        cfg["paths"] = {"d_minus": str(negatives)}
-    return METHODS[cfg["method"]](cfg, ctx)
+    return METHODS[cfg["method"]](run_of(cfg), ctx)
 
 
 def a_batch(data):
@@ -353,7 +353,6 @@ def test_every_preset_entry_trains_and_decodes(tmp_path, data, negatives):
     """Each preset entry through distinctcap.train.trainer.train (a few steps), then greedy
     decoding."""
     from distinctcap.train.data import RunData
-    from distinctcap.train.trainer import train
 
     runs = preset_runs()
     base = {
@@ -375,7 +374,7 @@ def test_every_preset_entry_trains_and_decodes(tmp_path, data, negatives):
     teachers.update({k: v for k, v in runs.items() if v["method"] == "mle"})
     for name, block in teachers.items():  # teacher data selection does not matter here
         out = tmp_path / name
-        train({**base, "name": name, **block, "paths": {"out_dir": str(out)}}, run_data)
+        fit({**base, "name": name, **block, "paths": {"out_dir": str(out)}}, run_data)
         paths[name] = out / "model.pt"
     for name, block in runs.items():
         if block["method"] != "unkt":
@@ -388,7 +387,7 @@ def test_every_preset_entry_trains_and_decodes(tmp_path, data, negatives):
             "warmup_epochs": 0.2,
             "paths": {"teacher": str(paths[block["teacher"]]), "d_minus": str(negatives)},
         }
-        result = train(cfg, run_data)
+        result = fit(cfg, run_data)
         assert result.steps == 3 and np.isfinite(result.curve["loss"]).all()
         caps = greedy(result.model, data.features.grid[:2].float(), data.features.pooled[:2])
         assert len(caps) == 2 and all(isinstance(c.tokens, list) for c in caps)
@@ -399,7 +398,7 @@ def test_resumed_mid_run_ends_with_the_uninterrupted_weights(tmp_path, data, neg
     """Hard targets are re-decoded after a resume (greedy of the frozen teacher: the same
     captions); random targets come from the torch RNG that the checkpoint restores."""
     from distinctcap.train.data import RunData
-    from distinctcap.train.trainer import Trainer, train
+    from distinctcap.train.trainer import Trainer
 
     run_data = RunData(data)
     base = {
@@ -416,7 +415,7 @@ def test_resumed_mid_run_ends_with_the_uninterrupted_weights(tmp_path, data, neg
         },
     }
     teacher = tmp_path / "teacher"
-    train(
+    fit(
         {**base, "name": "teacher_neg", "method": "mle", "paths": {"out_dir": str(teacher)}},
         run_data,
     )
@@ -429,13 +428,13 @@ def test_resumed_mid_run_ends_with_the_uninterrupted_weights(tmp_path, data, neg
         "warmup_steps": 2,
         "paths": {"teacher": str(teacher / "model.pt"), "d_minus": str(negatives)},
     }
-    whole = train(cfg, run_data)
+    whole = fit(cfg, run_data)
     cfg["paths"]["out_dir"] = str(tmp_path / "unkt")
-    killed = Trainer(cfg, run_data)
+    killed = Trainer(*job_parts(cfg), run_data)
     for _ in range(3):
         killed.train_step()
     killed.save_checkpoint()
-    resumed = Trainer(cfg, run_data).run()
+    resumed = Trainer(*job_parts(cfg), run_data).run()
     assert resumed.resumed_from == 3
     after = resumed.model.state_dict()
     assert all(torch.equal(v, after[k]) for k, v in whole.model.state_dict().items())

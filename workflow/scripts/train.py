@@ -8,14 +8,13 @@ import torch
 from distinctcap.core import logs
 from distinctcap.core.devices import job_device
 from distinctcap.train.launch import train_with_gpus
+from distinctcap.train.run import RunConfig, RunPaths
 
 logs.setup(snakemake.log[0])
-device = str(job_device(snakemake.params.device, snakemake.resources.get("gpu", 0)))
+device = job_device(snakemake.params.device, snakemake.resources.get("gpu", 0))
 torch.set_num_threads(snakemake.threads)
-cfg = dict(snakemake.params.run)
-cfg["device"] = device
-paths = {k: (v if isinstance(v, str) else list(v)) for k, v in snakemake.input.items()}
-cfg["paths"] = {**paths, **snakemake.params.paths,
-                "out_dir": str(Path(snakemake.output.model).parent)}
+run = RunConfig.from_effective(snakemake.params.run)
+inputs = {k: (v if isinstance(v, str) else list(v)) for k, v in snakemake.input.items()}
+paths = RunPaths({**inputs, **snakemake.params.paths}, Path(snakemake.output.model).parent)
 # gpu > 1 (the profile's train_run resource): torchrun, one process per GPU (data parallel)
-train_with_gpus(cfg, int(snakemake.resources.get("gpu", 0)), snakemake.log[0])
+train_with_gpus(run, paths, device, int(snakemake.resources.get("gpu", 0)), snakemake.log[0])

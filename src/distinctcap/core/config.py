@@ -25,6 +25,7 @@ import yaml
 
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.methods.facts import FACTS
+from distinctcap.train.select_metrics import all_select_metrics, select_metrics_of
 
 RUN_EDGES = ("init", "teacher", "reference")
 REQUIRED_EDGES = {method: facts.edges for method, facts in FACTS.items()}
@@ -57,6 +58,8 @@ def load_schema(path: str | os.PathLike) -> dict:
     schema = yaml.safe_load(path.read_text())
     for section in sorted((path.parent / "sections").glob("*.yaml")):
         schema["properties"][section.stem] = yaml.safe_load(section.read_text())
+    select = schema["properties"]["train"]["properties"]["select_metric"]
+    select["enum"] = all_select_metrics()  # owned by distinctcap.train.select_metrics
     return schema
 
 
@@ -282,10 +285,6 @@ def _hub_model_type(source: str, key: str) -> str:
 # The `train` section
 
 SCHEDULES = ("linear", "cosine", "constant")
-# selection metrics every method has (distinctcap.train.selection.VAL_METRICS); a method's facts add
-# its
-# own `val_metrics`
-SELECT_METRICS = frozenset({"val_loss", "self_retrieval", "cider", "oracle_cider", "sample_cider"})
 
 
 def steps_per_epoch(n_captions: int, batch_size: int, grad_accum: int = 1) -> float:
@@ -318,7 +317,7 @@ class TrainConfig:
     val_every: int = 250  # steps between validations; 0 = only at the end
     val_captions: int = 1000  # validation captions used (a fixed seeded subset); 0 = all
     val_batch_size: int = 256
-    select_metric: str = "val_loss"  # selection: VAL_METRICS or the objective's val_metrics
+    select_metric: str = "val_loss"  # selection: distinctcap.train.select_metrics
     patience: int = 0  # validations without improvement before stopping; 0 = never stop
     checkpoint_every: int = 250  # steps between resume checkpoints; 0 = none
     log_every: int = 25  # steps between curve rows / progress-bar updates
@@ -386,11 +385,11 @@ def effective_run_config(config: dict, name: str, schema: dict | None = None) ->
         _check_section(train, schema, ["runs", name, "train"])
         _check_foreign_options(block, schema, name)
     select = TrainConfig.from_dict(train, where=f"runs.{name}.train").select_metric
-    own = FACTS[block["method"]].val_metrics if block.get("method") in FACTS else {}
-    if select not in SELECT_METRICS and select not in own:
+    allowed = select_metrics_of(block.get("method"))
+    if select not in allowed:
         raise DistinctcapError(
             f"runs.{name}.train.select_metric = {select!r}: method {block.get('method')!r} "
-            f"selects on one of {sorted(SELECT_METRICS | set(own))}"
+            f"selects on one of {sorted(allowed)}"
         )
     keep = RUN_KEYS | OPTIONS.get(block.get("method"), frozenset())
     run = {k: copy.deepcopy(v) for k, v in block.items() if k in keep and k != "train"}

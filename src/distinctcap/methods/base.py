@@ -17,15 +17,16 @@ know about it is a class attribute declared here with its default:
     extra_inputs(run)  named inputs a run block needs beyond data, features and edge models,
                  {need: parameter}: "d_minus" (an entropy subset, "D-"), "clip" (None: the
                  configured CLIP), "neighbours" (the table's percentage). The workflow
-                 (workflow/rules/common.smk) maps each need to files in the trainer's
-                 cfg["paths"].
+                 (workflow/rules/common.smk) maps each need to the trainer's inputs
+                 (RunPaths.inputs, which the objective reads as ctx.paths).
     option_conflicts(run)  {option: why} for its options set where the run's other options
                  make them meaningless (config.check_values names runs.<name>.<option>)
 
 and, per instance:
 
-    __init__(run_cfg, ctx)    run_cfg is the run's effective config
-                              (distinctcap.core.config.effective_run_config)
+    __init__(run, ctx)        run is the run's effective config as a
+                              distinctcap.train.run.RunConfig (name, seed, train, its method's
+                              `options`, ...)
     loss(model, batch, step, total_steps) -> (scalar loss of one micro-batch, extras for the
                               curve, e.g. {"lambda": 0.3}); `step` counts optimiser steps
                               from 0 to total_steps - 1; the trainer scales the loss for
@@ -35,8 +36,9 @@ and, per instance:
                               (e.g. CL's replaced reference): tensors, numbers, strings, lists
                               and dicts; the trainer keeps it in its checkpoints
 
-- `ctx.frozen[edge]` is the final model of the run named by `run_cfg[edge]` for each edge in
-  `needs`, in eval mode, with requires_grad False, on `ctx.device`.
+- `ctx.frozen[edge]` is the final model of the run named by the run's `edge` for each edge in
+  `needs`, in eval mode, with requires_grad False, on `ctx.device`; `ctx.paths` are the run's
+  inputs by name (e.g. "d_minus", "clip", "clip_arch", "neighbours").
 - `batch` is a distinctcap.data.batches.Batch already on the device; the objective runs the
   model itself (under the trainer's autocast), so it can ask for internals (UNKT eq. 7-8) or
   score other captions (CL). `ctx.train_data` gives access to every training pair, e.g. to
@@ -70,6 +72,7 @@ class TrainContext:
     frozen: dict[str, Captioner] = field(default_factory=dict)  # "teacher"/"reference" -> model
     tokenizer: object | None = None  # distinctcap.data.tokenizer.CaptionTokenizer when known
     pad_id: int = 0
+    paths: Mapping[str, object] = field(default_factory=dict)  # the run's inputs (RunPaths)
 
 
 class Objective:
@@ -92,7 +95,7 @@ class Objective:
         other options make meaningless; empty when there are none."""
         return {}
 
-    def __init__(self, run_cfg: dict, ctx: TrainContext) -> None:
+    def __init__(self, run, ctx: TrainContext) -> None:  # run: RunConfig (no import: a cycle)
         pass
 
     def loss(

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from distinctcap.captioner.model import Captioner
     from distinctcap.data.batches import Batch
     from distinctcap.methods.base import TrainContext
+    from distinctcap.train.run import RunConfig
 
 CONSTRAINTS = ("both", "positive", "negative")
 
@@ -115,9 +116,9 @@ class ContrastiveLearning(facts.CL):
     """CL objective, loss = -J(theta) of eq. 10 (see the module doc; options and their
     defaults: facts.CL)."""
 
-    def __init__(self, run_cfg: dict, ctx: TrainContext):
-        opts = {key: run_cfg.get(key, default) for key, default in self.options.items()}
-        where = f"runs.{run_cfg.get('name', '<cl run>')}"
+    def __init__(self, run: RunConfig, ctx: TrainContext):
+        opts = {key: run.options.get(key, default) for key, default in self.options.items()}
+        where = f"runs.{run.name}"
         if opts["constraints"] not in CONSTRAINTS:
             raise DistinctcapError(
                 f"{where}.constraints = {opts['constraints']!r}: choose one of {CONSTRAINTS}"
@@ -139,7 +140,7 @@ class ContrastiveLearning(facts.CL):
         self.use_neg = opts["constraints"] in ("both", "negative")
         self.replace_every = int(opts["replace_reference_every"])
         self.replaced_at = 0  # step of the last reference replacement (0 = the original)
-        self.seed = int(run_cfg.get("seed", 0))
+        self.seed = int(run.seed)
         self.reference = ctx.frozen["reference"]
         self.data = ctx.train_data
         self.pad_id = ctx.pad_id

@@ -13,7 +13,7 @@ Both share `clip_val_ranks`; the objectives that select on them build the text e
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -29,8 +29,8 @@ if TYPE_CHECKING:
     from distinctcap.data.batches import CaptionData
 
 
-def load_clip_model(paths: dict, method: str) -> nn.Module:
-    """The CLIP model of a run's cfg["paths"] (clip: weights file or tag, clip_arch)."""
+def load_clip_model(paths: Mapping, method: str) -> nn.Module:
+    """The CLIP model of a run's inputs (clip: weights file or tag, clip_arch)."""
     from distinctcap.clip.load import load_clip
 
     if not paths.get("clip") or not paths.get("clip_arch"):

@@ -14,12 +14,13 @@ if TYPE_CHECKING:
     from distinctcap.captioner.model import Captioner
     from distinctcap.data.batches import Batch
     from distinctcap.methods.base import TrainContext
+    from distinctcap.train.run import RunConfig
 
 
 class MLE(facts.MLE):
     """L = -1/|y| sum_i log p(y_i | y_<i, I), mean over the batch's non-pad tokens (eq. 1)."""
 
-    def __init__(self, run_cfg: dict, ctx: TrainContext):
+    def __init__(self, run: RunConfig, ctx: TrainContext):
         self.pad_id = ctx.pad_id
 
     def loss(

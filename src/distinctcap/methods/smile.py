@@ -39,13 +39,14 @@ if TYPE_CHECKING:
     from distinctcap.captioner.model import Captioner
     from distinctcap.data.batches import Batch, CaptionData
     from distinctcap.methods.base import TrainContext
+    from distinctcap.train.run import RunConfig
 
 class SMILE(facts.SMILE):
     """L = lambda L_MLE + (1 - lambda) L_SMILE (eq. 4), token means over non-pad labels."""
 
-    def __init__(self, run_cfg: dict, ctx: TrainContext):
-        opts = {key: run_cfg.get(key, default) for key, default in self.options.items()}
-        where = f"runs.{run_cfg.get('name', '<smile run>')}"
+    def __init__(self, run: RunConfig, ctx: TrainContext):
+        opts = {key: run.options.get(key, default) for key, default in self.options.items()}
+        where = f"runs.{run.name}"
         if opts["subset"] not in SMILE_SUBSETS:
             raise DistinctcapError(
                 f"{where}.subset = {opts['subset']!r}: choose one of {SMILE_SUBSETS}"
@@ -57,9 +58,9 @@ class SMILE(facts.SMILE):
         self.subset = opts["subset"]
         self.first_token_mle = bool(opts["first_token_mle"])
         self.lam = float(opts["mle_weight"])
-        self.seed = int(run_cfg.get("seed", 0))
+        self.seed = int(run.seed)
         self.pad_id = ctx.pad_id
-        self.ctx, self.paths, self.encoder = ctx, run_cfg.get("paths", {}) or {}, None
+        self.ctx, self.paths, self.encoder = ctx, ctx.paths, None
 
     def loss(
         self, model: Captioner, batch: Batch, step: int, total_steps: int

@@ -55,6 +55,7 @@ from distinctcap.methods.losses import SPECIFICITY_KINDS, mle_loss, specificity_
 if TYPE_CHECKING:
     from distinctcap.data.batches import Batch, CaptionData
     from distinctcap.methods.base import TrainContext
+    from distinctcap.train.run import RunConfig
 
 SAMPLINGS = ("argmax", "gumbel")
 
@@ -117,13 +118,13 @@ class Specificity(facts.Specificity):
 
     def __init__(
         self,
-        run_cfg: dict,
+        run: RunConfig,
         ctx: TrainContext,
         clip: nn.Module | None = None,
         neighbours: NeighbourTable | str | os.PathLike | None = None,
     ):
-        opts = {k: run_cfg.get(k, v) for k, v in self.options.items()}
-        name = run_cfg.get("name", "specificity")
+        opts = {k: run.options.get(k, v) for k, v in self.options.items()}
+        name = run.name
         if opts["loss"] not in SPECIFICITY_KINDS:
             raise DistinctcapError(
                 f"runs.{name}.loss = {opts['loss']!r}: choose one of {list(SPECIFICITY_KINDS)}"
@@ -146,8 +147,8 @@ class Specificity(facts.Specificity):
         self.kind, self.sampling = opts["loss"], opts["sampling"]
         self.temperature, self.mle_weight = opts["gumbel_temperature"], opts["mle_weight"]
         self.rank_images = int(opts["rank_images"])
-        self.seed, self.pad_id, self.device = int(run_cfg.get("seed", 0)), ctx.pad_id, ctx.device
-        paths = run_cfg.get("paths", {}) or {}
+        self.seed, self.pad_id, self.device = int(run.seed), ctx.pad_id, ctx.device
+        paths = ctx.paths
         if clip is None:
             clip = getattr(ctx, "clip", None)
         if clip is None:

@@ -77,6 +77,7 @@ if TYPE_CHECKING:
     from distinctcap.data.batches import Batch, CaptionData
     from distinctcap.features.read import ImageFeatures
     from distinctcap.methods.base import TrainContext
+    from distinctcap.train.run import RunConfig
 
 TARGETS = ("soft", "hard", "random")
 ATTENTION = ("self", "cross", "both")
@@ -127,11 +128,10 @@ class UNKTConfig:
             raise DistinctcapError(f"unkt {key} = {getattr(self, key)!r}: {why}")
 
     @classmethod
-    def from_run(cls, run_cfg: dict) -> UNKTConfig:
-        """The unkt keys of a run's effective config (their defaults where missing); other
-        keys belong to the trainer."""
+    def from_run(cls, options: dict) -> UNKTConfig:
+        """The unkt options of a run (RunConfig.options; their defaults where missing)."""
         defaults = facts.UNKT.options
-        return cls(**{f.name: run_cfg.get(f.name, defaults[f.name]) for f in fields(cls)})
+        return cls(**{f.name: options.get(f.name, defaults[f.name]) for f in fields(cls)})
 
     @property
     def any_negative(self) -> bool:
@@ -219,8 +219,8 @@ def run_decoder(
 class UNKT(facts.UNKT):
     """UNKT eq. 9 against the frozen negative teacher `ctx.frozen["teacher"]` (module doc)."""
 
-    def __init__(self, run_cfg: dict, ctx: TrainContext):
-        self.cfg = UNKTConfig.from_run(run_cfg)
+    def __init__(self, run: RunConfig, ctx: TrainContext):
+        self.cfg = UNKTConfig.from_run(run.options)
         self.pad_id = ctx.pad_id
         self.teacher = ctx.frozen["teacher"]
         c = self.cfg
@@ -231,19 +231,18 @@ class UNKT(facts.UNKT):
         if c.warmup_steps is not None:
             self.warmup = c.warmup_steps
         else:
-            train = run_cfg.get("train", {})
             per_epoch = steps_per_epoch(
-                len(ctx.train_data), train.get("batch_size", 64), train.get("grad_accum", 1)
+                len(ctx.train_data), run.train.batch_size, run.train.grad_accum
             )
             self.warmup = round(c.warmup_epochs * per_epoch)
         self.pool = self.greedy = None
         if c.targets == "hard" and c.w_pred > 0:
             self.greedy = GreedyCaptions(self.teacher, ctx.train_data.features, self.pad_id)
         if c.targets == "random" and c.w_pred > 0:
-            path = run_cfg.get("paths", {}).get("d_minus")
+            path = ctx.paths.get("d_minus")
             if not path:
                 raise DistinctcapError(
-                    f"run {run_cfg.get('name')}: unkt targets = 'random' needs the D- shards "
+                    f"run {run.name}: unkt targets = 'random' needs the D- shards "
                     "as paths.d_minus"
                 )
             self.pool = negative_pool(ctx.train_data, read_caption_ids(path)).to(ctx.device)

@@ -1,9 +1,9 @@
 """A training run's resume state on disk, and the fingerprint that decides whether it is resumed.
 
-`fingerprint(cfg)` is what a run's result depends on: content hashes of its effective config
-and of every input `cfg["paths"]` names (captions, vocab, the features index and its shards, the
+`fingerprint(config, inputs)` is what a run's result depends on: content hashes of its effective
+config and of every input (RunPaths.inputs: captions, vocab, the features index and its shards, the
 D-/D+ subset folder, the init/teacher/reference models, a method's own files such as the CLIP or
-the neighbours table); paths and device are not part of it. The trainer writes it into
+the neighbours table); out_dir and device are not part of it. The trainer writes it into
 summary.json and into every checkpoint.
 
 `Checkpoints` owns `<out_dir>/checkpoints/`: it writes a checkpoint dict, stamped with the
@@ -22,6 +22,7 @@ import hashlib
 import json
 import logging
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,8 +34,6 @@ from distinctcap.core.io import atomic_path, file_sha256, read_json
 # ---------------------------------------------------------------------------------------------
 # Fingerprint: what a run's result depends on
 
-NOT_INPUTS = ("out_dir",)  # cfg["paths"] entries that name where outputs go, not content
-
 
 def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -42,7 +41,7 @@ def _sha(text: str) -> str:
 
 @dataclass(frozen=True)
 class Fingerprint:
-    """Named content hashes: `config` and one per input in cfg["paths"]; `hash` combines them."""
+    """Named content hashes: `config` and one per input; `hash` combines them."""
 
     parts: dict[str, str]
 
@@ -55,20 +54,19 @@ class Fingerprint:
         return sorted(k for k in self.parts.keys() | old.keys() if self.parts.get(k) != old.get(k))
 
 
-def fingerprint(cfg: dict) -> Fingerprint:
-    """The run's effective config (not paths, not device) and the content of each input that
-    cfg["paths"] names (files, folders, the features index with its shards)."""
-    kept = {k: v for k, v in cfg.items() if k not in ("paths", "device")}
-    parts = {"config": _sha(json.dumps(kept, sort_keys=True, default=str))}
-    for key, value in sorted((cfg.get("paths") or {}).items()):
-        digest = None if key in NOT_INPUTS else input_digest(key, value)
+def fingerprint(config: dict, inputs: Mapping[str, object]) -> Fingerprint:
+    """A run's effective config and the content of each of its inputs (files, folders, the
+    features index with its shards); where its outputs go and its device are not inputs."""
+    parts = {"config": _sha(json.dumps(config, sort_keys=True, default=str))}
+    for key, value in sorted(inputs.items()):
+        digest = input_digest(key, value)
         if digest is not None:
             parts[key] = digest
     return Fingerprint(parts)
 
 
 def input_digest(key: str, value: object) -> str | None:
-    """Content hash of one cfg["paths"] entry: a file, a folder or a list of files; None for a
+    """Content hash of one input entry: a file, a folder or a list of files; None for a
     value that names no file (a CLIP tag or architecture)."""
     if key == "features" and Path(str(value)).is_file():
         return features_digest(value)

@@ -13,6 +13,7 @@ import torch
 from distinctcap.core.io import read_table
 from distinctcap.data.batches import Batch, CaptionData, select_captions
 from distinctcap.features.read import ImageFeatures
+from distinctcap.train.run import RunConfig, RunPaths
 
 log = logging.getLogger(__name__)
 
@@ -28,28 +29,28 @@ class RunData:
         return getattr(self.tokenizer, "vocab_size", None)
 
 
-def load_run_data(cfg: dict) -> RunData:
+def load_run_data(run: RunConfig, paths: RunPaths) -> RunData:
     """Training captions of the run's data selection and all validation captions, with their
-    image features, from the files in `cfg["paths"]` (captions, vocab, features, subset)."""
+    image features, from its input files (captions, vocab, features, subset)."""
     from distinctcap.data.tokenizer import CaptionTokenizer
 
-    paths = cfg["paths"]
-    captions = read_table(paths["captions"], "captions")
-    features = ImageFeatures.load(paths["features"])
-    max_len = cfg["captioner"]["max_len"]
-    if pretrained_kind(cfg):  # the model's own tokenizer (distinctcap.captioner.hf)
+    inputs = paths.inputs
+    captions = read_table(inputs["captions"], "captions")
+    features = ImageFeatures.load(inputs["features"])
+    max_len = run.captioner["max_len"]
+    if run.pretrained:  # the model's own tokenizer (distinctcap.captioner.hf)
         from distinctcap.captioner.hf import retokenize
 
-        captions, tokenizer = retokenize(captions, cfg["captioner"]["pretrained"])
+        captions, tokenizer = retokenize(captions, run.captioner["pretrained"])
     else:
-        tokenizer = CaptionTokenizer.load(paths["vocab"])
-    chosen = select_captions(captions, "train", cfg.get("data", "all"), paths.get("subset"))
+        tokenizer = CaptionTokenizer.load(inputs["vocab"])
+    chosen = select_captions(captions, "train", run.data, inputs.get("subset"))
     val = select_captions(captions, "val")
     log.info(
         "run %s: %d training captions (data %s), %d validation captions",
-        cfg.get("name"),
+        run.name,
         len(chosen),
-        cfg.get("data", "all"),
+        run.data,
         len(val),
     )
     return RunData(
@@ -57,11 +58,6 @@ def load_run_data(cfg: dict) -> RunData:
         CaptionData.from_table(val, features, max_len) if len(val) else None,
         tokenizer,
     )
-
-
-def pretrained_kind(cfg: dict) -> bool:
-    """Whether the run's captioner is a pre-trained transformers model (captioner.kind)."""
-    return cfg.get("captioner", {}).get("kind", "native") == "transformers"
 
 
 def to_device(batch: Batch, device: torch.device) -> Batch:

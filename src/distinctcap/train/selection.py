@@ -32,6 +32,7 @@ from distinctcap.captioner.model import (
 )
 from distinctcap.data.batches import Batch, CaptionData, encode_batch
 from distinctcap.evaluate.metrics.cider import CiderD
+from distinctcap.train.select_metrics import SELECT_METRICS
 
 IMAGES = 100  # validation images scored
 SAMPLES = 5  # samples per image for oracle_cider / sample_cider
@@ -140,12 +141,15 @@ def self_retrieval(
     return float((scores.argmax(dim=1) == torch.arange(m)).float().mean())
 
 
-# Selection metrics by name; `train.select_metric` names one (also in the schema's enum). The
-# objectives add their own (`val_metrics`: mean_rank, clip_self_retrieval).
+# The trainer's function of each metric every method has; their names and modes are
+# distinctcap.train.select_metrics (the objectives compute their own `val_metrics`).
 VAL_METRICS: dict[str, ValMetric] = {
-    "val_loss": ValMetric(val_loss, "min"),
-    "self_retrieval": ValMetric(self_retrieval, "max"),
-    "cider": ValMetric(val_cider, "max"),
-    "oracle_cider": ValMetric(val_oracle_cider, "max"),
-    "sample_cider": ValMetric(val_sample_cider, "max"),
+    name: ValMetric(fn, SELECT_METRICS[name])
+    for name, fn in {
+        "val_loss": val_loss,
+        "self_retrieval": self_retrieval,
+        "cider": val_cider,
+        "oracle_cider": val_oracle_cider,
+        "sample_cider": val_sample_cider,
+    }.items()
 }

@@ -1,11 +1,12 @@
 """The trainer: one loop for every training method, deterministic on CPU and resumable.
 
-`train(cfg, data=None) -> TrainResult` is the whole stage, callable from tests (the Snakemake
-rule's script only fills `cfg["paths"]`). `cfg` is a run's effective config
-(`distinctcap.core.config.effective_run_config`): its `runs:` block (method, data,
-init/teacher/reference, method options), `seed`, `captioner` (architecture, CaptionerConfig
-fields) and `train` (the config.TrainConfig fields: the top-level `train` block with the run's
-`train` overrides on top).
+`train(run, paths, device, data=None) -> TrainResult` is the whole stage, callable from tests.
+`run` is a run's effective config (`distinctcap.core.config.effective_run_config`) as a
+`distinctcap.train.run.RunConfig`: its `runs:` block (method, data, init/teacher/reference,
+method options), `seed`, `captioner` (architecture, CaptionerConfig fields) and `train` (a
+config.TrainConfig: the top-level `train` block with the run's `train` overrides on top).
+`paths` (RunPaths) names its input files and its output folder; the Snakemake rule's script
+fills it from the rule's inputs and output.
 
 The loop, per optimiser step: gather `grad_accum` micro-batches (the data order is a pure
 function of (seed, epoch), with an image's captions together by default so each image is
@@ -20,9 +21,8 @@ validations without improvement stop the run (early stopping).
 Resume: every `checkpoint_every` steps `<out_dir>/checkpoints/last.pt` is replaced atomically
 with the model, optimiser, scheduler, scaler, RNG states (torch, CUDA, numpy, python), the data
 position, the best weights so far, the curve, the objective's own state (its state_dict), and
-the run's fingerprint: content hashes of its effective config and of every input `cfg["paths"]`
-names. The trainer assembles that dict and restores from it; `distinctcap.train.checkpoints`
-computes
+the run's fingerprint: content hashes of its effective config and of every input in `paths`.
+The trainer assembles that dict and restores from it; `distinctcap.train.checkpoints` computes
 the fingerprint and owns the file. A rerun whose fingerprint matches continues from it and ends
 with the same weights as an uninterrupted run; otherwise the checkpoint is set aside as
 `checkpoints/stale-<its hash>.pt` with one log line naming what changed, and training starts
@@ -41,7 +41,6 @@ last.pt is removed on success; set-aside checkpoints stay."""
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import os
 import time
@@ -57,7 +56,6 @@ from tqdm import tqdm
 from distinctcap.captioner.load import load_captioner
 from distinctcap.captioner.model import PAD, Captioner, CaptionerConfig, DecoderBlock, EncoderBlock
 from distinctcap.core.config import TrainConfig
-from distinctcap.core.devices import resolve_device
 from distinctcap.core.distributed import (
     DistEnv,
     GradientReducer,
@@ -79,7 +77,8 @@ from distinctcap.train.checkpoints import (
     seed_everything,
     set_rng_state,
 )
-from distinctcap.train.data import RunData, load_run_data, pretrained_kind, to_device
+from distinctcap.train.data import RunData, load_run_data, to_device
+from distinctcap.train.run import RunConfig, RunPaths
 from distinctcap.train.schedule import autocast_dtype, lr_factor, make_optimizer
 from distinctcap.train.selection import (
     VAL_METRICS,
@@ -158,20 +157,19 @@ class TrainResult:
 
 
 class Trainer:
-    """One run's training; `run()` is the loop. Built by `train(cfg, data)`."""
+    """One run's training; `run()` is the loop. Built by `train(run, paths, device, data)`."""
 
-    def __init__(self, cfg: dict, data: RunData):
-        self.cfg, self.data = cfg, data
-        self.tc = TrainConfig.from_dict(cfg.get("train", {})).in_steps(len(data.train))
+    def __init__(self, run: RunConfig, paths: RunPaths, device: torch.device, data: RunData):
+        self.run_config, self.paths, self.data = run, paths, data
+        self.tc: TrainConfig = run.train.in_steps(len(data.train))
         # rank/world of torchrun processes (distinctcap.core.distributed)
         self.dist = DistEnv.from_env()
-        self.device = self.dist.device(resolve_device(cfg.get("device", "auto")))
+        self.device = self.dist.device(device)
         self.dist.init(self.device)
         self.dtype = autocast_dtype(self.tc.precision, self.device)
-        self.seed = int(cfg.get("seed", 0))
-        paths = cfg.get("paths", {})
-        self.out_dir = Path(paths["out_dir"]) if paths.get("out_dir") else None
-        method = cfg.get("method", "mle")
+        self.seed = int(run.seed)
+        self.out_dir = Path(paths.out_dir) if paths.out_dir else None
+        method = run.method
         if method not in METHODS:
             raise DistinctcapError(f"run method {method!r}: choose one of {sorted(METHODS)}")
 
@@ -181,8 +179,8 @@ class Trainer:
         self.reducer = GradientReducer(self.model, self.dist)
         objective_cls = METHODS[method]
         frozen = {edge: self._load_frozen(edge) for edge in objective_cls.needs}
-        self.ctx = TrainContext(self.device, data.train, frozen, data.tokenizer, PAD)
-        self.objective = objective_cls(cfg, self.ctx)
+        self.ctx = TrainContext(self.device, data.train, frozen, data.tokenizer, PAD, paths.inputs)
+        self.objective = objective_cls(run, self.ctx)
         self.mean_over = self.objective.mean_over  # for shard weights
         self.selection = self._selection_metric(self.tc.select_metric)
         self.optimizer = make_optimizer(self.model, self.tc, self.device)
@@ -202,9 +200,9 @@ class Trainer:
         self.val_batches = self._val_subset()
         self.state = LoopState()
         self.last_lr = self.optimizer.param_groups[0]["lr"]
-        self.fingerprint = fingerprint(cfg)
+        self.fingerprint = fingerprint(run.effective(), paths.inputs)
         self.checkpoints = Checkpoints(
-            self.out_dir, self.fingerprint, paths, self.dist.is_main, log
+            self.out_dir, self.fingerprint, paths.inputs, self.dist.is_main, log
         )
         # On a GPU the host reads the step's numbers (loss, gradient norm, extras) and checks
         # them only at flushes (log, validation and checkpoint steps), so it never waits for
@@ -220,12 +218,12 @@ class Trainer:
 
     def _build_model(self) -> Captioner:
         model = self._new_model()
-        init = self.cfg.get("paths", {}).get("init")
-        if self.cfg.get("init"):
+        init = self.paths.inputs.get("init")
+        if self.run_config.init:
             if not init:
                 raise DistinctcapError(
-                    f"run {self.cfg.get('name')}: init = "
-                    f"{self.cfg['init']!r} but no init model path given"
+                    f"run {self.run_config.name}: init = {self.run_config.init!r} but no init "
+                    "model path given"
                 )
             try:
                 model.load_state_dict(load_captioner(init).state_dict())
@@ -236,8 +234,8 @@ class Trainer:
         return model
 
     def _new_model(self) -> Captioner:
-        cap = dict(self.cfg.get("captioner", {}))
-        if pretrained_kind(self.cfg):
+        cap = dict(self.run_config.captioner)
+        if self.run_config.pretrained:
             from distinctcap.captioner.hf import HFCaptioner
 
             vision = cap.get("vision", "frozen")
@@ -258,10 +256,10 @@ class Trainer:
         )
 
     def _load_frozen(self, edge: str) -> Captioner:
-        path = self.cfg.get("paths", {}).get(edge)
-        if not self.cfg.get(edge) or not path:
+        path = self.paths.inputs.get(edge)
+        if not getattr(self.run_config, edge) or not path:
             raise DistinctcapError(
-                f"run {self.cfg.get('name')}: method {self.cfg.get('method')!r} needs a "
+                f"run {self.run_config.name}: method {self.run_config.method!r} needs a "
                 f"{edge} run (runs.<name>.{edge}) and its model path"
             )
         model = load_captioner(path, map_location=self.device).eval()
@@ -277,7 +275,7 @@ class Trainer:
             return ValMetric(partial(self.objective.val_metric, name), own[name])
         raise DistinctcapError(
             f"train.select_metric = {name!r}: choose one of {sorted(VAL_METRICS)}"
-            + (f" or, for method {self.cfg.get('method')!r}, {sorted(own)}" if own else "")
+            + (f" or, for method {self.run_config.method!r}, {sorted(own)}" if own else "")
         )
 
     def _val_subset(self) -> list[Batch]:
@@ -465,11 +463,11 @@ class Trainer:
     def run(self) -> TrainResult:
         resumed = self.try_resume()  # replaces self.state
         tc, s = self.tc, self.state
-        name = self.cfg.get("name", "run")
+        name = self.run_config.name
         log.info(
             "run %s: %s, %d parameters, %d training captions, %d steps of %d x %d on %s (%s)",
             name,
-            self.cfg.get("method", "mle"),
+            self.run_config.method,
             self.model.num_params(),
             len(self.data.train),
             tc.steps,
@@ -577,8 +575,8 @@ class Trainer:
             result.curve.to_csv(tmp, index=False)
         write_json(
             {
-                "run": self.cfg.get("name"),
-                "method": self.cfg.get("method", "mle"),
+                "run": self.run_config.name,
+                "method": self.run_config.method,
                 "steps": result.steps,
                 "metric": result.metric,
                 "best_metric": result.best_metric,
@@ -591,19 +589,21 @@ class Trainer:
                 "processes": self.dist.world_size,
                 "fingerprint": self.fingerprint.hash,
                 "inputs": self.fingerprint.parts,
-                "config": {k: v for k, v in self.cfg.items() if k != "paths"},
+                "config": self.run_config.effective(),
             },
             out / "summary.json",
         )
         self.checkpoints.drop()
 
 
-def train(cfg: dict, data: RunData | None = None) -> TrainResult:
-    """Train one run (see the module doc). `data` defaults to `load_run_data(cfg)`."""
-    cfg = copy.deepcopy(cfg)
+def train(
+    run: RunConfig, paths: RunPaths, device: torch.device, data: RunData | None = None
+) -> TrainResult:
+    """Train one run on `device` (see the module doc). `data` defaults to
+    `load_run_data(run, paths)`."""
     if data is None:
-        data = load_run_data(cfg)
-    trainer = Trainer(cfg, data)
+        data = load_run_data(run, paths)
+    trainer = Trainer(run, paths, device, data)
     try:
         return trainer.run()
     finally:

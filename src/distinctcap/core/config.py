@@ -1,14 +1,16 @@
 """Config validation: JSON schema with defaults, then the run graph (ARCHITECTURE.md, "Runs are
 data"), and each run's effective config.
 
-`validate(config, schema_path)` fills defaults from the schema and raises one DistinctcapError
-that names the key and what is allowed: a wrong type, an unknown key, an unknown run method,
-a run naming a missing `init`/`teacher`/`reference`, or a cycle among runs.
+`validate(config, schema)` fills defaults from the schema (distinctcap.core.schema.load_schema)
+and raises one DistinctcapError that names the key and what is allowed: a wrong type, an unknown
+key, an unknown run method, an option of another method than the run's, a run naming a missing
+`init`/`teacher`/`reference`, or a cycle among runs.
 `effective_run_config(config, name, schema)` is what determines one run's result.
 
-What a method requires (its edges, its options) is read from its facts class
-(distinctcap.methods.facts). Nothing here imports torch: the workflow calls this module while
-Snakemake parses it.
+The schema owns every default and allowed value, the methods' options included
+(workflow/schemas/methods/). What a method requires beyond its options (its edges, its option
+conflicts) is read from its facts class (distinctcap.methods.facts). Nothing here imports torch:
+the workflow calls this module while Snakemake parses it.
 """
 
 from __future__ import annotations
@@ -24,14 +26,11 @@ import jsonschema
 import yaml
 
 from distinctcap.core.errors import DistinctcapError
+from distinctcap.core.schema import load_schema
 from distinctcap.methods.facts import FACTS
 
 RUN_EDGES = ("init", "teacher", "reference")
 REQUIRED_EDGES = {method: facts.edges for method, facts in FACTS.items()}
-# Keys every run block may carry; the schema (sections/runs.yaml) fills every method's
-# options into every block, so a run keeps only these and its own method's options.
-RUN_KEYS = frozenset({"method", "data", *RUN_EDGES, "train"})
-OPTIONS = {method: frozenset(facts.options) for method, facts in FACTS.items()}
 
 
 def _fill_defaults(validator_class):
@@ -49,15 +48,6 @@ def _fill_defaults(validator_class):
 
 
 DefaultFilling = _fill_defaults(jsonschema.Draft7Validator)
-
-
-def load_schema(path: str | os.PathLike) -> dict:
-    """The main schema with each `sections/<name>.yaml` beside it as top-level property <name>."""
-    path = Path(path)
-    schema = yaml.safe_load(path.read_text())
-    for section in sorted((path.parent / "sections").glob("*.yaml")):
-        schema["properties"][section.stem] = yaml.safe_load(section.read_text())
-    return schema
 
 
 def validate(config: dict, schema: dict) -> dict:
@@ -83,8 +73,9 @@ def describe(error: jsonschema.ValidationError) -> str:
     if error.validator == "additionalProperties":
         allowed = sorted(schema.get("properties", {}))
         extra = sorted(set(error.instance) - set(allowed))
-        where = f"{key}." if error.absolute_path else ""
-        return f"unknown key {where}{extra[0]}; allowed keys here: {', '.join(allowed)}"
+        in_run = len(error.absolute_path) == 2 and error.absolute_path[0] == "runs"
+        foreign = _foreign_option(key, extra[0], error.instance) if in_run else None
+        return foreign or _unknown_key(key if error.absolute_path else "", extra, allowed)
     if error.validator == "enum":
         return f"{key} = {error.instance!r} is not allowed; choose one of {schema['enum']}"
     if error.validator == "type":
@@ -99,6 +90,25 @@ def describe(error: jsonschema.ValidationError) -> str:
     if error.validator in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
         return f"{key} = {error.instance!r}: {error.message}"
     return f"{key}: {error.message}"
+
+
+def _unknown_key(where: str, extra: list[str], allowed: list[str]) -> str:
+    prefix = f"{where}." if where else ""
+    return f"unknown key {prefix}{extra[0]}; allowed keys here: {', '.join(allowed)}"
+
+
+def _foreign_option(where: str, key: str, run: dict) -> str | None:
+    """Run block `where` sets `key`, an option of other methods than its own: name them."""
+    owners = [method for method, facts in FACTS.items() if key in facts.options]
+    if not owners:
+        return None
+    method = run["method"]
+    own = ", ".join(sorted(FACTS[method].options)) or "none"
+    name = where.removeprefix("runs.")
+    return (
+        f"{where}.{key} is an option of {' / '.join(owners)} runs; run {name!r} has method "
+        f"{method!r}, whose options are: {own}"
+    )
 
 
 def check_runs(runs: dict) -> None:
@@ -384,7 +394,7 @@ def effective_run_config(config: dict, name: str, schema: dict | None = None) ->
     train = {**config.get("train", {}), **overrides}
     if schema is not None:
         _check_section(train, schema, ["runs", name, "train"])
-        _check_foreign_options(block, schema, name)
+        _check_run_block(block, schema, name)
     select = TrainConfig.from_dict(train, where=f"runs.{name}.train").select_metric
     own = FACTS[block["method"]].val_metrics if block.get("method") in FACTS else {}
     if select not in SELECT_METRICS and select not in own:
@@ -392,8 +402,7 @@ def effective_run_config(config: dict, name: str, schema: dict | None = None) ->
             f"runs.{name}.train.select_metric = {select!r}: method {block.get('method')!r} "
             f"selects on one of {sorted(SELECT_METRICS | set(own))}"
         )
-    keep = RUN_KEYS | OPTIONS.get(block.get("method"), frozenset())
-    run = {k: copy.deepcopy(v) for k, v in block.items() if k in keep and k != "train"}
+    run = {k: copy.deepcopy(v) for k, v in block.items() if k != "train"}
     return {
         "name": name,
         **run,
@@ -403,26 +412,24 @@ def effective_run_config(config: dict, name: str, schema: dict | None = None) ->
     }
 
 
-def _check_foreign_options(block: dict, schema: dict, name: str) -> None:
-    """Another method's option set away from its schema default would be silently ignored:
-    name it instead. (Defaults are filled into every block by the schema.)"""
-    options = schema["properties"]["runs"]["additionalProperties"]["properties"]
-    method = block["method"]
-    for key, value in block.items():
-        if key in RUN_KEYS or key in OPTIONS[method] or value == options[key].get("default"):
-            continue
-        owners = [m for m, keys in OPTIONS.items() if key in keys]
-        raise DistinctcapError(
-            f"runs.{name}.{key} is an option of {' / '.join(owners)} runs; run {name!r} has "
-            f"method {method!r}, whose options are: {', '.join(sorted(OPTIONS[method])) or 'none'}"
-        )
+def _check_run_block(block: dict, schema: dict, name: str) -> None:
+    """The run block holds only keys of every run and its own method's options (a block
+    edited after `validate`: an option of another method would be silently ignored)."""
+    _check_against(block, schema["properties"]["runs"]["additionalProperties"], schema,
+                   ["runs", name])  # fmt: skip
 
 
 def _check_section(values: dict, schema: dict, path: list[str]) -> None:
     """Validate `values` against the section of `schema` at `path` (run blocks use the
     top-level section of their last key), with the error naming the full dotted key."""
-    section = {**schema["properties"][path[-1]], "definitions": schema.get("definitions", {})}
-    errors = sorted(jsonschema.Draft7Validator(section).iter_errors(values), key=str)
+    _check_against(values, schema["properties"][path[-1]], schema, path)
+
+
+def _check_against(values: dict, part: dict, schema: dict, path: list[str]) -> None:
+    """Validate `values` against `part` of `schema`, the error naming the dotted key from
+    `path` on."""
+    part = {**part, "definitions": schema.get("definitions", {})}
+    errors = sorted(jsonschema.Draft7Validator(part).iter_errors(values), key=str)
     if errors:
         errors[0].path.extendleft(reversed(path))
         raise DistinctcapError(describe(errors[0]))

@@ -147,6 +147,40 @@ def test_a_run_gets_the_defaults_of_its_own_method_only():
 # --- One owner per fact: the schema for keys, defaults and allowed values -------------------
 
 
+def test_the_train_and_evaluate_settings_are_the_schemas_keys_with_its_defaults():
+    from distinctcap.core.config import EvalSettings, TrainConfig
+
+    train = SCHEMA["properties"]["train"]["properties"]
+    defaults = {f.name: getattr(TrainConfig(), f.name) for f in dataclasses.fields(TrainConfig)}
+    assert list(defaults) == list(train)
+    assert defaults == {**{k: v["default"] for k, v in train.items()}, "betas": (0.9, 0.98)}
+    evaluate = SCHEMA["properties"]["evaluate"]["properties"]
+    settings = dataclasses.asdict(EvalSettings())
+    metric_keys = [k for k in evaluate if not k.startswith("gallery_")]  # the report's
+    assert sorted(settings) == sorted([*metric_keys, "seed", "device"])
+    assert all(settings[k] == evaluate[k]["default"] for k in metric_keys)
+    assert EvalSettings().oracle_ns is not EvalSettings().oracle_ns  # a list per instance
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ({"schedule": "step"}, "train.schedule = 'step' is not allowed; choose one of "
+                               "['linear', 'cosine', 'constant']"),
+        ({"precision": "fp8"}, "train.precision = 'fp8' is not allowed; choose one of "
+                               "['auto', 'fp32', 'bf16', 'fp16']"),
+        ({"steps": 0}, "train.steps = 0: 0 is less than the minimum of 1"),
+        ({"betas": (0.9, 1.0)}, "train.betas.1 = 1.0: 1.0 is greater than or equal to"),
+    ],
+)
+def test_train_config_is_checked_against_the_schema(values, expected):
+    from distinctcap.core.config import TrainConfig
+
+    with pytest.raises(DistinctcapError) as info:
+        TrainConfig(**values)
+    assert expected in str(info.value)
+
+
 def test_each_method_has_a_schema_of_its_options_with_defaults_and_descriptions():
     """workflow/schemas/methods/<method>.yaml per method of the facts: the run block's `method`
     enum, and each option described, typed and with a default, which the facts read."""

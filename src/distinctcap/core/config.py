@@ -8,15 +8,17 @@ key, an unknown run method, an option of another method than the run's, a run na
 `effective_run_config(config, name, schema)` is what determines one run's result.
 
 The schema owns every default and allowed value, the methods' options included
-(workflow/schemas/methods/). What a method requires beyond its options (its edges, its option
-conflicts) is read from its facts class (distinctcap.methods.facts). Nothing here imports torch:
-the workflow calls this module while Snakemake parses it.
+(workflow/schemas/methods/). TrainConfig and EvalSettings take their defaults from it. What a
+method requires beyond its options (its edges, its option conflicts) is read from its facts
+class (distinctcap.methods.facts). Nothing here imports torch: the workflow calls this module
+while Snakemake parses it.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
@@ -26,7 +28,7 @@ import jsonschema
 import yaml
 
 from distinctcap.core.errors import DistinctcapError
-from distinctcap.core.schema import load_schema
+from distinctcap.core.schema import load_schema, repo_schema, schema_default
 from distinctcap.methods.facts import FACTS
 
 RUN_EDGES = ("init", "teacher", "reference")
@@ -291,7 +293,6 @@ def _hub_model_type(source: str, key: str) -> str:
 # ---------------------------------------------------------------------------------------------
 # The `train` section
 
-SCHEDULES = ("linear", "cosine", "constant")
 # selection metrics every method has (distinctcap.train.selection.VAL_METRICS); a method's facts add
 # its
 # own `val_metrics`
@@ -304,53 +305,52 @@ def steps_per_epoch(n_captions: int, batch_size: int, grad_accum: int = 1) -> fl
     a step). Epoch-stated schedules (train.epochs, warmup_epochs, unkt warmup_epochs) use it."""
     batch_size = max(1, min(int(batch_size), n_captions))
     return (n_captions // batch_size) / int(grad_accum)
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+
+
+def from_schema(*keys: str):
+    """A dataclass field whose default is the repository schema's default of the key at `keys`
+    (a fresh copy per instance for a list)."""
+    value = schema_default(*keys)
+    if isinstance(value, list | dict):
+        return field(default_factory=functools.partial(copy.deepcopy, value))
+    return field(default=value)
 
 
 @dataclass
 class TrainConfig:
-    """The `train` config section (schema: workflow/schemas/sections/train.yaml)."""
+    """The `train` config section: its keys' meaning, defaults and allowed values are the
+    schema's (workflow/schemas/sections/train.yaml), which every instance is checked against."""
 
-    steps: int = 1500  # optimiser steps
-    epochs: float | None = None  # passes over the training captions; set, it replaces steps
-    batch_size: int = 64  # captions per micro-batch
-    grad_accum: int = 1  # micro-batches per optimiser step
-    group_by_image: bool = True  # an image's captions together in a batch (BatchOrder)
-    lr: float = 1e-3  # peak learning rate (papers: 3e-4 for the 512-wide model)
-    warmup_steps: int = 100  # linear warm-up from 0 (papers: 3,000)
-    warmup_epochs: float | None = None  # set, it replaces warmup_steps
-    schedule: str = "linear"  # decay after warm-up: linear | cosine | constant
-    final_lr_ratio: float = 0.0  # lr at the last step as a fraction of lr
-    weight_decay: float = 0.01  # AdamW, on matrices and embeddings only
-    betas: tuple[float, float] = (0.9, 0.98)
-    grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping
-    precision: str = "auto"  # auto: bf16 (or fp16) on CUDA, fp32 on CPU
-    val_every: int = 250  # steps between validations; 0 = only at the end
-    val_captions: int = 1000  # validation captions used (a fixed seeded subset); 0 = all
-    val_batch_size: int = 256
-    select_metric: str = "val_loss"  # selection: VAL_METRICS or the objective's val_metrics
-    patience: int = 0  # validations without improvement before stopping; 0 = never stop
-    checkpoint_every: int = 250  # steps between resume checkpoints; 0 = none
-    log_every: int = 25  # steps between curve rows / progress-bar updates
-    compile: bool = False  # torch.compile the captioner's blocks (falls back with a warning)
+    steps: int = from_schema("train", "steps")
+    epochs: float | None = from_schema("train", "epochs")
+    batch_size: int = from_schema("train", "batch_size")
+    grad_accum: int = from_schema("train", "grad_accum")
+    group_by_image: bool = from_schema("train", "group_by_image")
+    lr: float = from_schema("train", "lr")
+    warmup_steps: int = from_schema("train", "warmup_steps")
+    warmup_epochs: float | None = from_schema("train", "warmup_epochs")
+    schedule: str = from_schema("train", "schedule")
+    final_lr_ratio: float = from_schema("train", "final_lr_ratio")
+    weight_decay: float = from_schema("train", "weight_decay")
+    betas: tuple[float, float] = from_schema("train", "betas")
+    grad_clip: float = from_schema("train", "grad_clip")
+    precision: str = from_schema("train", "precision")
+    val_every: int = from_schema("train", "val_every")
+    val_captions: int = from_schema("train", "val_captions")
+    val_batch_size: int = from_schema("train", "val_batch_size")
+    select_metric: str = from_schema("train", "select_metric")
+    patience: int = from_schema("train", "patience")
+    checkpoint_every: int = from_schema("train", "checkpoint_every")
+    log_every: int = from_schema("train", "log_every")
+    compile: bool = from_schema("train", "compile")
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)
-        for key in ("steps", "batch_size", "grad_accum", "log_every", "val_batch_size"):
-            if getattr(self, key) < 1:
-                raise DistinctcapError(f"train.{key} = {getattr(self, key)}: allowed >= 1")
-        if self.epochs is not None and self.epochs <= 0:
-            raise DistinctcapError(f"train.epochs = {self.epochs}: allowed > 0 (or null)")
-        if self.warmup_epochs is not None and self.warmup_epochs < 0:
-            raise DistinctcapError(
-                f"train.warmup_epochs = {self.warmup_epochs}: allowed >= 0 (or null)"
-            )
-        if self.schedule not in SCHEDULES:
-            raise DistinctcapError(f"train.schedule = {self.schedule!r}: choose one of {SCHEDULES}")
-        if self.precision not in PRECISIONS:
-            raise DistinctcapError(
-                f"train.precision = {self.precision!r}: choose one of {PRECISIONS}"
-            )
+        # select_metric is checked against the run's method (effective_run_config), whose
+        # objective may compute metrics of its own
+        values = {**vars(self), "betas": list(self.betas)}
+        del values["select_metric"]
+        _check_section(values, repo_schema(), ["train"])
 
     def in_steps(self, n_captions: int) -> TrainConfig:
         """This config with `epochs` / `warmup_epochs` turned into optimiser steps for a run on
@@ -446,23 +446,24 @@ def load(config_path: str | os.PathLike, schema_path: str | os.PathLike) -> dict
 
 @dataclass
 class EvalSettings:
-    """The `evaluate:` config block (workflow/schemas/sections/evaluate.yaml)."""
+    """The metric keys of the `evaluate:` config block, with the schema's defaults
+    (workflow/schemas/sections/evaluate.yaml), plus the config's seed and the device."""
 
-    oracle_ns: list[int] = field(default_factory=lambda: [20])
-    curve_ns: list[int] = field(default_factory=lambda: [1, 2, 5, 10, 20])
-    best_of: int = 5
-    consensus_neighbours: int = 5
-    retrieval_ks: list[int] = field(default_factory=lambda: [1, 5, 10])
-    hard_pool: int = 0
-    gpt2_path: str | None = None
-    spice: bool = True
-    meteor_memory: str = "2G"
-    self_retrieval_pool: int = 100
-    self_retrieval_ks: list[int] = field(default_factory=lambda: [1, 5, 10])
-    self_retrieval_of_samples: bool = False
-    seed: int = 0
-    batch_size: int = 256
-    device: str = "cpu"
+    oracle_ns: list[int] = from_schema("evaluate", "oracle_ns")
+    curve_ns: list[int] = from_schema("evaluate", "curve_ns")
+    best_of: int = from_schema("evaluate", "best_of")
+    consensus_neighbours: int = from_schema("evaluate", "consensus_neighbours")
+    retrieval_ks: list[int] = from_schema("evaluate", "retrieval_ks")
+    hard_pool: int = from_schema("evaluate", "hard_pool")
+    gpt2_path: str | None = from_schema("evaluate", "gpt2_path")
+    spice: bool = from_schema("evaluate", "spice")
+    meteor_memory: str = from_schema("evaluate", "meteor_memory")
+    self_retrieval_pool: int = from_schema("evaluate", "self_retrieval_pool")
+    self_retrieval_ks: list[int] = from_schema("evaluate", "self_retrieval_ks")
+    self_retrieval_of_samples: bool = from_schema("evaluate", "self_retrieval_of_samples")
+    seed: int = from_schema("seed")
+    batch_size: int = from_schema("evaluate", "batch_size")
+    device: str = "cpu"  # a resolved device (the config's `device` may say auto)
 
     @classmethod
     def from_config(cls, block: dict, **extra: object) -> EvalSettings:

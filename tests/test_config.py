@@ -71,6 +71,24 @@ def test_valid_runs_pass_and_get_defaults():
             "runs.u.token_reduction = 'max' is not allowed; choose one of ['mean', 'sum']",
         ),
         ({}, "runs is empty; define at least one entry"),
+        (
+            {"runs": {"m": {"method": "mle", "lambda_value": 0.3}}},
+            "runs.m.lambda_value is an option of unkt runs; run 'm' has method 'mle', whose "
+            "options are: none",
+        ),
+        (  # at its default too: the run's method never reads it
+            {"runs": {**RUNS, "u": {"method": "unkt", "teacher": "teacher_neg",
+                                    "mle_weight": 0.0}}},
+            "runs.u.mle_weight is an option of smile / specificity runs; run 'u' has method "
+            "'unkt', whose options are: attention, exclude_gold, ",
+        ),
+        (
+            {"runs": {"r": {"method": "mle"}, "c": {"method": "cl", "init": "r",
+                                                    "reference": "r", "negativs": 3}}},
+            "unknown key runs.c.negativs; allowed keys here: constraints, data, init, method, "
+            "negatives, nu, nu_in_sigmoid, reference, replace_reference_every, teacher, train",
+        ),
+        ({"runs": {"x": {"data": "D-"}}}, "runs.x: 'method' is a required property"),
     ],
 )
 def test_config_errors_name_the_key(config, expected):
@@ -115,30 +133,74 @@ def _merge(base: dict, extra: dict) -> dict:
     return out
 
 
-# --- One home per method: its facts class (distinctcap.methods.facts) ----------------------
+def test_a_run_gets_the_defaults_of_its_own_method_only():
+    config = validate({"runs": {**RUNS, "c": {"method": "cl", "init": "reference",
+                                              "reference": "reference", "nu": 2.0}}}, SCHEMA)
+    runs = config["runs"]
+    assert set(runs["reference"]) == {"method", "data", "train"}
+    assert runs["c"] == {"method": "cl", "init": "reference", "reference": "reference", "nu": 2.0,
+                         "data": "all", "train": {}, "negatives": 5, "nu_in_sigmoid": True,
+                         "constraints": "both", "replace_reference_every": 0}  # fmt: skip
+    assert list(runs["unkt"])[-2:] == ["token_reduction", "top_k"]  # the schema's order
 
 
-def test_schema_run_options_and_defaults_agree_with_the_method_facts():
-    """runs.yaml cannot name a method fact in code, so this is its link to the facts: every
-    method's options are properties of a run block with the facts' defaults, the `method`
-    enum lists the methods, and no other property is there."""
-    from distinctcap.core.config import RUN_KEYS
+# --- One owner per fact: the schema for keys, defaults and allowed values -------------------
+
+
+def test_the_train_and_evaluate_settings_are_the_schemas_keys_with_its_defaults():
+    from distinctcap.core.config import EvalSettings, TrainConfig
+
+    train = SCHEMA["properties"]["train"]["properties"]
+    defaults = {f.name: getattr(TrainConfig(), f.name) for f in dataclasses.fields(TrainConfig)}
+    assert list(defaults) == list(train)
+    assert defaults == {**{k: v["default"] for k, v in train.items()}, "betas": (0.9, 0.98)}
+    evaluate = SCHEMA["properties"]["evaluate"]["properties"]
+    settings = dataclasses.asdict(EvalSettings())
+    metric_keys = [k for k in evaluate if not k.startswith("gallery_")]  # the report's
+    assert sorted(settings) == sorted([*metric_keys, "seed", "device"])
+    assert all(settings[k] == evaluate[k]["default"] for k in metric_keys)
+    assert EvalSettings().oracle_ns is not EvalSettings().oracle_ns  # a list per instance
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ({"schedule": "step"}, "train.schedule = 'step' is not allowed; choose one of "
+                               "['linear', 'cosine', 'constant']"),
+        ({"precision": "fp8"}, "train.precision = 'fp8' is not allowed; choose one of "
+                               "['auto', 'fp32', 'bf16', 'fp16']"),
+        ({"steps": 0}, "train.steps = 0: 0 is less than the minimum of 1"),
+        ({"betas": (0.9, 1.0)}, "train.betas.1 = 1.0: 1.0 is greater than or equal to"),
+    ],
+)
+def test_train_config_is_checked_against_the_schema(values, expected):
+    from distinctcap.core.config import TrainConfig
+
+    with pytest.raises(DistinctcapError) as info:
+        TrainConfig(**values)
+    assert expected in str(info.value)
+
+
+def test_each_method_has_a_schema_of_its_options_with_defaults_and_descriptions():
+    """workflow/schemas/methods/<method>.yaml per method of the facts: the run block's `method`
+    enum, and each option described, typed and with a default, which the facts read."""
     from distinctcap.methods.facts import FACTS
 
-    block = SCHEMA["properties"]["runs"]["additionalProperties"]["properties"]
-    assert block["method"]["enum"] == list(FACTS)
-    declared = {}
-    for method, facts in FACTS.items():
-        for option, default in facts.options.items():
-            assert option in block, f"{method} option {option} is missing from runs.yaml"
-            schema_default = block[option].get("default", "<no default>")
-            assert schema_default == default and type(schema_default) in (
-                type(default),
-                *((int, float) if isinstance(default, int | float) else ()),
-            ), f"runs.yaml {option} default {schema_default!r}, {method} facts say {default!r}"
-            declared.setdefault(option, default)
-            assert declared[option] == default, f"{option}: two methods, two defaults"
-    assert set(block) == RUN_KEYS | set(declared)
+    methods = sorted(p.stem for p in (ROOT / "workflow" / "schemas" / "methods").glob("*.yaml"))
+    block = SCHEMA["properties"]["runs"]["additionalProperties"]
+    assert sorted(FACTS) == methods == sorted(block["properties"]["method"]["enum"])
+    for branch in block["allOf"]:
+        method = branch["if"]["properties"]["method"]["const"]
+        options = {k: v for k, v in branch["then"]["properties"].items()
+                   if k not in block["properties"]}  # fmt: skip
+        assert list(options) == list(FACTS[method].options), method
+        for option, schema in options.items():
+            assert {"default", "description"} <= set(schema), f"{method} {option}"
+            assert {"type", "enum"} & set(schema), f"{method} {option}"
+            assert FACTS[method].options[option] == schema["default"]
+
+
+# --- One home per method: its facts class (distinctcap.methods.facts) ----------------------
 
 
 def test_each_method_declares_its_facts_once():
@@ -266,9 +328,10 @@ def test_token_reduction_and_top_k_defaults_leave_the_default_runs_as_they_were(
 
     new = {"token_reduction": "mean", "top_k": None}
     before = copy.deepcopy(SCHEMA)
-    block = before["properties"]["runs"]["additionalProperties"]["properties"]
+    branches = before["properties"]["runs"]["additionalProperties"]["allOf"]
+    unkt = next(b for b in branches if b["if"]["properties"]["method"]["const"] == "unkt")
     for key in new:
-        del block[key]
+        del unkt["then"]["properties"][key]
     raw = yaml.safe_load((ROOT / "config.yaml").read_text())
     now_cfg, before_cfg = validate(raw, SCHEMA), validate(raw, before)
     assert any(r["method"] == "unkt" for r in now_cfg["runs"].values())

@@ -1,20 +1,24 @@
 """Config validation: JSON schema with defaults, then the run graph (ARCHITECTURE.md, "Runs are
 data"), and each run's effective config.
 
-`validate(config, schema_path)` fills defaults from the schema and raises one DistinctcapError
-that names the key and what is allowed: a wrong type, an unknown key, an unknown run method,
-a run naming a missing `init`/`teacher`/`reference`, or a cycle among runs.
+`validate(config, schema)` fills defaults from the schema (distinctcap.core.schema.load_schema)
+and raises one DistinctcapError that names the key and what is allowed: a wrong type, an unknown
+key, an unknown run method, an option of another method than the run's, a run naming a missing
+`init`/`teacher`/`reference`, or a cycle among runs.
 `effective_run_config(config, name, schema)` is what determines one run's result.
 
-What a method requires (its edges, its options) is read from its facts class
-(distinctcap.methods.facts). Nothing here imports torch: the workflow calls this module while
-Snakemake parses it.
+The schema owns every default and allowed value, the methods' options included
+(workflow/schemas/methods/). TrainConfig and EvalSettings take their defaults from it. What a
+method requires beyond its options (its edges, its option conflicts) is read from its facts
+class (distinctcap.methods.facts). Nothing here imports torch: the workflow calls this module
+while Snakemake parses it.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
@@ -24,15 +28,13 @@ import jsonschema
 import yaml
 
 from distinctcap.core.errors import DistinctcapError
+from distinctcap.core.schema import SCHEMA_PATH, repo_schema, schema_default
+from distinctcap.core.schema import load_schema as merged_schema
 from distinctcap.methods.facts import FACTS
 from distinctcap.train.select_metrics import all_select_metrics, select_metrics_of
 
 RUN_EDGES = ("init", "teacher", "reference")
 REQUIRED_EDGES = {method: facts.edges for method, facts in FACTS.items()}
-# Keys every run block may carry; the schema (sections/runs.yaml) fills every method's
-# options into every block, so a run keeps only these and its own method's options.
-RUN_KEYS = frozenset({"method", "data", *RUN_EDGES, "train"})
-OPTIONS = {method: frozenset(facts.options) for method, facts in FACTS.items()}
 
 
 def _fill_defaults(validator_class):
@@ -52,14 +54,12 @@ def _fill_defaults(validator_class):
 DefaultFilling = _fill_defaults(jsonschema.Draft7Validator)
 
 
-def load_schema(path: str | os.PathLike) -> dict:
-    """The main schema with each `sections/<name>.yaml` beside it as top-level property <name>."""
-    path = Path(path)
-    schema = yaml.safe_load(path.read_text())
-    for section in sorted((path.parent / "sections").glob("*.yaml")):
-        schema["properties"][section.stem] = yaml.safe_load(section.read_text())
+def load_schema(path: str | os.PathLike = SCHEMA_PATH) -> dict:
+    """The merged schema (distinctcap.core.schema), with the allowed `train.select_metric`
+    names from the selection registry (distinctcap.train.select_metrics), their one owner."""
+    schema = merged_schema(path)
     select = schema["properties"]["train"]["properties"]["select_metric"]
-    select["enum"] = all_select_metrics()  # owned by distinctcap.train.select_metrics
+    select["enum"] = all_select_metrics()
     return schema
 
 
@@ -86,8 +86,9 @@ def describe(error: jsonschema.ValidationError) -> str:
     if error.validator == "additionalProperties":
         allowed = sorted(schema.get("properties", {}))
         extra = sorted(set(error.instance) - set(allowed))
-        where = f"{key}." if error.absolute_path else ""
-        return f"unknown key {where}{extra[0]}; allowed keys here: {', '.join(allowed)}"
+        in_run = len(error.absolute_path) == 2 and error.absolute_path[0] == "runs"
+        foreign = _foreign_option(key, extra[0], error.instance) if in_run else None
+        return foreign or _unknown_key(key if error.absolute_path else "", extra, allowed)
     if error.validator == "enum":
         return f"{key} = {error.instance!r} is not allowed; choose one of {schema['enum']}"
     if error.validator == "type":
@@ -102,6 +103,25 @@ def describe(error: jsonschema.ValidationError) -> str:
     if error.validator in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
         return f"{key} = {error.instance!r}: {error.message}"
     return f"{key}: {error.message}"
+
+
+def _unknown_key(where: str, extra: list[str], allowed: list[str]) -> str:
+    prefix = f"{where}." if where else ""
+    return f"unknown key {prefix}{extra[0]}; allowed keys here: {', '.join(allowed)}"
+
+
+def _foreign_option(where: str, key: str, run: dict) -> str | None:
+    """Run block `where` sets `key`, an option of other methods than its own: name them."""
+    owners = [method for method, facts in FACTS.items() if key in facts.options]
+    if not owners:
+        return None
+    method = run["method"]
+    own = ", ".join(sorted(FACTS[method].options)) or "none"
+    name = where.removeprefix("runs.")
+    return (
+        f"{where}.{key} is an option of {' / '.join(owners)} runs; run {name!r} has method "
+        f"{method!r}, whose options are: {own}"
+    )
 
 
 def check_runs(runs: dict) -> None:
@@ -284,62 +304,58 @@ def _hub_model_type(source: str, key: str) -> str:
 # ---------------------------------------------------------------------------------------------
 # The `train` section
 
-SCHEDULES = ("linear", "cosine", "constant")
-
-
 def steps_per_epoch(n_captions: int, batch_size: int, grad_accum: int = 1) -> float:
     """Optimiser steps per pass over `n_captions` training captions, as the trainer counts them
     (data/batches.py BatchOrder drops the last incomplete micro-batch; grad_accum micro-batches
     a step). Epoch-stated schedules (train.epochs, warmup_epochs, unkt warmup_epochs) use it."""
     batch_size = max(1, min(int(batch_size), n_captions))
     return (n_captions // batch_size) / int(grad_accum)
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+
+
+def from_schema(*keys: str):
+    """A dataclass field whose default is the repository schema's default of the key at `keys`
+    (a fresh copy per instance for a list)."""
+    value = schema_default(*keys)
+    if isinstance(value, list | dict):
+        return field(default_factory=functools.partial(copy.deepcopy, value))
+    return field(default=value)
 
 
 @dataclass
 class TrainConfig:
-    """The `train` config section (schema: workflow/schemas/sections/train.yaml)."""
+    """The `train` config section: its keys' meaning, defaults and allowed values are the
+    schema's (workflow/schemas/sections/train.yaml), which every instance is checked against."""
 
-    steps: int = 1500  # optimiser steps
-    epochs: float | None = None  # passes over the training captions; set, it replaces steps
-    batch_size: int = 64  # captions per micro-batch
-    grad_accum: int = 1  # micro-batches per optimiser step
-    group_by_image: bool = True  # an image's captions together in a batch (BatchOrder)
-    lr: float = 1e-3  # peak learning rate (papers: 3e-4 for the 512-wide model)
-    warmup_steps: int = 100  # linear warm-up from 0 (papers: 3,000)
-    warmup_epochs: float | None = None  # set, it replaces warmup_steps
-    schedule: str = "linear"  # decay after warm-up: linear | cosine | constant
-    final_lr_ratio: float = 0.0  # lr at the last step as a fraction of lr
-    weight_decay: float = 0.01  # AdamW, on matrices and embeddings only
-    betas: tuple[float, float] = (0.9, 0.98)
-    grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping
-    precision: str = "auto"  # auto: bf16 (or fp16) on CUDA, fp32 on CPU
-    val_every: int = 250  # steps between validations; 0 = only at the end
-    val_captions: int = 1000  # validation captions used (a fixed seeded subset); 0 = all
-    val_batch_size: int = 256
-    select_metric: str = "val_loss"  # selection: distinctcap.train.select_metrics
-    patience: int = 0  # validations without improvement before stopping; 0 = never stop
-    checkpoint_every: int = 250  # steps between resume checkpoints; 0 = none
-    log_every: int = 25  # steps between curve rows / progress-bar updates
-    compile: bool = False  # torch.compile the captioner's blocks (falls back with a warning)
+    steps: int = from_schema("train", "steps")
+    epochs: float | None = from_schema("train", "epochs")
+    batch_size: int = from_schema("train", "batch_size")
+    grad_accum: int = from_schema("train", "grad_accum")
+    group_by_image: bool = from_schema("train", "group_by_image")
+    lr: float = from_schema("train", "lr")
+    warmup_steps: int = from_schema("train", "warmup_steps")
+    warmup_epochs: float | None = from_schema("train", "warmup_epochs")
+    schedule: str = from_schema("train", "schedule")
+    final_lr_ratio: float = from_schema("train", "final_lr_ratio")
+    weight_decay: float = from_schema("train", "weight_decay")
+    betas: tuple[float, float] = from_schema("train", "betas")
+    grad_clip: float = from_schema("train", "grad_clip")
+    precision: str = from_schema("train", "precision")
+    val_every: int = from_schema("train", "val_every")
+    val_captions: int = from_schema("train", "val_captions")
+    val_batch_size: int = from_schema("train", "val_batch_size")
+    select_metric: str = from_schema("train", "select_metric")
+    patience: int = from_schema("train", "patience")
+    checkpoint_every: int = from_schema("train", "checkpoint_every")
+    log_every: int = from_schema("train", "log_every")
+    compile: bool = from_schema("train", "compile")
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)
-        for key in ("steps", "batch_size", "grad_accum", "log_every", "val_batch_size"):
-            if getattr(self, key) < 1:
-                raise DistinctcapError(f"train.{key} = {getattr(self, key)}: allowed >= 1")
-        if self.epochs is not None and self.epochs <= 0:
-            raise DistinctcapError(f"train.epochs = {self.epochs}: allowed > 0 (or null)")
-        if self.warmup_epochs is not None and self.warmup_epochs < 0:
-            raise DistinctcapError(
-                f"train.warmup_epochs = {self.warmup_epochs}: allowed >= 0 (or null)"
-            )
-        if self.schedule not in SCHEDULES:
-            raise DistinctcapError(f"train.schedule = {self.schedule!r}: choose one of {SCHEDULES}")
-        if self.precision not in PRECISIONS:
-            raise DistinctcapError(
-                f"train.precision = {self.precision!r}: choose one of {PRECISIONS}"
-            )
+        # select_metric is checked against the run's method (effective_run_config), whose
+        # objective may compute metrics of its own
+        values = {**vars(self), "betas": list(self.betas)}
+        del values["select_metric"]
+        _check_section(values, repo_schema(), ["train"])
 
     def in_steps(self, n_captions: int) -> TrainConfig:
         """This config with `epochs` / `warmup_epochs` turned into optimiser steps for a run on
@@ -383,7 +399,7 @@ def effective_run_config(config: dict, name: str, schema: dict | None = None) ->
     train = {**config.get("train", {}), **overrides}
     if schema is not None:
         _check_section(train, schema, ["runs", name, "train"])
-        _check_foreign_options(block, schema, name)
+        _check_run_block(block, schema, name)
     select = TrainConfig.from_dict(train, where=f"runs.{name}.train").select_metric
     allowed = select_metrics_of(block.get("method"))
     if select not in allowed:
@@ -391,8 +407,7 @@ def effective_run_config(config: dict, name: str, schema: dict | None = None) ->
             f"runs.{name}.train.select_metric = {select!r}: method {block.get('method')!r} "
             f"selects on one of {sorted(allowed)}"
         )
-    keep = RUN_KEYS | OPTIONS.get(block.get("method"), frozenset())
-    run = {k: copy.deepcopy(v) for k, v in block.items() if k in keep and k != "train"}
+    run = {k: copy.deepcopy(v) for k, v in block.items() if k != "train"}
     return {
         "name": name,
         **run,
@@ -402,26 +417,24 @@ def effective_run_config(config: dict, name: str, schema: dict | None = None) ->
     }
 
 
-def _check_foreign_options(block: dict, schema: dict, name: str) -> None:
-    """Another method's option set away from its schema default would be silently ignored:
-    name it instead. (Defaults are filled into every block by the schema.)"""
-    options = schema["properties"]["runs"]["additionalProperties"]["properties"]
-    method = block["method"]
-    for key, value in block.items():
-        if key in RUN_KEYS or key in OPTIONS[method] or value == options[key].get("default"):
-            continue
-        owners = [m for m, keys in OPTIONS.items() if key in keys]
-        raise DistinctcapError(
-            f"runs.{name}.{key} is an option of {' / '.join(owners)} runs; run {name!r} has "
-            f"method {method!r}, whose options are: {', '.join(sorted(OPTIONS[method])) or 'none'}"
-        )
+def _check_run_block(block: dict, schema: dict, name: str) -> None:
+    """The run block holds only keys of every run and its own method's options (a block
+    edited after `validate`: an option of another method would be silently ignored)."""
+    _check_against(block, schema["properties"]["runs"]["additionalProperties"], schema,
+                   ["runs", name])  # fmt: skip
 
 
 def _check_section(values: dict, schema: dict, path: list[str]) -> None:
     """Validate `values` against the section of `schema` at `path` (run blocks use the
     top-level section of their last key), with the error naming the full dotted key."""
-    section = {**schema["properties"][path[-1]], "definitions": schema.get("definitions", {})}
-    errors = sorted(jsonschema.Draft7Validator(section).iter_errors(values), key=str)
+    _check_against(values, schema["properties"][path[-1]], schema, path)
+
+
+def _check_against(values: dict, part: dict, schema: dict, path: list[str]) -> None:
+    """Validate `values` against `part` of `schema`, the error naming the dotted key from
+    `path` on."""
+    part = {**part, "definitions": schema.get("definitions", {})}
+    errors = sorted(jsonschema.Draft7Validator(part).iter_errors(values), key=str)
     if errors:
         errors[0].path.extendleft(reversed(path))
         raise DistinctcapError(describe(errors[0]))
@@ -438,23 +451,24 @@ def load(config_path: str | os.PathLike, schema_path: str | os.PathLike) -> dict
 
 @dataclass
 class EvalSettings:
-    """The `evaluate:` config block (workflow/schemas/sections/evaluate.yaml)."""
+    """The metric keys of the `evaluate:` config block, with the schema's defaults
+    (workflow/schemas/sections/evaluate.yaml), plus the config's seed and the device."""
 
-    oracle_ns: list[int] = field(default_factory=lambda: [20])
-    curve_ns: list[int] = field(default_factory=lambda: [1, 2, 5, 10, 20])
-    best_of: int = 5
-    consensus_neighbours: int = 5
-    retrieval_ks: list[int] = field(default_factory=lambda: [1, 5, 10])
-    hard_pool: int = 0
-    gpt2_path: str | None = None
-    spice: bool = True
-    meteor_memory: str = "2G"
-    self_retrieval_pool: int = 100
-    self_retrieval_ks: list[int] = field(default_factory=lambda: [1, 5, 10])
-    self_retrieval_of_samples: bool = False
-    seed: int = 0
-    batch_size: int = 256
-    device: str = "cpu"
+    oracle_ns: list[int] = from_schema("evaluate", "oracle_ns")
+    curve_ns: list[int] = from_schema("evaluate", "curve_ns")
+    best_of: int = from_schema("evaluate", "best_of")
+    consensus_neighbours: int = from_schema("evaluate", "consensus_neighbours")
+    retrieval_ks: list[int] = from_schema("evaluate", "retrieval_ks")
+    hard_pool: int = from_schema("evaluate", "hard_pool")
+    gpt2_path: str | None = from_schema("evaluate", "gpt2_path")
+    spice: bool = from_schema("evaluate", "spice")
+    meteor_memory: str = from_schema("evaluate", "meteor_memory")
+    self_retrieval_pool: int = from_schema("evaluate", "self_retrieval_pool")
+    self_retrieval_ks: list[int] = from_schema("evaluate", "self_retrieval_ks")
+    self_retrieval_of_samples: bool = from_schema("evaluate", "self_retrieval_of_samples")
+    seed: int = from_schema("seed")
+    batch_size: int = from_schema("evaluate", "batch_size")
+    device: str = "cpu"  # a resolved device (the config's `device` may say auto)
 
     @classmethod
     def from_config(cls, block: dict, **extra: object) -> EvalSettings:

@@ -1,8 +1,10 @@
 """What each training method is, in one place per method, readable without torch.
 
 Each class here declares one method's facts (the attributes of distinctcap.methods.base.
-Objective: required run edges, options with their defaults, frozen runs the trainer loads,
-what the loss averages over, its own selection metrics, and the extra inputs a run needs).
+Objective: required run edges, frozen runs the trainer loads, what the loss averages over, its
+own selection metrics, and the extra inputs a run needs). Its options with their defaults,
+types and meaning are the schema's, workflow/schemas/methods/<method>.yaml, which also refuses
+in a run block any option of another method.
 The method's module subclasses it with the loss, e.g. `class UNKT(facts.UNKT)` in
 distinctcap.methods.unkt, and declares none of these attributes itself (tests/test_config.py).
 
@@ -15,11 +17,14 @@ distinctcap.methods.METHODS to the trainable subclass.
 
 from __future__ import annotations
 
+from distinctcap.core.schema import method_options
 from distinctcap.methods.base import Objective
 
 
 class MLE(Objective):
     """Maximum likelihood (UNKT eq. 1): the reference of every other method."""
+
+    options = method_options("mle")
 
 
 class UNKT(Objective):
@@ -27,21 +32,7 @@ class UNKT(Objective):
 
     edges = ("teacher",)
     needs = ("teacher",)
-    options = {
-        "w_pred": 1.0,  # weight of L_pred in eq. 9 (0: Table 3 "w/o L_pred")
-        "w_hid": 1.0,  # weight of sum_l L_hid^l (0: "w/o L_hid")
-        "w_att": 1.0,  # weight of sum_l L_att^l (0: "w/o L_att")
-        "attention": "both",  # decoder attention maps in L_att: self | cross | both
-        "targets": "soft",  # prediction-layer targets: soft | hard | random (Table 6)
-        "lambda_schedule": "progressive",  # progressive (§3.3, eq. 10) | fixed (Table 8)
-        "lambda_value": 0.5,  # lam of the fixed schedule
-        "warmup_epochs": 5.0,  # progressive warm-up (paper: 5 epochs)
-        "warmup_steps": None,  # progressive warm-up in optimiser steps; overrides epochs
-        "temperature": 1.0,  # t in p = softmax(logits / t), eq. 5 (paper: 1)
-        "exclude_gold": False,  # L_pred without the gold token's teacher mass (not in UNKT)
-        "token_reduction": "mean",  # L_mle, L_pred: mean over tokens | sum per caption (eq. 9)
-        "top_k": None,  # L_pred over the teacher's k most probable tokens (None: all, eq. 5)
-    }
+    options = method_options("unkt")
 
     @classmethod
     def extra_inputs(cls, run: dict) -> dict[str, str | float | None]:
@@ -67,13 +58,7 @@ class CL(Objective):
 
     edges = ("init", "reference")
     needs = ("reference",)
-    options = {
-        "negatives": 5,  # K captions of other images per caption (§4.2)
-        "nu": 1.0,  # nu of r_nu(G) = 1 / (1 + nu exp(-G)), eq. 3 and 8
-        "nu_in_sigmoid": True,  # false: h = sigmoid(G), as the authors' Lua code
-        "constraints": "both",  # both (CL) | positive (CL(P)) | negative (CL(N)), Table 4
-        "replace_reference_every": 0,  # N > 0: copy the target into the reference (§4.3)
-    }
+    options = method_options("cl")
     mean_over = "captions"  # eq. 10 averages over captions: multi-GPU shards weigh by count
 
 
@@ -81,11 +66,7 @@ class SMILE(Objective):
     """Semipermeable MLE (Yue et al. 2023, §2.2, eq. 2-4) from an initial MLE run."""
 
     edges = ("init",)
-    options = {
-        "subset": "smile",  # smile (V_D) | random | reverse: the ablations of §3.4 / Fig. 4a
-        "first_token_mle": True,  # the first position uses the full vocabulary (§3.3)
-        "mle_weight": 0.0,  # lambda of eq. 4, L = lambda L_MLE + (1 - lambda) L_SMILE
-    }
+    options = method_options("smile")
     # §3.3: checkpoints chosen on CLIP self-retrieval on the validation set (R@1)
     val_metrics = {"clip_self_retrieval": "max"}
 
@@ -100,14 +81,7 @@ class Specificity(Objective):
     CLIP, from an initial MLE run."""
 
     edges = ("init",)
-    options = {
-        "loss": "ccos",  # eq. 2-5: dp | cos | cdp | ccos
-        "sampling": "argmax",  # argmax (the paper) | gumbel (§3.3)
-        "gumbel_temperature": 1.0,  # tau of the Gumbel softmax
-        "mle_weight": 0.0,  # lambda of L = lambda L_MLE + (1 - lambda) L_spec (0 = the paper)
-        "rank_images": 0,  # validation images for the mean rank (0 = all)
-        "contrastive_top_pct": 1,  # cdp/ccos: contrastive image among the top pct % (§3.2)
-    }
+    options = method_options("specificity")
     # eq. 5 averages over captions, so multi-GPU shards weigh by caption count (with
     # mle_weight > 0 the token-mean MLE term is then weighted by captions, a close approximation)
     mean_over = "captions"

@@ -1,0 +1,90 @@
+"""The config schema (workflow/schemas), the one owner of every config key, default and allowed
+value: the files merged into one JSON schema, and the defaults they declare, from which
+config.TrainConfig and config.EvalSettings take their field defaults and each method's facts
+(distinctcap.methods.facts) its options.
+
+Files: config.schema.yaml (top-level keys), sections/<name>.yaml (top-level section <name>),
+methods/<method>.yaml (the options of the runs with `method: <method>`). Imports no torch: the
+workflow reads it while Snakemake parses.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from types import MappingProxyType
+
+import yaml
+
+# The repository's schema (the package is installed editable from the repository: envs/*.yaml)
+SCHEMA_PATH = Path(__file__).resolve().parents[3] / "workflow" / "schemas" / "config.schema.yaml"
+# libyaml's loader where installed: ten times faster, and every Snakemake parse loads the schema
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def load_schema(path: str | os.PathLike = SCHEMA_PATH) -> dict:
+    """The main schema with each `sections/<name>.yaml` beside it as top-level property <name>,
+    and each run block closed over its own method's options (`run_block`)."""
+    path = Path(path)
+    schema = _read(path)
+    for section in sorted((path.parent / "sections").glob("*.yaml")):
+        schema["properties"][section.stem] = _read(section)
+    runs = schema["properties"]["runs"]
+    runs["additionalProperties"] = run_block(runs["additionalProperties"], _methods(path.parent))
+    return schema
+
+
+def run_block(common: dict, methods: dict[str, dict]) -> dict:
+    """The schema of a run block: the keys every run has (`common`), `method` one of `methods`,
+    then that method's options and no others. Draft 7 has no unevaluatedProperties, so each
+    method's branch lists the common keys again to close the block."""
+    block = copy.deepcopy(common)
+    block["properties"]["method"]["enum"] = list(methods)
+    block["allOf"] = [
+        {
+            "if": {"properties": {"method": {"const": name}}, "required": ["method"]},
+            "then": {
+                "description": method.get("description", ""),
+                "properties": {**block["properties"], **method["properties"]},
+                "additionalProperties": False,
+            },
+        }
+        for name, method in methods.items()
+    ]
+    return block
+
+
+@functools.cache
+def repo_schema() -> dict:
+    """The repository's merged schema, loaded once; read it, never change it."""
+    return load_schema()
+
+
+def schema_default(*keys: str) -> object:
+    """The repository schema's default of the key at `keys` (e.g. "train", "steps"); a copy."""
+    node = repo_schema()
+    for key in keys:
+        node = node["properties"][key]
+    return copy.deepcopy(node["default"])
+
+
+def method_options(method: str) -> Mapping[str, object]:
+    """The options of `method` runs with their defaults, in the schema's order."""
+    properties = _repo_methods()[method]["properties"]
+    return MappingProxyType({key: prop["default"] for key, prop in properties.items()})
+
+
+@functools.cache
+def _repo_methods() -> dict[str, dict]:
+    return _methods(SCHEMA_PATH.parent)
+
+
+def _methods(folder: Path) -> dict[str, dict]:
+    return {f.stem: _read(f) for f in sorted((folder / "methods").glob("*.yaml"))}
+
+
+def _read(path: Path) -> dict:
+    return yaml.load(path.read_text(), Loader=_LOADER)

@@ -76,6 +76,7 @@ from distinctcap.train.checkpoints import (
     Checkpoints,
     fingerprint,
     rng_state,
+    run_checkpoint,
     seed_everything,
     set_rng_state,
 )
@@ -204,7 +205,7 @@ class Trainer:
         self.last_lr = self.optimizer.param_groups[0]["lr"]
         self.fingerprint = fingerprint(cfg)
         self.checkpoints = Checkpoints(
-            self.out_dir, self.fingerprint, paths, self.dist.is_main, log
+            run_checkpoint(self.out_dir), self.fingerprint, log, paths, self.dist.is_main
         )
         # On a GPU the host reads the step's numbers (loss, gradient norm, extras) and checks
         # them only at flushes (log, validation and checkpoint steps), so it never waits for

@@ -3,6 +3,7 @@ training the tiny CLIP and resuming it after a kill."""
 
 import json
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -18,21 +19,15 @@ import torch
 from PIL import Image
 
 from distinctcap.clip import train as clip_module
-from distinctcap.clip.assets import ship_weights
+from distinctcap.clip.assets import fingerprint_mismatch, ship_weights
 from distinctcap.clip.load import byte_transform, load_clip, normalize
 from distinctcap.clip.text import encode_text
-from distinctcap.clip.train import (
-    TrainSettings,
-    fingerprint_mismatch,
-    load_training,
-    lr_at,
-    retrieval_recall,
-    save_weights,
-    train_clip,
-)
+from distinctcap.clip.train import TrainSettings, retrieval_recall, save_weights, train_clip
 from distinctcap.core.devices import resolve_device
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.data import shapes
+from distinctcap.train.checkpoints import Checkpoints, Fingerprint
+from distinctcap.train.schedule import lr_at
 
 ARCH = "shapes-vit-tiny"
 ROOT = Path(__file__).resolve().parents[1]
@@ -119,10 +114,40 @@ def test_retrieval_recall_by_hand():
     assert r["chance_R@1"] == pytest.approx(1 / 3)
 
 
+def clip_lr_before(step: int, total: int, warmup: int, lr: float) -> float:
+    """CLIP's own schedule before it became train.schedule.lr_at (the reference)."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    return 0.5 * lr * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
+
+
+def trainer_factor_before(step, warmup, total, schedule, final_ratio) -> float:
+    """The captioner trainer's lr_factor before it became lr_at with peak 1 (the reference)."""
+    if step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    span = max(total - 1 - warmup, 1)
+    progress = min((step - warmup) / span, 1.0)
+    return final_ratio + (1.0 - final_ratio) * (1.0 - progress)
+
+
+@pytest.mark.parametrize(
+    "lr, steps, warmup", [(1e-3, 280, 28), (1e-3, 7, 0), (3e-4, 1000, 99), (0.07, 33, 33)]
+)
+def test_the_shared_schedule_is_both_old_schedules_bit_for_bit(lr, steps, warmup):
+    for step in range(steps + 1):
+        shared = lr_at(step, lr, warmup, steps + 1, "cosine", 0.0)  # as train_clip calls it
+        assert shared == clip_lr_before(step, steps, warmup, lr), step
+        for schedule, final in [("linear", 0.0), ("linear", 0.1), ("constant", 0.0)]:
+            factor = lr_at(step, 1.0, warmup, steps, schedule, final)  # as the trainer's LambdaLR
+            assert factor == trainer_factor_before(step, warmup, steps, schedule, final), step
+
+
 def test_lr_schedule_and_device():
-    assert lr_at(0, 100, 10, 1.0) == pytest.approx(0.1)
-    assert lr_at(10, 100, 10, 1.0) == pytest.approx(1.0)
-    assert lr_at(100, 100, 10, 1.0) == pytest.approx(0.0)
+    assert lr_at(0, 1.0, 10, 101, "cosine", 0.0) == pytest.approx(0.1)
+    assert lr_at(10, 1.0, 10, 101, "cosine", 0.0) == pytest.approx(1.0)
+    assert lr_at(100, 1.0, 10, 101, "cosine", 0.0) == pytest.approx(0.0)
     assert resolve_device("cpu").type == "cpu"
     if not torch.cuda.is_available():
         assert resolve_device("auto").type == "cpu"
@@ -234,7 +259,7 @@ def test_mismatched_clip_checkpoint_is_set_aside_not_resumed(
     checkpoint = tmp_path / "checkpoints" / f"{ARCH}.pt"
     settings = TrainSettings(**RESUME_SETTINGS)
     with monkeypatch.context() as patch:  # keep the seed-1 run's last checkpoint (epoch 2)
-        patch.setattr(clip_module, "remove_checkpoint", lambda checkpoint: None)
+        patch.setattr(Checkpoints, "drop", lambda self: None)
         train_clip(images, captions, ARCH, settings, seed=1, device="cpu", checkpoint=checkpoint)
     assert checkpoint_epoch(checkpoint) == 2
 
@@ -248,8 +273,8 @@ def test_mismatched_clip_checkpoint_is_set_aside_not_resumed(
         for r in caplog.records
         if r.name == "distinctcap.clip.train" and r.levelno == logging.WARNING
     ]
-    assert "different seed" in warning and str(checkpoint) in warning
-    aside = list(checkpoint.parent.glob(f"{ARCH}.set-aside-*.pt"))
+    assert "(seed changed)" in warning and str(checkpoint) in warning
+    aside = list(checkpoint.parent.glob("stale-*.pt"))
     assert len(aside) == 1 and checkpoint_epoch(aside[0]) == 2  # renamed, not deleted
     assert not checkpoint.exists()
     assert_same_weights(model.state_dict(), uninterrupted)  # trained from epoch 0
@@ -262,8 +287,9 @@ def test_clip_fingerprint_names_what_differs_and_unreadable_checkpoints_go_aside
     assert fingerprint_mismatch(current, current) == []
     broken = tmp_path / "clip.pt"
     broken.write_bytes(b"not a checkpoint")
-    assert load_training(broken, current) is None
-    assert not broken.exists() and len(list(tmp_path.glob("clip.set-aside-*.pt"))) == 1
+    checkpoints = Checkpoints(broken, Fingerprint(current), logging.getLogger(__name__))
+    assert checkpoints.load() is None
+    assert not broken.exists() and (tmp_path / "stale-unreadable.pt").exists()
     assert (
         "checkpoint_every"
         not in clip_module.train_fingerprint(

@@ -3,7 +3,7 @@ does not spend most of its first run training the same CLIP again.
 
 The files were produced by the pipeline itself: rule train_clip on the default config, then
 `make ship-clip` (`ship_weights`). Beside `<arch>.pt` lies `<arch>.json` with its sha256 and its
-training fingerprint (`clip.train_fingerprint`: arch, settings, seed, device and a hash of the
+training fingerprint (`clip.train.train_fingerprint`: arch, settings, seed, device and a hash of the
 loaded training data). `train_clip` takes the shipped weights only when that fingerprint equals
 the one it is about to train for, so a changed setting, seed or world retrains from scratch.
 
@@ -25,15 +25,17 @@ from distinctcap.core.io import file_sha256, read_json, write_json
 log = logging.getLogger(__name__)
 
 
-def fingerprint_mismatch(saved: dict, current: dict) -> list[str]:
-    """The fields (settings.<key> for a setting) in which two fingerprints differ."""
-    fields = [k for k in current if k != "settings" and saved.get(k) != current[k]]
-    saved_settings = saved.get("settings") or {}
-    fields += [
-        f"settings.{k}" for k, v in current["settings"].items() if saved_settings.get(k) != v
-    ]
-    return fields
+def flat_fingerprint(fingerprint: dict) -> dict:
+    """A training fingerprint's fields by name, `settings.<key>` for a setting (settings last);
+    also the stamp of a CLIP resume checkpoint, so a stale one is named field by field."""
+    fields = {k: v for k, v in fingerprint.items() if k != "settings"}
+    return fields | {f"settings.{k}": v for k, v in (fingerprint.get("settings") or {}).items()}
 
+
+def fingerprint_mismatch(saved: dict, current: dict) -> list[str]:
+    """The fields (settings.<key> for a setting) of `current` in which `saved` differs."""
+    saved_fields = flat_fingerprint(saved)
+    return [k for k, v in flat_fingerprint(current).items() if saved_fields.get(k) != v]
 
 
 def load_shipped(

@@ -1,6 +1,7 @@
 """Contrastive training of a CLIP from scratch (the shapes world's tiny one): epoch sampling,
-ClipLoss steps, resumable checkpoints, validation retrieval recall, and the shipped weights of
-the same fingerprint instead of training (distinctcap.clip.assets).
+ClipLoss steps, validation retrieval recall, and the shipped weights of the same fingerprint
+instead of training (distinctcap.clip.assets). The learning-rate schedule, the resume checkpoint
+and the RNG capture are the captioner trainer's (distinctcap.train.schedule and .checkpoints).
 """
 
 from __future__ import annotations
@@ -9,11 +10,10 @@ import hashlib
 import logging
 import math
 import os
-import pickle
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from functools import partial
 
 import numpy as np
 import open_clip
@@ -21,13 +21,21 @@ import pandas as pd
 import torch
 from open_clip.loss import ClipLoss
 
-from distinctcap.clip.assets import fingerprint_mismatch, load_shipped
+from distinctcap.clip.assets import flat_fingerprint, load_shipped
 from distinctcap.clip.load import byte_transform, load_images, normalize
 from distinctcap.clip.text import encode_text
 from distinctcap.core.devices import resolve_device
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import atomic_path
 from distinctcap.core.logs import expect_random_init
+from distinctcap.train.checkpoints import (
+    Checkpoints,
+    Fingerprint,
+    rng_state,
+    seed_everything,
+    set_rng_state,
+)
+from distinctcap.train.schedule import lr_at
 
 log = logging.getLogger(__name__)
 
@@ -55,13 +63,6 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
-def lr_at(step: int, total: int, warmup: int, lr: float) -> float:
-    """Linear warm-up then cosine decay to zero."""
-    if step < warmup:
-        return lr * (step + 1) / warmup
-    return 0.5 * lr * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
-
-
 def caption_index(captions: pd.DataFrame, image_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """CSR layout of captions per image: rows of `captions` sorted by image, and the offsets."""
     position = {int(i): k for k, i in enumerate(image_ids)}
@@ -79,7 +80,7 @@ def train_clip(
     arch: str,
     settings: TrainSettings,
     seed: int = 0,
-    device: str = "auto",
+    device: str | torch.device = "auto",
     checkpoint: str | os.PathLike | None = None,
     shipped: str | os.PathLike | None = None,
 ) -> tuple[torch.nn.Module, dict]:
@@ -91,15 +92,16 @@ def train_clip(
     its validation retrieval recall (`retrieval_recall`).
 
     With a `checkpoint` path, every `settings.checkpoint_every` epochs the whole training state
-    is written there; a later call with the same fingerprint (`train_fingerprint`) resumes from
-    it to the same final weights, and success removes it.
+    is written there (`Checkpoints`); a later call with the same fingerprint
+    (`train_fingerprint`) resumes from it to the same final weights, one of another is set
+    aside, and success removes it.
 
     With `shipped` (the assets/clip folder) and `settings.use_shipped`, weights shipped there
     with the same fingerprint are loaded instead of training (`clip_assets.load_shipped`);
     `metrics["weights"]` says which ("trained" or the shipped file and its sha256).
     """
-    torch.manual_seed(seed)
-    rng = np.random.default_rng(seed)
+    seed_everything(seed)
+    rng = np.random.default_rng(seed)  # epoch sampling
     dev = resolve_device(device)
     expect_random_init()  # open_clip warns that it starts from random weights: the plan here
     model, _, preprocess = open_clip.create_model_and_transforms(arch, device=dev, output_dict=True)
@@ -123,12 +125,19 @@ def train_clip(
     found = load_shipped(shipped, arch, fingerprint) if settings.use_shipped else None
     if found:
         model.load_state_dict(found[0])
-    progress = TrainProgress(epoch=settings.epochs) if found else resume_training(
-        checkpoint, fingerprint, model, opt, rng, settings.epochs
+    checkpoints = Checkpoints(checkpoint, Fingerprint(flat_fingerprint(fingerprint)), log)
+    progress = (
+        TrainProgress(epoch=settings.epochs)
+        if found
+        else resume(checkpoints, model, opt, rng, settings.epochs)
     )
     model.train()
     start = time.perf_counter() - progress.seconds
     warmup = int(settings.warmup_fraction * total)
+    # cosine decay to zero at step `total`: one step past where the trainer's schedule ends
+    lr_schedule = partial(
+        lr_at, peak=settings.lr, warmup=warmup, total=total + 1, schedule="cosine", final_ratio=0.0
+    )
     while progress.epoch < settings.epochs:
         perm = rng.permutation(n)
         pick = order[offsets[perm] + rng.integers(0, np.diff(offsets)[perm])]
@@ -137,7 +146,7 @@ def train_clip(
             rows = slice(b * bs, (b + 1) * bs)
             x = normalize(pixels[perm[rows]].to(dev, non_blocking=True), mean, std)
             t = tokens[pick[rows]].to(dev, non_blocking=True)
-            lr = lr_at(progress.step, total, warmup, settings.lr)
+            lr = lr_schedule(progress.step)
             epoch_loss += contrastive_step(model, opt, loss_fn, amp, x, t, lr)
             progress.step += 1
         progress.end_epoch(
@@ -146,8 +155,8 @@ def train_clip(
             time.perf_counter() - start,
             settings.epochs,
         )
-        if checkpoint_due(checkpoint, settings, progress.epoch):
-            save_training(checkpoint, fingerprint, model, opt, rng, progress)
+        if checkpoint_due(checkpoints.path, settings, progress.epoch):
+            checkpoints.save(training_state(model, opt, rng, progress))
     model.eval()
     metrics = evaluate_retrieval(model, images, captions, "val", to_bytes, mean, std, tokenizer)
     metrics.update(
@@ -158,7 +167,7 @@ def train_clip(
         fingerprint=fingerprint,
         weights=found[1] if found else "trained",
     )
-    remove_checkpoint(checkpoint)
+    checkpoints.drop()
     return model, metrics
 
 
@@ -242,6 +251,47 @@ def train_fingerprint(
     }
 
 
+def training_state(
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    rng: np.random.Generator,
+    progress: TrainProgress,
+) -> dict:
+    """What a resume checkpoint holds: model, optimiser, every RNG and the progress."""
+    return {
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "rng": rng_state(rng),
+        "progress": asdict(progress),
+    }
+
+
+def resume(
+    checkpoints: Checkpoints,
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    rng: np.random.Generator,
+    epochs: int,
+) -> TrainProgress:
+    """Restore model, optimiser and RNGs from a matching checkpoint and return its progress;
+    a fresh TrainProgress when there is none (or `checkpoints` set it aside)."""
+    state = checkpoints.load()
+    if state is None:
+        return TrainProgress()
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["optimizer"])
+    set_rng_state(state["rng"], rng)
+    progress = TrainProgress(**state["progress"])
+    for record in progress.history:  # the log file of this process starts empty
+        log_epoch(record, epochs, " (before resuming)")
+    log.info(
+        "resumed CLIP training at epoch %d of %d from %s",
+        progress.epoch + 1,
+        epochs,
+        checkpoints.path,
+    )
+    return progress
+
 
 def checkpoint_due(
     checkpoint: str | os.PathLike | None, settings: TrainSettings, epoch: int
@@ -249,88 +299,6 @@ def checkpoint_due(
     """After `epoch` epochs: is a checkpoint to be written? (Never after the last one.)"""
     every = settings.checkpoint_every
     return bool(checkpoint and every and epoch % every == 0 and epoch < settings.epochs)
-
-
-def save_training(
-    path: str | os.PathLike,
-    fingerprint: dict,
-    model: torch.nn.Module,
-    opt: torch.optim.Optimizer,
-    rng: np.random.Generator,
-    progress: TrainProgress,
-) -> None:
-    """Write the whole training state to `path` atomically (a kill leaves the previous one)."""
-    state = {
-        "fingerprint": fingerprint,
-        "model": model.state_dict(),
-        "optimizer": opt.state_dict(),
-        "numpy_rng": rng.bit_generator.state,
-        "torch_rng": torch.get_rng_state(),
-        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "progress": asdict(progress),
-    }
-    with atomic_path(path) as tmp:
-        torch.save(state, tmp)
-
-
-def load_training(path: Path, fingerprint: dict) -> dict | None:
-    """The checkpoint at `path` if it matches `fingerprint`; a mismatched or unreadable one is
-    renamed aside (kept for inspection) with one log line saying why."""
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as error:
-        set_aside(path, f"it cannot be read ({error})")
-        return None
-    mismatch = fingerprint_mismatch(state.get("fingerprint") or {}, fingerprint)
-    if mismatch:
-        set_aside(path, f"it is from a different {', '.join(mismatch)}")
-        return None
-    return state
-
-
-def set_aside(path: Path, why: str) -> None:
-    aside = path.with_name(f"{path.stem}.set-aside-{time.strftime('%Y%m%d-%H%M%S')}{path.suffix}")
-    os.replace(path, aside)
-    log.warning("not resuming CLIP training from %s: %s; moved it to %s", path, why, aside)
-
-
-def resume_training(
-    checkpoint: str | os.PathLike | None,
-    fingerprint: dict,
-    model: torch.nn.Module,
-    opt: torch.optim.Optimizer,
-    rng: np.random.Generator,
-    epochs: int,
-) -> TrainProgress:
-    """Restore model, optimiser and RNGs from a matching checkpoint and return its progress;
-    a fresh TrainProgress when there is none."""
-    path = Path(checkpoint) if checkpoint else None
-    state = load_training(path, fingerprint) if path and path.exists() else None
-    if state is None:
-        return TrainProgress()
-    model.load_state_dict(state["model"])
-    opt.load_state_dict(state["optimizer"])
-    rng.bit_generator.state = state["numpy_rng"]
-    torch.set_rng_state(state["torch_rng"])
-    if state["cuda_rng"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda_rng"])
-    progress = TrainProgress(**state["progress"])
-    for record in progress.history:  # the log file of this process starts empty
-        log_epoch(record, epochs, " (before resuming)")
-    log.info("resumed CLIP training at epoch %d of %d from %s", progress.epoch + 1, epochs, path)
-    return progress
-
-
-def remove_checkpoint(checkpoint: str | os.PathLike | None) -> None:
-    """Training is done: drop its checkpoint (and the folder when nothing else is in it)."""
-    if not checkpoint:
-        return
-    path = Path(checkpoint)
-    path.unlink(missing_ok=True)
-    try:
-        path.parent.rmdir()
-    except OSError:  # not empty (a set-aside checkpoint) or already gone
-        pass
 
 
 @torch.inference_mode()

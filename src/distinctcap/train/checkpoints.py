@@ -6,13 +6,14 @@ D-/D+ subset folder, the init/teacher/reference models, a method's own files suc
 the neighbours table); out_dir and device are not part of it. The trainer writes it into
 summary.json and into every checkpoint.
 
-`Checkpoints` owns `<out_dir>/checkpoints/`: it writes a checkpoint dict, stamped with the
-fingerprint, atomically as `last.pt`; reads it back only if its fingerprint is this run's, and
-otherwise sets it aside as `stale-<its hash>.pt` with one log line naming what changed; and drops
-the resume state when the run has succeeded (set-aside checkpoints stay). It knows nothing about
-models: the trainer assembles the dict and restores from it (distinctcap.train.trainer;
-ARCHITECTURE.md,
-Invariants).
+`Checkpoints` owns one resume file and its folder (a run's `<out_dir>/checkpoints/last.pt`, the
+CLIP's `results/clip/checkpoints/<arch>.pt`): it writes a checkpoint dict, stamped with the
+fingerprint, atomically; reads it back only if its fingerprint is the current one, and otherwise
+(or when it cannot be read) sets it aside as `stale-<its hash>.pt` with one log line naming what
+changed; and drops the resume state when training has succeeded (set-aside checkpoints stay). It
+knows nothing about models: the trainers assemble the dict and restore from it
+(distinctcap.train.trainer, distinctcap.clip.train; ARCHITECTURE.md, Invariants). `rng_state`
+captures every RNG a trainer draws from, for the dict.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import pickle
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -41,9 +43,10 @@ def _sha(text: str) -> str:
 
 @dataclass(frozen=True)
 class Fingerprint:
-    """Named content hashes: `config` and one per input; `hash` combines them."""
+    """Named parts; `hash` combines them. A run's are content hashes, `config` and one per input
+    (RunPaths.inputs); the CLIP's are the fields of its training fingerprint."""
 
-    parts: dict[str, str]
+    parts: dict[str, object]
 
     @property
     def hash(self) -> str:
@@ -102,34 +105,43 @@ def features_digest(index_path: str | Path) -> str:
 # The checkpoint folder
 
 
+def run_checkpoint(out_dir: Path | None) -> Path | None:
+    """Where a captioner run keeps its resume state: `<out_dir>/checkpoints/last.pt`."""
+    return out_dir / "checkpoints" / "last.pt" if out_dir else None
+
+
 class Checkpoints:
-    """`<out_dir>/checkpoints/last.pt` of one run (no path, and nothing to do, without an
-    out_dir). `paths` is the run's cfg["paths"], to name a changed input's file; only the main
-    process (`is_main`) sets a checkpoint aside; `log` is the owner's logger, which says so."""
+    """The resume checkpoint at `path`, alone in its folder but for set-aside ones (no path, and
+    nothing to do, without one). `log` is the owner's logger, which says when one is set aside;
+    `paths` (a run's RunPaths.inputs) names a changed input's file; only the main process
+    (`is_main`) sets a checkpoint aside."""
 
     def __init__(
         self,
-        out_dir: Path | None,
+        path: str | Path | None,
         fingerprint: Fingerprint,
-        paths: dict,
-        is_main: bool,
         log: logging.Logger,
+        paths: dict | None = None,
+        is_main: bool = True,
     ):
-        self.folder = out_dir / "checkpoints" if out_dir else None
-        self.fingerprint, self.paths, self.is_main, self.log = fingerprint, paths, is_main, log
-
-    @property
-    def path(self) -> Path | None:
-        return self.folder / "last.pt" if self.folder else None
+        self.path = Path(path) if path else None
+        self.folder = self.path.parent if self.path else None
+        self.fingerprint, self.log = fingerprint, log
+        self.paths, self.is_main = paths or {}, is_main
 
     def save(self, state: dict) -> None:
-        """Replace last.pt atomically with `state`, stamped with this run's fingerprint."""
+        """Replace the checkpoint atomically with `state`, stamped with this run's fingerprint."""
         with atomic_path(self.path) as tmp:
             torch.save({"fingerprint": self.fingerprint.parts, **state}, tmp)
 
     def load(self) -> dict | None:
-        """last.pt if its fingerprint is this run's; None if there is none or it was set aside."""
-        ckpt = _read_checkpoint(self.path) if self.path else None
+        """The checkpoint if its fingerprint is the current one; None if there is none or it was
+        set aside."""
+        try:
+            ckpt = _read_checkpoint(self.path) if self.path else None
+        except (RuntimeError, EOFError, pickle.UnpicklingError) as error:
+            self.set_aside("unreadable", f"it cannot be read: {error}")
+            return None
         if ckpt is None:
             return None
         reason = self.stale_reason(ckpt.get("fingerprint"))
@@ -149,7 +161,8 @@ class Checkpoints:
         return ", ".join(said) or None
 
     def set_aside(self, old: object, reason: str) -> None:
-        """Rename a checkpoint of other inputs to stale-<its hash>.pt and say why, in one line."""
+        """Rename a checkpoint of other inputs (or an unreadable one) to stale-<its hash>.pt and
+        say why, in one line."""
         if not self.is_main:
             return
         path = self.path
@@ -162,8 +175,10 @@ class Checkpoints:
         )
 
     def drop(self) -> None:
-        """Remove last.pt and temporaries of killed writes; set-aside stale-*.pt stay (the
+        """Remove the checkpoint and temporaries of killed writes; set-aside stale-*.pt stay (the
         folder goes when nothing is left)."""
+        if not self.folder or not self.folder.is_dir():
+            return
         for path in self.folder.glob("*"):
             if path.is_file() and not path.name.startswith("stale-"):
                 path.unlink()
@@ -185,17 +200,25 @@ def _show_path(value: object) -> str:
     return str(value)
 
 
-def rng_state() -> dict:
+def rng_state(generator: np.random.Generator | None = None) -> dict:
+    """The torch, CUDA, numpy and python RNG states, and `generator`'s when a trainer draws from
+    its own numpy Generator (CLIP's epoch sampling)."""
     name, keys, pos, has_gauss, gauss = np.random.get_state()
-    return {
+    state = {
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
         "numpy": [name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss],
         "python": random.getstate(),
     }
+    if generator is not None:
+        state["generator"] = generator.bit_generator.state
+    return state
 
 
-def set_rng_state(state: dict) -> None:
+def set_rng_state(state: dict, generator: np.random.Generator | None = None) -> None:
+    """Restore what `rng_state` captured (`generator` to its captured state)."""
+    if generator is not None:
+        generator.bit_generator.state = state["generator"]
     torch.set_rng_state(state["torch"])
     if state["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])

@@ -10,21 +10,32 @@ from distinctcap.core.config import TrainConfig
 from distinctcap.core.errors import DistinctcapError
 
 
-def lr_factor(step: int, warmup: int, total: int, schedule: str, final_ratio: float) -> float:
-    """Multiplier of the peak lr before optimiser step `step` (0-based): linear warm-up from
-    1/warmup to 1 over `warmup` steps, then linear or cosine decay to `final_ratio` at the last
-    step (total - 1), or constant."""
+def lr_at(
+    step: int, peak: float, warmup: int, total: int, schedule: str, final_ratio: float
+) -> float:
+    """The lr before optimiser step `step` (0-based): linear warm-up from peak/warmup to `peak`
+    over `warmup` steps, then linear or cosine decay to `final_ratio * peak` at step total - 1,
+    or constant. Both trainers use it: the captioner's through LambdaLR with peak 1
+    (`lr_factor`), CLIP's per step with its peak lr and final_ratio 0.
+
+    The cosine argument is pi * steps / span, in that order, as CLIP training always computed
+    it; captioner runs on the cosine schedule (before: pi * (steps / span)) moved in the last
+    bit of some lrs when the two schedules became this one."""
     if step < warmup:
-        return (step + 1) / warmup
+        return peak * (step + 1) / warmup
     if schedule == "constant":
-        return 1.0
+        return peak
     span = max(total - 1 - warmup, 1)
-    progress = min((step - warmup) / span, 1.0)
     if schedule == "linear":
-        decay = 1.0 - progress
+        decay = 1.0 - min((step - warmup) / span, 1.0)
     else:
-        decay = 0.5 * (1.0 + math.cos(math.pi * progress))
-    return final_ratio + (1.0 - final_ratio) * decay
+        decay = 0.5 * (1.0 + math.cos(math.pi * min(step - warmup, span) / span))
+    return (final_ratio + (1.0 - final_ratio) * decay) * peak
+
+
+def lr_factor(step: int, warmup: int, total: int, schedule: str, final_ratio: float) -> float:
+    """The captioner trainer's LambdaLR multiplier of its peak lr: `lr_at` with peak 1."""
+    return lr_at(step, 1.0, warmup, total, schedule, final_ratio)
 
 
 def make_optimizer(

@@ -74,6 +74,7 @@ from distinctcap.train.checkpoints import (
     Checkpoints,
     fingerprint,
     rng_state,
+    run_checkpoint,
     seed_everything,
     set_rng_state,
 )
@@ -202,7 +203,7 @@ class Trainer:
         self.last_lr = self.optimizer.param_groups[0]["lr"]
         self.fingerprint = fingerprint(run.effective(), paths.inputs)
         self.checkpoints = Checkpoints(
-            self.out_dir, self.fingerprint, paths.inputs, self.dist.is_main, log
+            run_checkpoint(self.out_dir), self.fingerprint, log, paths.inputs, self.dist.is_main
         )
         # On a GPU the host reads the step's numbers (loss, gradient norm, extras) and checks
         # them only at flushes (log, validation and checkpoint steps), so it never waits for

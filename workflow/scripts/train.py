@@ -3,17 +3,12 @@ calls distinctcap.train.trainer.train here or in torchrun processes)."""
 
 from pathlib import Path
 
-import torch
-
-from distinctcap.core import logs
-from distinctcap.core.devices import job_device
+from distinctcap.core.jobs import start_job
 from distinctcap.train.launch import train_with_gpus
 
-logs.setup(snakemake.log[0])
-device = str(job_device(snakemake.params.device, snakemake.resources.get("gpu", 0)))
-torch.set_num_threads(snakemake.threads)
+device = start_job(snakemake, threads="all")
 cfg = dict(snakemake.params.run)
-cfg["device"] = device
+cfg["device"] = str(device)
 paths = {k: (v if isinstance(v, str) else list(v)) for k, v in snakemake.input.items()}
 cfg["paths"] = {**paths, **snakemake.params.paths,
                 "out_dir": str(Path(snakemake.output.model).parent)}

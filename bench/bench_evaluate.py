@@ -78,7 +78,7 @@ def build(workdir: Path, n_test: int, samples: int) -> EvalPaths:
         paths.features,
         workdir / "features" / "cache",
         FeatureSettings(workers=0),
-        device="cpu",
+        device=torch.device("cpu"),
     )
     arch = cfg["captioner"]
     arch = {k: v for k, v in arch.items() if k in CaptionerConfig.__dataclass_fields__}

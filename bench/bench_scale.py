@@ -48,6 +48,14 @@ DEVICE = os.environ.get("BENCH_DEVICE", "cpu")  # the parent's --device, for its
 # ---------------------------------------------------------------- the stages (child processes)
 
 
+def stage_device():
+    """The torch.device of DEVICE, resolved once in a stage's child process (as a job's start
+    does) for the stage functions that take one."""
+    from distinctcap.core.devices import resolve_device
+
+    return resolve_device(DEVICE)
+
+
 def coco_config() -> dict:
     from distinctcap.core.config import load
 
@@ -79,7 +87,7 @@ def stage_decode(store: Path, work: Path, max_len: int = 0) -> None:
         "scale",
         "test",
         {"kind": "greedy"},
-        device=DEVICE,
+        device=stage_device(),
     )
 
 
@@ -149,7 +157,7 @@ def stage_entropy(store: Path, work: Path) -> None:
     from distinctcap.features.entropy import score_captions
 
     captions = read_table(store / "data/captions.parquet", "captions")
-    scores = score_captions(store / "features/index.json", captions, device=DEVICE)
+    scores = score_captions(store / "features/index.json", captions, device=stage_device())
     write_table(scores, work / "scores.parquet")
 
 
@@ -161,7 +169,7 @@ def stage_neighbours(store: Path, work: Path) -> None:
         store / "data/images.parquet",
         work / "neighbours.parquet",
         pct=1.0,
-        device=DEVICE,
+        device=stage_device(),
     )
 
 

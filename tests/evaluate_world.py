@@ -89,7 +89,7 @@ def build(root: Path) -> World:
         world.features,
         root / "features" / "cache",
         FeatureSettings(batch_size=64, workers=0),
-        device="cpu",
+        device=torch.device("cpu"),
     )
     vocab = CaptionTokenizer.load(world.vocab).vocab_size
     _, pooled, grid = load_image_features(world.features)

@@ -174,3 +174,94 @@ def test_a_job_asking_for_more_gpus_than_the_machine_has_stops(tmp_path, monkeyp
     with pytest.raises(GpuUnavailableError, match="asks for 3 GPUs but this machine has 2"):
         claim_gpus(3, count=2, lock_dir=tmp_path)
     assert claim_gpus(0, count=2, lock_dir=tmp_path) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# The start of a job (distinctcap.core.jobs.start_job)
+
+JOB = textwrap.dedent(
+    """
+    import json, sys
+    from types import SimpleNamespace
+    import torch
+    from distinctcap.core.jobs import start_job
+    device, gpus, threads, policy = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    job = SimpleNamespace(log=["job.log"], params=SimpleNamespace(device=device),
+                          resources={"gpu": gpus}, threads=threads)
+    before = torch.get_num_threads()
+    got = start_job(job, threads=policy)
+    print(json.dumps({"device": repr(got), "before": before, "after": torch.get_num_threads()}))
+    """
+)
+
+
+def start_job_in(tmp_path, device: str, gpus: int, threads: int, policy: str):
+    """start_job in a fresh process (it sets up logging and torch threads for good), as the
+    script of a rule with `params.device`, `resources.gpu` and `threads`; the folder holds
+    its job.log, which starts with a stale line."""
+    (tmp_path / "job.log").write_text("a line of the previous attempt\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "CUDA_VISIBLE_DEVICES": ""}
+    return subprocess.run(
+        [sys.executable, "-c", JOB, device, str(gpus), str(threads), policy],
+        cwd=tmp_path, env=env, capture_output=True, text=True,
+    )
+
+
+@pytest.mark.parametrize(
+    ("policy", "threads"), [("all", lambda before: 3), ("unchanged", lambda before: before)]
+)
+def test_a_job_starts_with_its_log_its_device_and_its_threads(tmp_path, policy, threads):
+    import json
+
+    done = start_job_in(tmp_path, "cpu", 0, 3, policy)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    assert got["device"] == "device(type='cpu')"
+    assert got["after"] == threads(got["before"])
+    log = (tmp_path / "job.log").read_text()
+    assert "previous attempt" not in log
+    assert "INFO distinctcap.core.devices: device: cpu\n" in log
+
+
+def test_a_gpu_job_without_usable_cuda_stops_at_its_start_naming_why(tmp_path):
+    done = start_job_in(tmp_path, "auto", 1, 3, "all")
+    assert done.returncode == 1 and done.stdout == ""
+    reason = (
+        "ERROR distinctcap: this job holds 1 GPU(s) (resource gpu = 1), but CUDA is unusable: "
+        "CUDA_VISIBLE_DEVICES='' hides every GPU; "
+    )
+    assert reason in (tmp_path / "job.log").read_text()
+    assert reason in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.fixture
+def torch_threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(
+    ("policy", "device", "expected"),
+    [
+        ("all", "cpu", 3),
+        ("all", "cuda", 3),
+        ("all-on-cuda", "cuda", 3),
+        ("all-on-cuda", "cpu", 1),  # CPU numbers must not depend on the machine's cores
+    ],
+)
+def test_thread_policies(torch_threads, policy, device, expected):
+    from distinctcap.core.jobs import set_threads
+
+    torch.set_num_threads(2)
+    set_threads(policy, 3, torch.device(device))
+    assert torch.get_num_threads() == expected
+    set_threads("unchanged", 3, torch.device(device))
+    assert torch.get_num_threads() == expected
+
+
+def test_an_unknown_thread_policy_stops(torch_threads):
+    from distinctcap.core.jobs import set_threads
+
+    with pytest.raises(ValueError, match="threads = 'some'"):
+        set_threads("some", 3, torch.device("cpu"))

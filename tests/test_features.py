@@ -63,7 +63,7 @@ def run(world, monkeypatch):
             world / out / "index.json",
             world / out / "cache",
             SETTINGS,
-            device="cpu",
+            device=torch.device("cpu"),
             **kwargs,
         )
 
@@ -140,7 +140,8 @@ def test_a_conv_tower_gives_its_last_feature_map_as_grid_tokens(world, monkeypat
     images = read_table("results/data/images.parquet", "images")
     captions = read_table("results/data/captions.parquet", "captions")
     index = extract_features(
-        images, captions, clip, world / "rn/index.json", world / "rn/cache", SETTINGS, "cpu"
+        images, captions, clip, world / "rn/index.json", world / "rn/cache", SETTINGS,
+        torch.device("cpu"),
     )
     assert index["images"]["grid_tokens"] == 4
     ids, pooled, grid = load_image_features(world / "rn/index.json")
@@ -158,6 +159,7 @@ def test_a_conv_tower_gives_its_last_feature_map_as_grid_tokens(world, monkeypat
 
 KILLED_RUN = """
 import sys, time
+import torch
 from distinctcap.clip.load import load_clip
 from distinctcap.features.extract import FeatureSettings, extract_features
 from distinctcap.core.io import read_table
@@ -171,7 +173,7 @@ extract_features(read_table("results/data/images.parquet"),
                  read_table("results/data/captions.parquet"),
                  load_clip("shapes-vit-tiny", "clip0.pt"), "resume/index.json", "resume/cache",
                  FeatureSettings(batch_size=8, workers=0, image_shard_size=10, text_shard_size=64),
-                 device="cpu", on_shard=stall)
+                 device=torch.device("cpu"), on_shard=stall)
 """
 
 
@@ -238,7 +240,7 @@ def test_nan_embeddings_stop_the_stage_naming_the_ids(run, world, monkeypatch):
             world / "nan/index.json",
             world / "nan/cache",
             SETTINGS,
-            device="cpu",
+            device=torch.device("cpu"),
         )
 
     emb = torch.zeros(4, 3)
@@ -255,7 +257,7 @@ def test_a_tower_without_grid_tokens_stops_naming_clip_arch(run, world):
     clip.model.visual.image_size = 64  # what open_clip's preprocess config reads of a tower
     with pytest.raises(DistinctcapError, match="clip.arch = 'shapes-vit-tiny' gives no grid"):
         extract_features(images, captions, clip, world / "nogrid/index.json",
-                         world / "nogrid/cache", SETTINGS, device="cpu")
+                         world / "nogrid/cache", SETTINGS, device=torch.device("cpu"))
     assert not (world / "nogrid/index.json").exists()
     assert not list((world / "nogrid/cache").glob("images/*.parquet"))
 
@@ -276,7 +278,7 @@ def test_an_image_broken_after_the_data_stage_stops_extraction_naming_it(
     named = rf"^image {re.escape(str(broken))} is unreadable \(\w+Error: .*forcerun prepare_data"
     with pytest.raises(DistinctcapError, match=named):
         extract_features(images, captions, clip, tmp_path / "index.json", tmp_path / "cache",
-                         settings, device="cpu")
+                         settings, device=torch.device("cpu"))
     assert not (tmp_path / "index.json").exists()
     with pytest.raises(DistinctcapError, match=named):
         load_images([str(world / images.file[0]), str(broken)], byte_transform(clip.preprocess)[0])

@@ -206,7 +206,7 @@ def test_end_to_end_runs_the_vision_tower_on_cached_pixels_with_gradients(blip_d
     for vision in ("frozen", "train"):
         index = tmp_path / vision / "index.json"
         extract_vision_features(images, str(blip_dir), index, tmp_path / vision / "cache",
-                                device="cpu", vision=vision)
+                                device=torch.device("cpu"), vision=vision)
         grids[vision] = ImageFeatures.load(index)
     assert grids["train"].grid.shape == (3, 3 * 32, 32)  # pixels (3, H, W) as (3H, W)
     assert grids["frozen"].grid.shape == (3, 17, 32)  # CLS + 4 x 4 patches

@@ -125,7 +125,7 @@ DECODE = textwrap.dedent(
     Captioner(cfg).save(root + "/model.pt")
     decode_run(root + "/model.pt", root + "/features/index.json", root + "/data/images.parquet",
                root + "/data/vocab.json", root + "/generated.parquet", "mem", "test",
-               {"kind": "greedy"}, device="cpu")
+               {"kind": "greedy"}, device=torch.device("cpu"))
     """
 )
 
@@ -193,7 +193,8 @@ def test_training_and_decoding_give_the_same_numbers_as_with_a_full_read(
         result = fit(cfg)
         result.model.save(out / "model.pt")
         decode_run(out / "model.pt", store["features"], store["images"], store["vocab"],
-                   out / "generated.parquet", "r", "test", {"kind": "greedy"}, device="cpu")
+                   out / "generated.parquet", "r", "test", {"kind": "greedy"},
+                   device=torch.device("cpu"))
         runs[how] = result.model.state_dict(), read_table(out / "generated.parquet")
     (weights, generated), (weights_old, generated_old) = runs["store"], runs["full read"]
     assert weights.keys() == weights_old.keys()

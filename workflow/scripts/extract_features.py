@@ -1,20 +1,15 @@
 """Rule extract_features: pooled + grid image features and text features, in shards."""
 
-import torch
-
 from distinctcap.clip.load import load_clip
-from distinctcap.core import logs
-from distinctcap.core.devices import job_device
 from distinctcap.core.io import read_table
+from distinctcap.core.jobs import start_job
 from distinctcap.features.extract import FeatureSettings, extract_features
 
-logs.setup(snakemake.log[0])
-device = str(job_device(snakemake.params.device, snakemake.resources.get("gpu", 0)))
 # The job's CPUs (the rule asks for all it may have): on a GPU, DataLoader workers decoding
 # images (FeatureSettings.workers auto) and the main process. On the CPU one torch thread, as
 # always: CPU features then do not depend on the machine's core count (a conv's sums split over
 # threads differ in the last bit), and the tiny CLIP is fastest on one.
-torch.set_num_threads(snakemake.threads if device.startswith("cuda") else 1)
+device = start_job(snakemake, threads="all-on-cuda")
 extract_features(
     read_table(snakemake.input.images, "images"),
     read_table(snakemake.input.captions, "captions"),

@@ -3,16 +3,11 @@ calls distinctcap.train.trainer.train here or in torchrun processes)."""
 
 from pathlib import Path
 
-import torch
-
-from distinctcap.core import logs
-from distinctcap.core.devices import job_device
+from distinctcap.core.jobs import start_job
 from distinctcap.train.launch import train_with_gpus
 from distinctcap.train.run import RunConfig, RunPaths
 
-logs.setup(snakemake.log[0])
-device = job_device(snakemake.params.device, snakemake.resources.get("gpu", 0))
-torch.set_num_threads(snakemake.threads)
+device = start_job(snakemake, threads="all")
 run = RunConfig.from_effective(snakemake.params.run)
 inputs = {k: (v if isinstance(v, str) else list(v)) for k, v in snakemake.input.items()}
 paths = RunPaths({**inputs, **snakemake.params.paths}, Path(snakemake.output.model).parent)

@@ -1,15 +1,10 @@
 """Rule train_clip: contrastive training of the tiny CLIP on the train split (shapes world)."""
 
-import torch
-
 from distinctcap.clip.train import TrainSettings, save_weights, train_clip
-from distinctcap.core import logs
-from distinctcap.core.devices import job_device
 from distinctcap.core.io import read_table, write_json
+from distinctcap.core.jobs import start_job
 
-logs.setup(snakemake.log[0])
-device = str(job_device(snakemake.params.device, snakemake.resources.get("gpu", 0)))
-torch.set_num_threads(snakemake.threads)
+device = start_job(snakemake, threads="all")
 model, metrics = train_clip(
     read_table(snakemake.input.images, "images"),
     read_table(snakemake.input.captions, "captions"),

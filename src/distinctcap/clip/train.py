@@ -24,7 +24,7 @@ from open_clip.loss import ClipLoss
 from distinctcap.clip.assets import flat_fingerprint, load_shipped
 from distinctcap.clip.load import byte_transform, load_images, normalize
 from distinctcap.clip.text import encode_text
-from distinctcap.core.devices import resolve_device
+from distinctcap.core.devices import CPU
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import atomic_path
 from distinctcap.core.logs import expect_random_init
@@ -80,7 +80,7 @@ def train_clip(
     arch: str,
     settings: TrainSettings,
     seed: int = 0,
-    device: str | torch.device = "auto",
+    device: torch.device = CPU,
     checkpoint: str | os.PathLike | None = None,
     shipped: str | os.PathLike | None = None,
 ) -> tuple[torch.nn.Module, dict]:
@@ -102,7 +102,7 @@ def train_clip(
     """
     seed_everything(seed)
     rng = np.random.default_rng(seed)  # epoch sampling
-    dev = resolve_device(device)
+    dev = torch.device(device)  # resolved at the job's start; 'cpu' spelled as text works too
     expect_random_init()  # open_clip warns that it starts from random weights: the plan here
     model, _, preprocess = open_clip.create_model_and_transforms(arch, device=dev, output_dict=True)
     to_bytes, mean, std = byte_transform(preprocess)

@@ -1,6 +1,7 @@
-"""Which torch device a stage runs on: the one `resolve_device` behind every `device:` setting
-(config `device`, CLIP training and features, decoding, evaluation, training), and the start of
-every job that may use a GPU (`job_device`). It imports only torch and the project's error
+"""Which torch device a stage runs on: `resolve_device` turns a `device:` setting (config
+`device`, `caption --device`) into a torch.device, and `job_device` does so once at the start of
+every job that may use a GPU (through distinctcap.core.jobs.start_job); the stage functions take
+that torch.device and never resolve it again. It imports only torch and the project's error
 type, so any module can use it without an import cycle.
 
 Devices are explicit:
@@ -39,6 +40,9 @@ MIN_DRIVER = {11: "450.80.02", 12: "525.60.13", 13: "580.65.06"}
 DRIVER_FILE = Path("/proc/driver/nvidia/version")
 GPUS_DIR = Path("/proc/driver/nvidia/gpus")  # one folder per card, readable without CUDA
 LOCK_NAME = "distinctcap-gpu-{}.lock"
+# A stage function's default device: a job passes the one it resolved at its start
+# (distinctcap.core.jobs.start_job); a library call or a test that names none runs on the CPU.
+CPU = torch.device("cpu")
 
 
 class GpuUnavailableError(DistinctcapError):

@@ -22,7 +22,7 @@ import torch
 from distinctcap.captioner.load import load_captioner
 from distinctcap.captioner.model import Captioner
 from distinctcap.captioner.search import generate
-from distinctcap.core.devices import resolve_device
+from distinctcap.core.devices import CPU
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import read_table, write_table
 from distinctcap.features.read import ImageFeatures
@@ -85,13 +85,12 @@ def decode_run(
     split: str,
     setting: dict,
     seed: int = 0,
-    device: str = "auto",
+    device: torch.device = CPU,
 ) -> pd.DataFrame:
     """Decode the images of `split` with the run's model and write the `generated` table."""
     from distinctcap.captioner.load import caption_tokenizer
 
-    dev = resolve_device(device)
-    model = load_captioner(model_path, map_location=dev).eval()
+    model = load_captioner(model_path, map_location=device).eval()
     images = read_table(images_path, "images")
     ids = np.sort(images.image_id[images.split == split].to_numpy())
     if len(ids) == 0:

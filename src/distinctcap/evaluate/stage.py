@@ -40,6 +40,7 @@ import pandas as pd
 import torch
 
 from distinctcap.core.config import EvalSettings
+from distinctcap.core.devices import CPU
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import atomic_path, read_json, read_table, write_table
 from distinctcap.evaluate.metrics import (
@@ -555,7 +556,7 @@ def evaluate_stage(
     evaluations: Sequence[tuple[str, str]],
     block: dict,
     seed: int = 0,
-    device: str = "auto",
+    device: torch.device = CPU,
 ) -> list[Evaluation]:
     """The evaluate rule, one job per run: for each (split, decoding) of `evaluations`, the
     generated captions at the same position of inputs["generated"] -> outputs["metrics"]
@@ -563,9 +564,7 @@ def evaluate_stage(
     at that position. Other named inputs: images, captions, vocab, features, model. The
     decodings share one COCO tools session, so METEOR's JVM loads its paraphrase table (about
     9 CPU s) once per run, not once per decoding."""
-    from distinctcap.core.devices import resolve_device
-
-    settings = EvalSettings.from_config(block, seed=seed, device=str(resolve_device(device)))
+    settings = EvalSettings.from_config(block, seed=seed, device=str(device))
     names = ("images", "captions", "vocab", "features", "model", "captioner_features")
     common = {k: str(inputs[k]) for k in names if k in inputs}
     done = []

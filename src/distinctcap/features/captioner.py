@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from distinctcap.captioner.hf import KIND, _transformers, load_processor
-from distinctcap.core.devices import resolve_device
+from distinctcap.core.devices import CPU
 from distinctcap.core.io import write_json
 from distinctcap.data.quality import decoding
 
@@ -78,7 +78,7 @@ def extract_vision_features(
     index_path: str | os.PathLike,
     cache_dir: str | os.PathLike,
     settings=None,
-    device: str = "auto",
+    device: torch.device = CPU,
     threads: int | None = None,
     vision: str = "frozen",
 ) -> dict:
@@ -105,10 +105,9 @@ def extract_vision_features(
     )
 
     settings = settings or FeatureSettings()
-    dev = resolve_device(device)
-    dtype = compute_dtype(settings.precision, dev)
+    dtype = compute_dtype(settings.precision, device)
     tf = _transformers()
-    model = tf.AutoModelForImageTextToText.from_pretrained(source).float().to(dev).eval()
+    model = tf.AutoModelForImageTextToText.from_pretrained(source).float().to(device).eval()
     processor = load_processor(source)
     info = vision_manifest(source, model, processor, dtype, vision)
     fingerprint = digest({k: v for k, v in info.items() if k != "pretrained"})
@@ -124,18 +123,18 @@ def extract_vision_features(
     loader = DataLoader(
         ProcessedImages(images.file.tolist(), processor),
         batch_sampler=image_batches(todo, settings.batch_size),
-        num_workers=loader_workers(settings.workers, dev, threads),
-        pin_memory=dev.type == "cuda",
+        num_workers=loader_workers(settings.workers, device, threads),
+        pin_memory=device.type == "cuda",
     )
     ids = images.image_id.to_numpy()
     batches = iter(loader)
-    amp = torch.autocast(dev.type, dtype=dtype, enabled=dtype != torch.float32)
+    amp = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
     bar = tqdm(total=sum(len(s.rows) for s in todo), desc="captioner features", unit="images")
     with bar, ShardWriter() as writer, torch.inference_mode(), amp:
         for shard in todo:
             pooled, grid = [], []
             while sum(len(p) for p in pooled) < len(shard.rows):
-                p, g = vision_grid(model, next(batches).to(dev), vision)
+                p, g = vision_grid(model, next(batches).to(device), vision)
                 pooled.append(p.cpu())
                 grid.append(g.half().cpu())
                 bar.update(len(p))

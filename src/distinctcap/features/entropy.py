@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from distinctcap.core.devices import CPU
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import read_json, read_table, write_table
 
@@ -118,18 +119,16 @@ def score_captions(
     logit_scale: float | None = None,
     chunk: int = 8192,
     text_chunk: int = 1024,
-    device: str = "auto",
+    device: torch.device = CPU,
 ) -> pd.DataFrame:
     """Retrieval entropy of every train caption over every train image (UNKT eq. 3).
 
     `logit_scale` None uses the CLIP's own exp(t), recorded in the features index.
     Returns caption_id, image_id, entropy (float32), sorted by caption_id.
     """
-    from distinctcap.core.devices import resolve_device
     from distinctcap.features.read import load_image_features, load_text_features
     from distinctcap.features.store import check_finite
 
-    dev = resolve_device(device)
     scale = float(read_json(index_path)["logit_scale"] if logit_scale is None else logit_scale)
     train = captions[captions.split == "train"].sort_values("caption_id")
     image_ids, pooled, _ = load_image_features(index_path, grid=False)
@@ -143,8 +142,8 @@ def score_captions(
             f"{index_path} lacks text features of some train captions; "
             "rerun the extract_features rule"
         )
-    img = torch.from_numpy(pooled[train_images]).to(dev)
-    txt = torch.from_numpy(text[rows]).to(dev)
+    img = torch.from_numpy(pooled[train_images]).to(device)
+    txt = torch.from_numpy(text[rows]).to(device)
     check_finite(image_ids[train_images], "image", img)
     check_finite(train.caption_id.to_numpy(), "caption", txt)
     log.info(
@@ -152,7 +151,7 @@ def score_captions(
         len(txt),
         len(img),
         scale,
-        dev,
+        device,
     )
     entropy = retrieval_entropy(txt, img, scale, chunk=chunk, text_chunk=text_chunk)
     return pd.DataFrame(

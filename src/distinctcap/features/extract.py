@@ -39,7 +39,7 @@ from tqdm import tqdm
 
 from distinctcap.clip.load import LoadedClip, byte_transform, normalize
 from distinctcap.clip.text import encode_text
-from distinctcap.core.devices import resolve_device
+from distinctcap.core.devices import CPU
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import file_sha256, write_json
 from distinctcap.data.quality import decoding
@@ -287,7 +287,7 @@ def extract_features(
     index_path: str | Path,
     cache_dir: str | Path,
     settings: FeatureSettings | None = None,
-    device: str = "auto",
+    device: torch.device = CPU,
     on_shard: Callable[[Shard], None] | None = None,
     threads: int | None = None,
 ) -> dict:
@@ -297,9 +297,8 @@ def extract_features(
     `threads`: the CPUs of the job (snakemake.threads), for `settings.workers` auto.
     """
     settings = settings or FeatureSettings()
-    dev = resolve_device(device)
-    dtype = compute_dtype(settings.precision, dev)
-    clip.model.to(dev).eval()
+    dtype = compute_dtype(settings.precision, device)
+    clip.model.to(device).eval()
     cache = Path(cache_dir)
     info = manifest(clip, dtype)
     # where the weights were read from is recorded, not hashed: their content is
@@ -315,10 +314,10 @@ def extract_features(
     write_json(info, cache / "manifest.json")
     todo = [s for s in img_shards if not s.is_done()]
     log.info("image shards: %d reused, %d to compute", len(img_shards) - len(todo), len(todo))
-    extract_images(images, clip, todo, settings, dev, dtype, on_shard, threads)
+    extract_images(images, clip, todo, settings, device, dtype, on_shard, threads)
     todo = [s for s in txt_shards if not s.is_done()]
     log.info("text shards: %d reused, %d to compute", len(txt_shards) - len(todo), len(todo))
-    extract_texts(captions, clip, todo, settings, dev, dtype, on_shard)
+    extract_texts(captions, clip, todo, settings, device, dtype, on_shard)
     index = build_index(info, fingerprint, clip, img_shards, txt_shards, Path(index_path).parent)
     write_json(index, index_path)
     return index

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
+from distinctcap.core.devices import CPU
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import atomic_path
 
@@ -161,7 +162,7 @@ def build_table(
     images_path: str | os.PathLike,
     out: str | os.PathLike,
     pct: float = 1.0,
-    device: str = "auto",
+    device: torch.device = CPU,
     chunk: int = 1024,
 ) -> int:
     """The stage: the training images' pooled CLIP embeddings (features index JSON, images
@@ -176,9 +177,6 @@ def build_table(
     if keep.sum() != len(train):
         missing = np.setdiff1d(train, ids[keep])[:10].tolist()
         raise DistinctcapError(f"no image features for training images {missing} (first 10)")
-    from distinctcap.core.devices import resolve_device
-
-    device = resolve_device(device)
     k = write_neighbours(ids[keep], pooled[keep], out, pct / 100, chunk, device)
     log.info("%d training images, top %g%% = %d neighbours each -> %s", len(train), pct, k, out)
     return k

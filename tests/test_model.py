@@ -5,12 +5,7 @@ import torch
 import torch.nn.functional as F
 from conftest import tiny_captioner
 
-from distinctcap.captioner.model import (
-    Captioner,
-    CaptionerConfig,
-    label_logprobs,
-    make_batch,
-)
+from distinctcap.captioner.model import Captioner, CaptionerConfig, label_logprobs, make_batch
 from distinctcap.core.errors import DistinctcapError
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import tiny_captioner
 
-from distinctcap.captioner.model import BOS, EOS, PAD, Captioner, CaptionerConfig, make_batch
+from distinctcap.captioner.model import Captioner, CaptionerConfig, make_batch
 from distinctcap.captioner.search import (
     Caption,
     beam_search,
@@ -18,6 +18,7 @@ from distinctcap.captioner.search import (
     sequence_logprob,
 )
 from distinctcap.core.errors import DistinctcapError
+from distinctcap.data.tokenizer import BOS, EOS, PAD
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

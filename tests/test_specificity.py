@@ -16,13 +16,12 @@ from train_job import fit, job_parts, run_of
 
 import distinctcap.clip.train  # save_weights (not imported by anything else here)
 import distinctcap.clip.weights  # registers the tiny `shapes-vit-tiny` architecture
-from distinctcap.captioner.model import EOS, PAD
 from distinctcap.captioner.search import greedy
 from distinctcap.clip.text import ClipTextEncoder
 from distinctcap.core.config import effective_run_config, load_schema, validate
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.data.batches import CaptionData
-from distinctcap.data.tokenizer import CaptionTokenizer
+from distinctcap.data.tokenizer import EOS, PAD, CaptionTokenizer
 from distinctcap.evaluate.metrics.retrieval import retrieval_ranks
 from distinctcap.features.neighbours import (
     NeighbourTable,

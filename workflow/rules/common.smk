@@ -20,8 +20,9 @@ from distinctcap.methods.facts import FACTS
 
 SCHEMA = Path(workflow.basedir) / "workflow" / "schemas" / "config.schema.yaml"
 
+CONFIG_SCHEMA = load_schema(SCHEMA)
 try:
-    config = validate(config, load_schema(SCHEMA))
+    config = validate(config, CONFIG_SCHEMA)
 except DistinctcapError as error:
     sys.stderr.write(f"distinctcap: config error: {error}\n")
     sys.exit(1)
@@ -62,7 +63,7 @@ ENTROPY_SUBSETS = {"D-": "results/entropy/D-", "D+": "results/entropy/D+"}  # sp
 NEIGHBOURS_TABLE = "results/neighbours/train_top{pct}pct.parquet"
 try:  # every run's effective block, checked now so a bad override fails before any job runs
     RUN_CONFIGS = {
-        name: effective_run_config(config, name, load_schema(SCHEMA)) for name in RUNS
+        name: effective_run_config(config, name, CONFIG_SCHEMA) for name in RUNS
     }
 except DistinctcapError as error:
     sys.stderr.write(f"distinctcap: config error: {error}\n")
@@ -87,7 +88,8 @@ def neighbours_table(pct):
 
 
 # What a method's named need (its facts' extra_inputs, distinctcap.methods.facts) becomes in
-# the trainer's cfg["paths"]: need -> function(parameter) -> (input files, other entries).
+# the trainer's paths (distinctcap.train.run.RunPaths): need -> function(parameter) -> (input
+# files, other entries).
 NEED_PATHS = {
     "d_minus": lambda subset: ({"d_minus": ENTROPY_SUBSETS[subset]}, {}),
     "clip": lambda _: (
@@ -99,7 +101,7 @@ NEED_PATHS = {
 
 
 def method_paths(run):
-    """(input files, other cfg["paths"] entries) that run block `run`'s method needs."""
+    """(input files, other RunPaths entries) that run block `run`'s method needs."""
     files, values = {}, {}
     for need, parameter in FACTS[run["method"]].extra_inputs(run).items():
         need_files, need_values = NEED_PATHS[need](parameter)
@@ -133,7 +135,7 @@ def train_inputs(wildcards):
 
 
 def train_paths(wildcards):
-    """Non-file entries of the trainer's cfg["paths"] (e.g. a CLIP tag and architecture)."""
+    """Non-file entries of the trainer's RunPaths (e.g. a CLIP tag and architecture)."""
     return method_paths(RUNS[wildcards.run])[1]
 
 

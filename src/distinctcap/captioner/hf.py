@@ -36,9 +36,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from distinctcap.captioner.model import BOS, EOS, PAD
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import atomic_path
+from distinctcap.data.tokenizer import BOS, EOS, PAD
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ from torch import Tensor, nn
 
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import atomic_path
-from distinctcap.data.tokenizer import BOS, EOS, PAD, UNK  # noqa: F401  (re-exported until importers move)
+from distinctcap.data.tokenizer import BOS, EOS, PAD
 
 KV = tuple[Tensor, Tensor]  # keys, values: (B, H, T, Dh) each
 

@@ -28,8 +28,9 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from distinctcap.captioner.model import BOS, EOS, PAD, Captioner, label_logprobs, make_batch
+from distinctcap.captioner.model import Captioner, label_logprobs, make_batch
 from distinctcap.core.errors import DistinctcapError
+from distinctcap.data.tokenizer import BOS, EOS, PAD
 
 NextToken = Callable[[Tensor], Tensor]  # log-probs (B, V), pad/bos banned -> next ids (B,)
 

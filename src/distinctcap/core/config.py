@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
@@ -280,8 +281,6 @@ def _offline() -> bool:
 
 
 def _read_model_type(config: Path, key: str) -> str:
-    import json
-
     try:
         return str(json.loads(config.read_text()).get("model_type"))
     except (OSError, ValueError) as error:

@@ -131,7 +131,7 @@ def require_cuda(why: str) -> None:
     if problem is not None:
         raise GpuUnavailableError(
             f"{why}, but CUDA is unusable: {problem}; {gpu_requirement()} "
-            "(README, GPUs). Nothing was written."
+            "(docs/gpus-and-slurm.md). Nothing was written."
         )
 
 

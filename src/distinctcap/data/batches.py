@@ -26,8 +26,9 @@ import pyarrow.parquet as pq
 import torch
 from torch import Tensor
 
-from distinctcap.captioner.model import BOS, EOS, PAD, make_batch
+from distinctcap.captioner.model import make_batch
 from distinctcap.core.errors import DistinctcapError
+from distinctcap.data.tokenizer import BOS, EOS, PAD
 from distinctcap.features.read import ImageFeatures
 
 DATA_SELECTIONS = ("all", "D-", "D+")

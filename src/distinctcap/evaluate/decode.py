@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from distinctcap.captioner.load import load_captioner
+from distinctcap.captioner.load import caption_tokenizer, load_captioner
 from distinctcap.captioner.model import Captioner
 from distinctcap.captioner.search import generate
 from distinctcap.core.devices import CPU
@@ -88,8 +88,6 @@ def decode_run(
     device: torch.device = CPU,
 ) -> pd.DataFrame:
     """Decode the images of `split` with the run's model and write the `generated` table."""
-    from distinctcap.captioner.load import caption_tokenizer
-
     model = load_captioner(model_path, map_location=device).eval()
     images = read_table(images_path, "images")
     ids = np.sort(images.image_id[images.split == split].to_numpy())

@@ -39,10 +39,15 @@ import numpy as np
 import pandas as pd
 import torch
 
+from distinctcap.captioner.load import caption_tokenizer, load_captioner
+from distinctcap.captioner.model import label_logprobs, make_batch
+from distinctcap.clip.load import load_clip
+from distinctcap.clip.text import encode_text
 from distinctcap.core.config import EvalSettings
 from distinctcap.core.devices import CPU
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import atomic_path, read_json, read_table, write_table
+from distinctcap.data.scene import scene_f1
 from distinctcap.evaluate.metrics import (
     CLIPSCORE_PREFIX,
     DIVERSITY_METRICS,
@@ -58,6 +63,8 @@ from distinctcap.evaluate.metrics import (
     retrieval_ranks,
     retrieval_scores,
 )
+from distinctcap.features.read import ImageFeatures, feature_ids, load_image_features
+from distinctcap.report.summary import HEADLINE_DIVERSITY, HEADLINE_QUALITY
 
 log = logging.getLogger(__name__)
 
@@ -164,8 +171,6 @@ def timed(timings: dict[str, list[float]] | None, part: str) -> Iterator[None]:
 
 def encode_texts(clip, texts: Sequence[str], batch_size: int = 256) -> np.ndarray:
     """CLIP text embeddings (N, D), L2-normalised, float32."""
-    from distinctcap.clip.text import encode_text
-
     device = next(clip.model.parameters()).device
     out = []
     with torch.inference_mode():
@@ -227,8 +232,6 @@ def block_logprobs(
     cross-attention keys/values are shared by all captions (Captioner.decode with a group of
     rows per image). Images go in chunks of about `rows` decoder rows (small chunks stay in
     the CPU caches: 500 rows ran 30% faster than 10,000 here) and at most `max_logits`."""
-    from distinctcap.captioner.model import label_logprobs, make_batch
-
     device = next(model.parameters()).device
     inputs, labels = make_batch(tokens, model.cfg.max_len)  # (C, N)
     c = len(tokens)
@@ -285,8 +288,6 @@ def scene_metrics(
         for name in names:
             out.skip(name, "no scene graphs: only the shapes world knows its scenes")
         return out
-    from distinctcap.data.scene import scene_f1
-
     scenes = images.set_index("image_id").scene.loc[list(image_ids)].tolist()
     for name, value in scene_f1(list(texts), scenes).items():
         if math.isnan(value):
@@ -410,8 +411,6 @@ def load_pooled(
 ) -> tuple[np.ndarray, np.ndarray, list[int]]:
     """(pooled of `ids`, pooled of the training images that have features, those ids): only
     these rows of the pooled column are read, never the grid."""
-    from distinctcap.features.read import feature_ids, load_image_features
-
     have = set(feature_ids(features).tolist())
     train_with_feat = [i for i in train_ids if i in have]
     _, both, _ = load_image_features(features, grid=False, image_ids=list(ids) + train_with_feat)
@@ -473,8 +472,6 @@ def text_metrics(
 
 def load_features_clip(index_path: str | Path, device: str = "cpu"):
     """The CLIP that computed the features (arch and weights from the index's manifest)."""
-    from distinctcap.clip.load import load_clip
-
     manifest = read_json(index_path)["manifest"]
     return load_clip(manifest["arch"], manifest["pretrained"], device)
 
@@ -501,9 +498,6 @@ def model_metrics(
         for name in names:
             out.skip(name, why)
         return out
-    from distinctcap.captioner.load import caption_tokenizer, load_captioner
-    from distinctcap.features.read import ImageFeatures
-
     # these images' rows only; a pre-trained captioner reads its own vision states
     features = ImageFeatures.load(paths.captioner_features or paths.features, ids)
     model = load_captioner(paths.model, map_location=settings.device)
@@ -537,8 +531,6 @@ def write_curve(evaluation: Evaluation, path: str | Path) -> None:
 def headline_line(evaluation: Evaluation) -> str:
     """The headline numbers of an evaluation in one log line (README's columns; skipped ones
     say so)."""
-    from distinctcap.report.summary import HEADLINE_DIVERSITY, HEADLINE_QUALITY
-
     row = evaluation.row
     parts = []
     for header, column, digits, arrow in (*HEADLINE_QUALITY, *HEADLINE_DIVERSITY):

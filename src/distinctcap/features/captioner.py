@@ -24,6 +24,23 @@ from distinctcap.captioner.hf import KIND, _transformers, load_processor
 from distinctcap.core.devices import CPU
 from distinctcap.core.io import write_json
 from distinctcap.data.quality import decoding
+from distinctcap.features.extract import (
+    FeatureSettings,
+    compute_dtype,
+    image_batches,
+    loader_workers,
+)
+from distinctcap.features.store import (
+    FORMAT,
+    ShardWriter,
+    check_finite,
+    clean_cache,
+    digest,
+    fixed_list,
+    image_keys,
+    plan_shards,
+    shard_entry,
+)
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +71,6 @@ def vision_grid(model, pixels: Tensor, vision: str) -> tuple[Tensor, Tensor]:
 
 def vision_manifest(source: str, model, processor, dtype: torch.dtype, vision: str) -> dict:
     """What the cached grid depends on besides the images: the tower's weights and settings."""
-    from distinctcap.features.store import FORMAT
-
     weights = hashlib.sha256()
     for name, value in sorted(model.vision_model.state_dict().items()):
         weights.update(name.encode())
@@ -87,23 +102,6 @@ def extract_vision_features(
     the vision tower's last hidden states (float16, 1 + patches tokens) and its pooled output
     (L2-normalised); train: the processed pixels (float16, (3H, W)) and a unit "pooled" 1-vector,
     which the end-to-end captioner ignores."""
-    from distinctcap.features.extract import (
-        FeatureSettings,
-        compute_dtype,
-        image_batches,
-        loader_workers,
-    )
-    from distinctcap.features.store import (
-        ShardWriter,
-        check_finite,
-        clean_cache,
-        digest,
-        fixed_list,
-        image_keys,
-        plan_shards,
-        shard_entry,
-    )
-
     settings = settings or FeatureSettings()
     dtype = compute_dtype(settings.precision, device)
     tf = _transformers()

@@ -24,7 +24,9 @@ import torch
 
 from distinctcap.core.devices import CPU
 from distinctcap.core.errors import DistinctcapError
-from distinctcap.core.io import read_json, read_table, write_table
+from distinctcap.core.io import atomic_path, read_json, read_table, write_table
+from distinctcap.features.read import load_image_features, load_text_features
+from distinctcap.features.store import check_finite
 
 log = logging.getLogger(__name__)
 
@@ -126,9 +128,6 @@ def score_captions(
     `logit_scale` None uses the CLIP's own exp(t), recorded in the features index.
     Returns caption_id, image_id, entropy (float32), sorted by caption_id.
     """
-    from distinctcap.features.read import load_image_features, load_text_features
-    from distinctcap.features.store import check_finite
-
     scale = float(read_json(index_path)["logit_scale"] if logit_scale is None else logit_scale)
     train = captions[captions.split == "train"].sort_values("caption_id")
     image_ids, pooled, _ = load_image_features(index_path, grid=False)
@@ -238,8 +237,6 @@ def plot_histogram(table: pd.DataFrame, path: str | Path, bins: int = 60) -> Non
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from distinctcap.core.io import atomic_path
 
     cut = threshold(table)
     edges = np.linspace(table.entropy.min(), table.entropy.max(), bins + 1)

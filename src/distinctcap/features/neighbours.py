@@ -28,7 +28,8 @@ from tqdm import tqdm
 
 from distinctcap.core.devices import CPU
 from distinctcap.core.errors import DistinctcapError
-from distinctcap.core.io import atomic_path
+from distinctcap.core.io import atomic_path, read_table
+from distinctcap.features.read import load_image_features
 
 log = logging.getLogger(__name__)
 
@@ -167,9 +168,6 @@ def build_table(
 ) -> int:
     """The stage: the training images' pooled CLIP embeddings (features index JSON, images
     table) -> the table of their top `pct` percent most similar training images. Returns k."""
-    from distinctcap.core.io import read_table
-    from distinctcap.features.read import load_image_features
-
     images = read_table(images_path, "images")
     train = np.sort(images.image_id[images.split == "train"].to_numpy(dtype=np.int64))
     ids, pooled, _ = load_image_features(features_index, grid=False)

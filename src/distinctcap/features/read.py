@@ -4,6 +4,7 @@ mapped float16 grid cache that training reads, image norms and text embeddings.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 from collections.abc import Sequence
@@ -183,8 +184,6 @@ def grid_cache(index_path: str | Path) -> np.ndarray:
     then renamed into place. Other keys' caches in that folder are removed (a job that still
     maps one keeps reading it). Its pages are the file's: the kernel shares them between jobs
     and drops them under pressure, so a training job's memory is the batches it gathers."""
-    import fcntl
-
     path = grid_cache_path(index_path)
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -282,15 +281,6 @@ class ImageFeatures:
         once), whose pages the kernel loads as batches gather rows and may drop again; pooled
         (small) is read into memory. The numbers are the shards' either way. A selection is
         gathered from the cache when it exists (fewer bytes read than whole shards)."""
-        from distinctcap.features.read import (
-            feature_ids,
-            feature_rows,
-            grid_cache,
-            grid_cache_path,
-            load_image_features,
-            load_image_norms,
-        )
-
         norms = load_image_norms(index_path, image_ids)
         norm = None if norms is None else torch.from_numpy(norms)
         if image_ids is None:

@@ -8,8 +8,8 @@ know about it is a class attribute declared here with its default:
     edges        run edges a run of this method must name, among "init", "teacher",
                  "reference" (config.check_runs); e.g. cl: ("init", "reference")
     needs        the edges whose final models the trainer loads frozen into ctx.frozen
-    options      its own run options -> their defaults (the schema, runs.yaml, must agree:
-                 tests/test_config.py); other methods' options are refused in its block
+    options      its own run options -> their defaults, read from its own schema
+                 (workflow/schemas/methods/<method>.yaml), which refuses other options
     mean_over    "tokens" | "captions": what its loss averages over, so multi-GPU shards are
                  weighted right (distinctcap.core.distributed.shard_weight); an instance sets its
                  own where a run option changes it (unkt token_reduction: sum)

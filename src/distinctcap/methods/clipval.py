@@ -20,9 +20,12 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from distinctcap.captioner.model import EOS, PAD, Captioner
+from distinctcap.captioner.model import Captioner
 from distinctcap.captioner.search import greedy
+from distinctcap.clip.load import load_clip
 from distinctcap.core.errors import DistinctcapError
+from distinctcap.data.tokenizer import EOS, PAD
+from distinctcap.evaluate.metrics.retrieval import retrieval_ranks
 
 if TYPE_CHECKING:
     from distinctcap.clip.text import ClipTextEncoder
@@ -31,8 +34,6 @@ if TYPE_CHECKING:
 
 def load_clip_model(paths: Mapping, method: str) -> nn.Module:
     """The CLIP model of a run's inputs (clip: weights file or tag, clip_arch)."""
-    from distinctcap.clip.load import load_clip
-
     if not paths.get("clip") or not paths.get("clip_arch"):
         raise DistinctcapError(
             f"method {method} needs the CLIP model: paths.clip (weights "
@@ -62,8 +63,6 @@ def clip_val_ranks(
     """Rank of its own image for the greedy caption of each validation image (the first
     `images` by feature row, 0 = all) among those images, by CLIP cosine (1-based, ties counted
     against the caption, as `metrics.retrieval`)."""
-    from distinctcap.evaluate.metrics.retrieval import retrieval_ranks
-
     rows = torch.unique(val.image_rows, sorted=True)
     rows = rows[:images] if images else rows
     device = next(model.parameters()).device

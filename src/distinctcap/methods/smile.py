@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from torch import Tensor
 
+from distinctcap.clip.text import ClipTextEncoder
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.data.batches import encode_batch
 from distinctcap.methods import facts
@@ -91,8 +92,6 @@ class SMILE(facts.SMILE):
         if name not in self.val_metrics:
             raise DistinctcapError(f"method smile computes {list(self.val_metrics)}, not {name!r}")
         if self.encoder is None:
-            from distinctcap.clip.text import ClipTextEncoder
-
             clip = getattr(self.ctx, "clip", None) or load_clip_model(self.paths, "smile")
             if self.ctx.tokenizer is None:
                 raise DistinctcapError("smile selection needs the caption tokenizer (clip_ids)")

@@ -39,10 +39,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from distinctcap.captioner.model import BOS, PAD, Captioner
+from distinctcap.captioner.model import Captioner
 from distinctcap.captioner.search import ban_specials, decode_ids
+from distinctcap.clip.text import ClipTextEncoder
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.data.batches import encode_batch
+from distinctcap.data.tokenizer import BOS, PAD
 from distinctcap.features.neighbours import NeighbourTable
 from distinctcap.methods import facts
 from distinctcap.methods.clipval import (  # noqa: F401  (caption_ids_tensor: re-export)
@@ -153,8 +155,6 @@ class Specificity(facts.Specificity):
             clip = getattr(ctx, "clip", None)
         if clip is None:
             clip = load_clip_model(paths, "specificity")
-        from distinctcap.clip.text import ClipTextEncoder
-
         self.encoder = ClipTextEncoder(clip, ctx.tokenizer.clip_ids).to(ctx.device)
         self.features = ctx.train_data.features
         self.neighbours = None

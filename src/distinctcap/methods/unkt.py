@@ -55,11 +55,11 @@ import pyarrow.parquet as pq
 import torch
 from torch import Tensor
 
-from distinctcap.captioner.model import EOS
 from distinctcap.captioner.search import greedy
 from distinctcap.core.config import steps_per_epoch
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.data.batches import encode_batch
+from distinctcap.data.tokenizer import EOS
 from distinctcap.methods import facts
 from distinctcap.methods.losses import (
     TOKEN_REDUCTIONS,

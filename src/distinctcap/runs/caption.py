@@ -80,8 +80,8 @@ class Run:
         if not isinstance(self.model, Captioner):  # it reads its own vision states, not CLIP's
             raise DistinctcapError(
                 f"run {self.name} is a transformers captioner: caption with its folder "
-                f"{self.dir / 'hf'} and transformers' pipeline('image-text-to-text') (README, "
-                "Pre-trained captioners)"
+                f"{self.dir / 'hf'} and transformers' pipeline('image-text-to-text') "
+                "(docs/coco-and-pretrained.md)"
             )
         self.clip = load_run_clip(self.card, self.dir, clip, self.device)
         self.tokenizer = CaptionTokenizer.load(self.dir / self.card["vocab"])

@@ -10,8 +10,10 @@ from dataclasses import dataclass
 
 import torch
 
+from distinctcap.captioner.hf import retokenize
 from distinctcap.core.io import read_table
 from distinctcap.data.batches import Batch, CaptionData, select_captions
+from distinctcap.data.tokenizer import CaptionTokenizer
 from distinctcap.features.read import ImageFeatures
 from distinctcap.train.run import RunConfig, RunPaths
 
@@ -32,15 +34,11 @@ class RunData:
 def load_run_data(run: RunConfig, paths: RunPaths) -> RunData:
     """Training captions of the run's data selection and all validation captions, with their
     image features, from its input files (captions, vocab, features, subset)."""
-    from distinctcap.data.tokenizer import CaptionTokenizer
-
     inputs = paths.inputs
     captions = read_table(inputs["captions"], "captions")
     features = ImageFeatures.load(inputs["features"])
     max_len = run.captioner["max_len"]
     if run.pretrained:  # the model's own tokenizer (distinctcap.captioner.hf)
-        from distinctcap.captioner.hf import retokenize
-
         captions, tokenizer = retokenize(captions, run.captioner["pretrained"])
     else:
         tokenizer = CaptionTokenizer.load(inputs["vocab"])

@@ -25,12 +25,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from distinctcap.captioner.model import (
-    EOS,
-    PAD,
-    Captioner,
-)
+from distinctcap.captioner.model import Captioner
+from distinctcap.captioner.search import greedy, sample, sequence_logprob
 from distinctcap.data.batches import Batch, CaptionData, encode_batch
+from distinctcap.data.tokenizer import EOS, PAD
 from distinctcap.evaluate.metrics.cider import CiderD
 from distinctcap.train.select_metrics import SELECT_METRICS
 
@@ -58,8 +56,6 @@ def _scored_rows(val, images: int) -> torch.Tensor:
 
 def _decode(model, val, rows, autocast, n: int):
     """Greedy captions (n = 0) or n samples per image of the rows, as token-id sentences."""
-    from distinctcap.captioner.search import greedy, sample
-
     device = next(model.parameters()).device
     grid, pooled = val.features.grid[rows].to(device).float(), val.features.pooled[rows].to(device)
     with autocast() if autocast else contextlib.nullcontext():
@@ -129,8 +125,6 @@ def self_retrieval(
     """Model-based self-retrieval R@1 (CL §4.1, with the captioner as the retrieval model):
     greedy-decode a caption for each of the first `images` validation images and count how
     often log p(c_i | I_j) is largest for its own image j = i among those images."""
-    from distinctcap.captioner.search import greedy, sequence_logprob
-
     rows = torch.unique(val.image_rows, sorted=True)[:images]
     grid, pooled = val.features.grid[rows].float(), val.features.pooled[rows]
     caps = greedy(model, grid, pooled)

@@ -53,8 +53,9 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
+from distinctcap.captioner.hf import HFCaptioner
 from distinctcap.captioner.load import load_captioner
-from distinctcap.captioner.model import PAD, Captioner, CaptionerConfig, DecoderBlock, EncoderBlock
+from distinctcap.captioner.model import Captioner, CaptionerConfig, DecoderBlock, EncoderBlock
 from distinctcap.core.config import TrainConfig
 from distinctcap.core.distributed import (
     DistEnv,
@@ -68,6 +69,7 @@ from distinctcap.core.distributed import (
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import atomic_path, write_json
 from distinctcap.data.batches import Batch, BatchOrder, encode_batch
+from distinctcap.data.tokenizer import PAD
 from distinctcap.methods import METHODS
 from distinctcap.methods.base import TrainContext
 from distinctcap.train.checkpoints import (
@@ -237,8 +239,6 @@ class Trainer:
     def _new_model(self) -> Captioner:
         cap = dict(self.run_config.captioner)
         if self.run_config.pretrained:
-            from distinctcap.captioner.hf import HFCaptioner
-
             vision = cap.get("vision", "frozen")
             return HFCaptioner.from_pretrained(cap["pretrained"], cap["max_len"], vision)
         vocab = cap.pop("vocab_size", None) or self.data.vocab_size

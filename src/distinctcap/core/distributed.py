@@ -3,7 +3,8 @@
 A run whose job holds W > 1 GPUs is started in W torchrun processes by distinctcap.train.launch;
 each calls `distinctcap.train.trainer.train(run, paths, device)`, which reads its rank from
 the environment torchrun sets (`DistEnv.from_env`) and uses GPU `LOCAL_RANK` (gloo on CPU,
-NCCL on GPUs). This module imports nothing of the project but its errors, so the trainer imports it without a cycle.
+NCCL on GPUs). This module imports nothing of the project but its errors, so the trainer
+imports it without a cycle.
 
 The global batch does not depend on W. A step's `train.grad_accum` = A micro-batches of
 `train.batch_size` captions (the same captions as in a one-process run, data/batches.py) are

@@ -297,9 +297,13 @@ def test_clip_fingerprint_names_what_differs_and_unreadable_checkpoints_go_aside
             TrainSettings(),
             0,
             torch.device("cpu"),
-            torch.zeros(1, 3, 2, 2, dtype=torch.uint8),
-            torch.zeros(1, 4, dtype=torch.long),
-            pd.Series([0]),
+            clip_module.TrainSplit(
+                torch.zeros(1, 3, 2, 2, dtype=torch.uint8),
+                torch.zeros(1, 4, dtype=torch.long),
+                pd.Series([0]),
+                np.zeros(1, dtype=np.int64),
+                np.array([0, 1]),
+            ),
         )["settings"]
     )
 

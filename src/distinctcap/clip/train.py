@@ -11,7 +11,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
 
@@ -107,21 +107,11 @@ def train_clip(
     model, _, preprocess = open_clip.create_model_and_transforms(arch, device=dev, output_dict=True)
     to_bytes, mean, std = byte_transform(preprocess)
     tokenizer = open_clip.get_tokenizer(arch)
-    train_images = images[images.split == "train"].sort_values("image_id")
-    train_caps = captions[captions.split == "train"]
-    pixels = load_images(train_images.file.tolist(), to_bytes)
-    tokens = tokenizer(train_caps.text.tolist())
-    order, offsets = caption_index(train_caps, train_images.image_id.to_numpy())
-
-    n, bs = len(pixels), min(settings.batch_size, len(pixels))
-    steps_per_epoch = n // bs
-    total = steps_per_epoch * settings.epochs
+    split = TrainSplit.load(images, captions, to_bytes, tokenizer)
     opt = torch.optim.AdamW(
         param_groups(model, settings.weight_decay), lr=settings.lr, betas=(0.9, 0.98), eps=1e-6
     )
-    loss_fn = ClipLoss()
-    amp = torch.autocast("cuda", dtype=torch.bfloat16, enabled=dev.type == "cuda")
-    fingerprint = train_fingerprint(arch, settings, seed, dev, pixels, tokens, train_caps.image_id)
+    fingerprint = train_fingerprint(arch, settings, seed, dev, split)
     found = load_shipped(shipped, arch, fingerprint) if settings.use_shipped else None
     if found:
         model.load_state_dict(found[0])
@@ -133,28 +123,12 @@ def train_clip(
     )
     model.train()
     start = time.perf_counter() - progress.seconds
-    warmup = int(settings.warmup_fraction * total)
-    # cosine decay to zero at step `total`: one step past where the trainer's schedule ends
-    lr_schedule = partial(
-        lr_at, peak=settings.lr, warmup=warmup, total=total + 1, schedule="cosine", final_ratio=0.0
-    )
+    amp = torch.autocast("cuda", dtype=torch.bfloat16, enabled=dev.type == "cuda")
+    step = partial(batch_step, model, opt, ClipLoss(), amp, split, (mean, std))
     while progress.epoch < settings.epochs:
-        perm = rng.permutation(n)
-        pick = order[offsets[perm] + rng.integers(0, np.diff(offsets)[perm])]
-        epoch_loss = 0.0
-        for b in range(steps_per_epoch):
-            rows = slice(b * bs, (b + 1) * bs)
-            x = normalize(pixels[perm[rows]].to(dev, non_blocking=True), mean, std)
-            t = tokens[pick[rows]].to(dev, non_blocking=True)
-            lr = lr_schedule(progress.step)
-            epoch_loss += contrastive_step(model, opt, loss_fn, amp, x, t, lr)
-            progress.step += 1
-        progress.end_epoch(
-            epoch_loss / max(1, steps_per_epoch),
-            model.logit_scale.exp().item(),
-            time.perf_counter() - start,
-            settings.epochs,
-        )
+        loss = run_epoch(step, split, rng, progress, settings)
+        seconds = time.perf_counter() - start
+        progress.end_epoch(loss, model.logit_scale.exp().item(), seconds, settings.epochs)
         if checkpoint_due(checkpoints.path, settings, progress.epoch):
             checkpoints.save(training_state(model, opt, rng, progress))
     model.eval()
@@ -170,6 +144,84 @@ def train_clip(
     checkpoints.drop()
     return model, metrics
 
+
+@dataclass
+class TrainSplit:
+    """The train split as contrastive training reads it: every image's pixels (uint8, on the
+    host), every caption's tokens, the image of each caption, and each image's captions
+    (`caption_index`)."""
+
+    pixels: torch.Tensor
+    tokens: torch.Tensor
+    caption_images: pd.Series
+    order: np.ndarray
+    offsets: np.ndarray
+
+    @classmethod
+    def load(cls, images: pd.DataFrame, captions: pd.DataFrame, to_bytes, tokenizer) -> TrainSplit:
+        train_images = images[images.split == "train"].sort_values("image_id")
+        train_caps = captions[captions.split == "train"]
+        pixels = load_images(train_images.file.tolist(), to_bytes)
+        tokens = tokenizer(train_caps.text.tolist())
+        order, offsets = caption_index(train_caps, train_images.image_id.to_numpy())
+        return cls(pixels, tokens, train_caps.image_id, order, offsets)
+
+    def epoch_pairs(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """An epoch's pairs: every image once in a random order, each with one of its captions
+        drawn at random (rows of `pixels`, rows of `tokens`)."""
+        perm = rng.permutation(len(self.pixels))
+        pick = self.order[self.offsets[perm] + rng.integers(0, np.diff(self.offsets)[perm])]
+        return perm, pick
+
+
+def run_epoch(
+    step: Callable[[np.ndarray, np.ndarray, float], float],
+    split: TrainSplit,
+    rng: np.random.Generator,
+    progress: TrainProgress,
+    settings: TrainSettings,
+) -> float:
+    """One epoch in batches of `settings.batch_size` pairs (the last incomplete batch dropped),
+    each a `step(image rows, caption rows, lr)` at the learning rate of the step count so far;
+    the mean loss. The lr decays (cosine) to zero at the last step of the last epoch."""
+    n = len(split.pixels)
+    bs = min(settings.batch_size, n)
+    steps_per_epoch = n // bs
+    total = steps_per_epoch * settings.epochs
+    # cosine decay to zero at step `total`: one step past where the trainer's schedule ends
+    lr = partial(
+        lr_at,
+        peak=settings.lr,
+        warmup=int(settings.warmup_fraction * total),
+        total=total + 1,
+        schedule="cosine",
+        final_ratio=0.0,
+    )
+    perm, pick = split.epoch_pairs(rng)
+    loss = 0.0
+    for b in range(steps_per_epoch):
+        rows = slice(b * bs, (b + 1) * bs)
+        loss += step(perm[rows], pick[rows], lr(progress.step))
+        progress.step += 1
+    return loss / max(1, steps_per_epoch)
+
+
+def batch_step(
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    loss_fn: ClipLoss,
+    amp: torch.autocast,
+    split: TrainSplit,
+    normalisation: tuple[torch.Tensor, torch.Tensor],
+    image_rows: np.ndarray,
+    caption_rows: np.ndarray,
+    lr: float,
+) -> float:
+    """One optimiser step on these rows of the split, moved to the model's device; its loss."""
+    dev = model.logit_scale.device
+    x = normalize(split.pixels[image_rows].to(dev, non_blocking=True), *normalisation)
+    t = split.tokens[caption_rows].to(dev, non_blocking=True)
+    return contrastive_step(model, opt, loss_fn, amp, x, t, lr)
 
 def contrastive_step(
     model, opt, loss_fn, amp, x: torch.Tensor, t: torch.Tensor, lr: float
@@ -229,15 +281,14 @@ def train_fingerprint(
     settings: TrainSettings,
     seed: int,
     device: torch.device,
-    pixels: torch.Tensor,
-    tokens: torch.Tensor,
-    caption_images: pd.Series,
+    split: TrainSplit,
 ) -> dict:
     """Everything that determines the trained weights, field by field (so a mismatch can be
     named): the settings except `checkpoint_every` and `use_shipped`, and a hash of the loaded
     training data (pixels, caption tokens and which image each caption belongs to)."""
     data = hashlib.sha256()
-    for array in (pixels.numpy(), tokens.numpy(), caption_images.to_numpy(dtype=np.int64)):
+    caption_images = split.caption_images.to_numpy(dtype=np.int64)
+    for array in (split.pixels.numpy(), split.tokens.numpy(), caption_images):
         data.update(np.ascontiguousarray(array).tobytes())
     kept = {
         k: v for k, v in asdict(settings).items() if k not in ("checkpoint_every", "use_shipped")

@@ -464,24 +464,12 @@ class Trainer:
     def run(self) -> TrainResult:
         resumed = self.try_resume()  # replaces self.state
         tc, s = self.tc, self.state
-        name = self.run_config.name
-        log.info(
-            "run %s: %s, %d parameters, %d training captions, %d steps of %d x %d on %s (%s)",
-            name,
-            self.run_config.method,
-            self.model.num_params(),
-            len(self.data.train),
-            tc.steps,
-            tc.grad_accum,
-            self.order.batch_size,
-            self.device,
-            self.dtype or "fp32",
-        )
+        self._log_start()
         bar = tqdm(
             total=tc.steps,
             initial=s.step,
             unit="steps",
-            desc=f"train {name}",
+            desc=f"train {self.run_config.name}",
             mininterval=1.0,
             dynamic_ncols=True,
             disable=not self.dist.is_main,
@@ -491,45 +479,67 @@ class Trainer:
                 self.window_start = time.perf_counter()
             self.stats.add(self.train_step())
             bar.update(1)
-            last = s.step == tc.steps
-            do_val = bool(self.val_batches) and (
-                last or (tc.val_every and s.step % tc.val_every == 0)
-            )
-            do_log = s.step % tc.log_every == 0 or do_val or last
-            do_checkpoint = bool(
-                tc.checkpoint_every
-                and s.step % tc.checkpoint_every == 0
-                and not last
-                and self.checkpoints.path
-                and self.dist.is_main
-            )
+            do_val, do_log, do_checkpoint = self._due()
             if self.eager or do_log or do_checkpoint:
                 self.flush()  # before a curve row, a validation or a checkpoint
             if do_log:
-                row = self._curve_row(s.window)
-                bar.set_postfix(
-                    loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_s']:.0f}", refresh=False
-                )
-                s.window = new_window()
-                if do_val:
-                    if self.dist.is_main:  # the others wait for its early-stopping decision
-                        row.update(self.validate())
-                    s.stopped_early = broadcast_flag(s.stopped_early, self.dist, self.device)
-                    log.info(
-                        "step %d: %s",
-                        s.step,
-                        {
-                            k: round(v, 4)
-                            for k, v in row.items()
-                            if k.startswith("val") or k == "loss"
-                        },
-                    )
-                s.curve.append(row)
+                self._log_row(bar, do_val)
             if do_checkpoint and not s.stopped_early:
                 self.save_checkpoint()
         self.flush()
-        train_seconds, total_tokens = self.train_seconds, self.total_tokens
         bar.close()
+        return self._finish(resumed)
+
+    def _log_start(self) -> None:
+        log.info(
+            "run %s: %s, %d parameters, %d training captions, %d steps of %d x %d on %s (%s)",
+            self.run_config.name,
+            self.run_config.method,
+            self.model.num_params(),
+            len(self.data.train),
+            self.tc.steps,
+            self.tc.grad_accum,
+            self.order.batch_size,
+            self.device,
+            self.dtype or "fp32",
+        )
+
+    def _due(self) -> tuple[bool, bool, bool]:
+        """After the step just taken: (validate, write a curve row, write a checkpoint)?"""
+        tc, step = self.tc, self.state.step
+        last = step == tc.steps
+        every_val = bool(tc.val_every and step % tc.val_every == 0)
+        do_val = bool(self.val_batches) and (last or every_val)
+        do_log = step % tc.log_every == 0 or do_val or last
+        do_checkpoint = bool(
+            tc.checkpoint_every
+            and step % tc.checkpoint_every == 0
+            and not last
+            and self.checkpoints.path
+            and self.dist.is_main
+        )
+        return do_val, do_log, do_checkpoint
+
+    def _log_row(self, bar: tqdm, do_val: bool) -> None:
+        """A curve row of the window since the last one, with the validation when it is due
+        (run by the main process; the others wait for its early-stopping decision)."""
+        s = self.state
+        row = self._curve_row(s.window)
+        bar.set_postfix(
+            loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_s']:.0f}", refresh=False
+        )
+        s.window = new_window()
+        if do_val:
+            if self.dist.is_main:
+                row.update(self.validate())
+            s.stopped_early = broadcast_flag(s.stopped_early, self.dist, self.device)
+            shown = {k: round(v, 4) for k, v in row.items() if k.startswith("val") or k == "loss"}
+            log.info("step %d: %s", s.step, shown)
+        s.curve.append(row)
+
+    def _finish(self, resumed: int | None) -> TrainResult:
+        """The selected weights in the model, the result, and the run folder's outputs."""
+        tc, s = self.tc, self.state
         _check_finite_params(self.model, s.step)
         if s.stopped_early:
             log.info(
@@ -540,6 +550,7 @@ class Trainer:
             )
         if s.best_state is not None:
             self.model.load_state_dict(s.best_state)
+        seconds = self.train_seconds
         result = TrainResult(
             self.model,
             s.step,
@@ -549,8 +560,8 @@ class Trainer:
             s.stopped_early,
             resumed,
             pd.DataFrame(s.curve),
-            train_seconds,
-            total_tokens / train_seconds if train_seconds else 0.0,
+            seconds,
+            self.total_tokens / seconds if seconds else 0.0,
         )
         if self.out_dir and self.dist.is_main:
             self.write_outputs(result)

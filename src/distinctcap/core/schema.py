@@ -19,6 +19,8 @@ from types import MappingProxyType
 
 import yaml
 
+from distinctcap.core.errors import DistinctcapError
+
 # The repository's schema (the package is installed editable from the repository: envs/*.yaml)
 SCHEMA_PATH = Path(__file__).resolve().parents[3] / "workflow" / "schemas" / "config.schema.yaml"
 # libyaml's loader where installed: ten times faster, and every Snakemake parse loads the schema
@@ -60,6 +62,11 @@ def run_block(common: dict, methods: dict[str, dict]) -> dict:
 @functools.cache
 def repo_schema() -> dict:
     """The repository's merged schema, loaded once; read it, never change it."""
+    if not SCHEMA_PATH.is_file():
+        raise DistinctcapError(
+            f"the config schema {SCHEMA_PATH} is missing: distinctcap reads it from its "
+            "repository, so install the package editable from a clone (pip install -e .)"
+        )
     return load_schema()
 
 

@@ -13,8 +13,6 @@ import os
 from collections.abc import Iterable
 from functools import cached_property
 
-from open_clip.tokenizer import SimpleTokenizer
-
 from distinctcap.core.io import atomic_path
 
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
@@ -71,11 +69,15 @@ class CaptionTokenizer:
             return cls(json.load(f)["clip_ids"])
 
 
-_BPE: SimpleTokenizer | None = None
+_BPE = None
 
 
-def _bpe() -> SimpleTokenizer:
+def _bpe():
+    """open_clip's BPE (SimpleTokenizer), made on first use: importing open_clip takes seconds,
+    and every module that needs only the special ids (PAD, BOS, EOS, UNK) imports this one."""
     global _BPE
     if _BPE is None:
+        from open_clip.tokenizer import SimpleTokenizer
+
         _BPE = SimpleTokenizer()
     return _BPE

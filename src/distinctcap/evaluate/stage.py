@@ -41,7 +41,6 @@ import torch
 
 from distinctcap.captioner.load import caption_tokenizer, load_captioner
 from distinctcap.captioner.model import label_logprobs, make_batch
-from distinctcap.clip.load import load_clip
 from distinctcap.clip.text import encode_text
 from distinctcap.core.config import EvalSettings
 from distinctcap.core.devices import CPU
@@ -472,6 +471,9 @@ def text_metrics(
 
 def load_features_clip(index_path: str | Path, device: str = "cpu"):
     """The CLIP that computed the features (arch and weights from the index's manifest)."""
+    # open_clip takes seconds to import; a process that only reads metrics does not need it
+    from distinctcap.clip.load import load_clip
+
     manifest = read_json(index_path)["manifest"]
     return load_clip(manifest["arch"], manifest["pretrained"], device)
 

@@ -22,7 +22,6 @@ from torch import Tensor, nn
 
 from distinctcap.captioner.model import Captioner
 from distinctcap.captioner.search import greedy
-from distinctcap.clip.load import load_clip
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.data.tokenizer import EOS, PAD
 from distinctcap.evaluate.metrics.retrieval import retrieval_ranks
@@ -34,6 +33,9 @@ if TYPE_CHECKING:
 
 def load_clip_model(paths: Mapping, method: str) -> nn.Module:
     """The CLIP model of a run's inputs (clip: weights file or tag, clip_arch)."""
+    # open_clip takes seconds to import: only runs that select through a CLIP pay for it
+    from distinctcap.clip.load import load_clip
+
     if not paths.get("clip") or not paths.get("clip_arch"):
         raise DistinctcapError(
             f"method {method} needs the CLIP model: paths.clip (weights "

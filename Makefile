@@ -38,7 +38,7 @@ report: install
 	$(SNAKEMAKE) --report results/report.html  # relative to $(EXP)
 
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=30
 
 # The README's results table, rendered from the run's summary (paste it; never edit numbers).
 readme-table: install

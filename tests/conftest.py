@@ -43,6 +43,33 @@ def snakemake(
     return subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, env=env)
 
 
+def run_tiny_dag(workdir: Path) -> tuple[Path, dict]:
+    """The whole tiny DAG in a fresh copy of the workflow at `workdir`."""
+    for name in ("Snakefile", "workflow", "envs", "config.yaml"):
+        src = ROOT / name
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, workdir / name)
+    config = tiny_config()
+    result = snakemake(workdir, config=config, timeout=1500)
+    assert result.returncode == 0, result.stderr[-5000:]
+    return workdir, config
+
+
+@pytest.fixture(scope="session")
+def tiny_dag(tmp_path_factory) -> tuple[Path, dict]:
+    """One full run of the tiny DAG, shared by every test that reads a finished run (the
+    suite's costliest step: run it once). Tests that edit it restore what they change."""
+    return run_tiny_dag(tmp_path_factory.mktemp("pipeline"))
+
+
+@pytest.fixture(scope="session")
+def tiny_report(tiny_dag) -> Path:
+    """The shared run's report (`snakemake --report`), built once."""
+    workdir, _ = tiny_dag
+    result = snakemake(workdir, "--report", "results/report.html")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return workdir / "results/report.html"
+
+
 def shrink_runs(runs: dict, tiny_train: dict) -> dict:
     """`runs` with each run's own `train` overrides (e.g. a fine-tune's steps) shrunk to the
     tiny trainer settings; its other overrides (e.g. select_metric) stay."""

@@ -8,38 +8,21 @@ import sys
 import pandas as pd
 import pytest
 import yaml
-from conftest import ROOT, snakemake, tiny_config
+from conftest import ROOT, run_tiny_dag, snakemake
 
 pytestmark = pytest.mark.slow
 
 
-def run_tiny_dag(workdir):
-    """The whole tiny DAG in a fresh copy of the workflow at `workdir`."""
-    for name in ("Snakefile", "workflow", "envs", "config.yaml"):
-        src = ROOT / name
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, workdir / name)
-    config = tiny_config()
-    result = snakemake(workdir, config=config, timeout=1500)
-    assert result.returncode == 0, result.stderr[-5000:]
-    return workdir, config
-
-
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory):
-    """One full run of the tiny DAG, shared by the checks below."""
-    return run_tiny_dag(tmp_path_factory.mktemp("pipeline"))
-
-
-def test_the_same_config_gives_the_same_numbers(finished, tmp_path):
+def test_the_same_config_gives_the_same_numbers(tiny_dag, tmp_path):
     """A second run of the whole DAG in another directory: every summary value is identical
     (CPU; the CLIP trains on two threads, every other job on its rule's threads)."""
-    first = pd.read_csv(finished[0] / "results/metrics/summary.csv")
+    first = pd.read_csv(tiny_dag[0] / "results/metrics/summary.csv")
     second = pd.read_csv(run_tiny_dag(tmp_path)[0] / "results/metrics/summary.csv")
     pd.testing.assert_frame_equal(first, second, check_exact=True)
 
 
-def test_every_run_is_trained_decoded_and_evaluated(finished):
-    workdir, config = finished
+def test_every_run_is_trained_decoded_and_evaluated(tiny_dag):
+    workdir, config = tiny_dag
     summary = pd.read_csv(workdir / "results/metrics/summary.csv")
     assert set(summary.run) == set(config["runs"])
     for column in ("bleu4", "cider", "r_at_1", "clipscore", "scene_f1"):
@@ -56,8 +39,8 @@ def test_every_run_is_trained_decoded_and_evaluated(finished):
         assert (workdir / f"logs/train/{name}.log").stat().st_size > 0
 
 
-def test_versus_has_intervals_for_retrieval_from_the_per_image_tables(finished):
-    workdir, config = finished
+def test_versus_has_intervals_for_retrieval_from_the_per_image_tables(tiny_dag):
+    workdir, config = tiny_dag
     summary = pd.read_csv(workdir / "results/metrics/summary.csv").set_index(["run", "decoding"])
     per_image = pd.read_parquet(workdir / "results/metrics/unkt/test-greedy-per_image.parquet")
     assert len(per_image) == config["data"]["shapes"]["n_test"]
@@ -69,8 +52,8 @@ def test_versus_has_intervals_for_retrieval_from_the_per_image_tables(finished):
     assert clip[["ci_low", "ci_high"]].notna().all().all()
 
 
-def test_a_deleted_metrics_table_is_regenerated(finished):
-    workdir, _ = finished
+def test_a_deleted_metrics_table_is_regenerated(tiny_dag):
+    workdir, _ = tiny_dag
     lost = workdir / "results/metrics/smile/test-greedy.parquet"
     lost.unlink()
     result = snakemake(workdir)
@@ -78,14 +61,14 @@ def test_a_deleted_metrics_table_is_regenerated(finished):
     assert lost.exists()
 
 
-def test_rerun_does_nothing(finished):
-    workdir, _ = finished
+def test_rerun_does_nothing(tiny_dag):
+    workdir, _ = tiny_dag
     again = snakemake(workdir, "-n")
     assert "Nothing to be done" in again.stdout + again.stderr
 
 
-def test_entropy_fraction_edit_reruns_only_the_split_and_dependents(finished):
-    workdir, config = finished
+def test_entropy_fraction_edit_reruns_only_the_split_and_dependents(tiny_dag):
+    workdir, config = tiny_dag
     edited = {**config, "entropy": {**config.get("entropy", {}), "fraction": 0.4}}
     planned = snakemake(workdir, "-n", "--quiet", "rules", config=edited)
     snakemake(workdir, "-n", config=config)  # restore the config for the other checks
@@ -95,17 +78,8 @@ def test_entropy_fraction_edit_reruns_only_the_split_and_dependents(finished):
         assert upstream not in text, upstream
 
 
-@pytest.fixture(scope="module")
-def report(finished):
-    """The finished run's report (`snakemake --report`), built once for the checks below."""
-    workdir, _ = finished
-    result = snakemake(workdir, "--report", "results/report.html")
-    assert result.returncode == 0, result.stderr[-3000:]
-    return workdir / "results/report.html"
-
-
-def test_html_report_builds(report):
-    assert report.stat().st_size > 10_000
+def test_html_report_builds(tiny_report):
+    assert tiny_report.stat().st_size > 10_000
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +96,9 @@ def chromium() -> None:
         pytest.skip(str(err))
 
 
-def test_the_report_opens_on_the_headline_table_in_chromium(finished, report, chromium, tmp_path):
+def test_the_report_opens_on_the_headline_table_in_chromium(
+    tiny_dag, tiny_report, chromium, tmp_path
+):
     """Issue 20: the report as a researcher opens it, in headless Chromium. The first table on
     the rendered front page is the headline table of summary.csv (the arrowed headers, one row
     per run, reference first), after the title and before how to read it; in a 1400 x 1000
@@ -133,8 +109,8 @@ def test_the_report_opens_on_the_headline_table_in_chromium(finished, report, ch
     from distinctcap.report.browser import layout, parse_page, render_dom
     from distinctcap.report.summary import headline_table, pick_decodings
 
-    workdir, config = finished
-    page = parse_page(render_dom(report))
+    workdir, config = tiny_dag
+    page = parse_page(render_dom(tiny_report))
     assert page.tables, page.text[:3000]
     first = page.tables[0]
     summary = pd.read_csv(workdir / "results/metrics/summary.csv")
@@ -149,7 +125,7 @@ def test_the_report_opens_on_the_headline_table_in_chromium(finished, report, ch
 
     # Snakemake centres the front page in a window-high box: unless report.front top-aligns
     # it, a page taller than the window starts above the window, out of reach of scrolling.
-    at = layout(report, {"title": "#app .document h1", "table": "#app .document table",
+    at = layout(tiny_report, {"title": "#app .document h1", "table": "#app .document table",
                          "graph": "#rulegraph"}, width=1400, height=1000)  # fmt: skip
     title, table, graph = at["title"], at["table"], at["graph"]
     assert at["window"] == {"width": 1400, "height": 1000}
@@ -157,7 +133,7 @@ def test_the_report_opens_on_the_headline_table_in_chromium(finished, report, ch
     assert table["bottom"] <= 1000 and table["right"] <= graph["left"], at
 
     png = tmp_path / "front.png"
-    tool = [sys.executable, str(ROOT / "tools/report_screenshot.py"), str(report), str(png)]
+    tool = [sys.executable, str(ROOT / "tools/report_screenshot.py"), str(tiny_report), str(png)]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     done = subprocess.run([*tool, "--width", "1200", "--height", "900"], env=env,
                           capture_output=True, text=True, timeout=300)  # fmt: skip
@@ -169,7 +145,7 @@ def test_the_report_opens_on_the_headline_table_in_chromium(finished, report, ch
     assert colours is None or len(colours) > 50  # text and the sidebar, not a blank page
 
 
-def test_a_trained_run_folder_captions_new_images(finished, tmp_path):
+def test_a_trained_run_folder_captions_new_images(tiny_dag, tmp_path):
     """The pipeline's run folders are self-contained: the command and load_run caption images
     that are not in the data (copies of test images under new names, and a JPEG)."""
     import os
@@ -180,7 +156,7 @@ def test_a_trained_run_folder_captions_new_images(finished, tmp_path):
 
     from distinctcap import load_run
 
-    workdir, config = finished
+    workdir, config = tiny_dag
     for name in config["runs"]:
         assert (workdir / f"results/runs/{name}/run.json").is_file(), name
     images = pd.read_parquet(workdir / "results/data/images.parquet")

@@ -94,7 +94,9 @@ NEED_PATHS = {
     "d_minus": lambda subset: ({"d_minus": ENTROPY_SUBSETS[subset]}, {}),
     "clip": lambda _: (
         {"clip": TRAINED_CLIP} if TRAIN_CLIP else {"clip_files": CLIP_FILES},
-        {"clip_arch": CLIP["arch"]} | ({} if TRAIN_CLIP else {"clip": CLIP["pretrained"]}),
+        {"clip_arch": CLIP["arch"]}
+        | ({} if TRAIN_CLIP else {"clip": CLIP["pretrained"]})
+        | ({"clip_tag": CLIP["tag"]} if CLIP.get("tag") else {}),
     ),
     "neighbours": lambda pct: ({"neighbours": neighbours_table(pct)}, {}),
 }

@@ -92,6 +92,7 @@ def manifest(clip: LoadedClip, dtype: torch.dtype) -> dict:
         "format": FORMAT,
         "arch": clip.arch,
         "pretrained": clip.pretrained,
+        **({"tag": clip.tag} if clip.tag else {}),  # its settings change the features
         "weight_files": [str(f) for f in clip.weight_files],
         "weights_sha256": file_sha256(clip.weight_files),
         "preprocess": clip.preprocess_cfg(),

@@ -28,6 +28,7 @@ except DistinctcapError as error:
     sys.exit(1)
 
 DATA = "results/data"
+PREFLIGHT = "results/preflight.txt"  # preflight.smk: checked before the data is fetched
 ALL_TARGETS = []  # each stage file appends its final outputs
 
 

@@ -32,6 +32,7 @@ GRID_BYTES = {"shapes": 4 * 512 * 2, "pretrained": 50 * 768 * 2}  # float16 grid
 TEXT_BYTES = 512 * 2  # float16 text embedding per caption
 RUN_BYTES = {"shapes": 0.02 * GB, "coco": 1.2 * GB}  # last checkpoint (0.85 GB) + model.pt
 SHM_SAFETY = 2  # a worker's batch sits in shared memory twice (its tensors, then collated)
+LOADER_PREFETCH = 4  # batches each feature-loader worker prepares ahead (features.extract)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -202,14 +203,26 @@ def java_problem() -> str | None:
 def shm_line(config: dict, cpus: int) -> str | None:
     """The feature loader's workers (clip.features.workers, auto: the job's CPUs less one on a
     GPU) against /dev/shm, for CLIP's 224 px images (the shapes world's are 64 px)."""
-    if not Path("/dev/shm").is_dir():
-        return None
     features = config["clip"].get("features", {})
     workers = features.get("workers", "auto")
     workers = max(0, cpus - 1) if workers == "auto" else int(workers)
     size = 64 if config["clip"]["pretrained"] == "train" else 224
     batch = int(features.get("batch_size", 256)) * 3 * size * size
-    return check_shm(workers, batch, 4, shutil.disk_usage("/dev/shm").free)
+    return check_shm(workers, batch, LOADER_PREFETCH, shm_free())
+
+
+def shm_free() -> float:
+    return shutil.disk_usage("/dev/shm").free if Path("/dev/shm").is_dir() else float("inf")
+
+
+def workers_fitting_shm(workers: int, batch_bytes: float) -> int:
+    """The feature loader's workers, fewer with a warning when /dev/shm is too small for them
+    (a container's 64 MB default otherwise ends the job with a bus error)."""
+    line = check_shm(workers, batch_bytes, LOADER_PREFETCH, shm_free())
+    if line is None:
+        return workers
+    log.warning(line)
+    return shm_workers(workers, batch_bytes, LOADER_PREFETCH, shm_free())
 
 
 def weights_lines(config: dict) -> list[str | None]:

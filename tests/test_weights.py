@@ -137,3 +137,46 @@ def test_the_captioner_loads_from_the_hub_cache_offline_or_names_the_fix(hub, tm
     text = one_line(error)
     assert "captioner.pretrained = 'Salesforce/not-fetched'" in text and str(cache) in text
     assert "distinctcap fetch" in text
+
+
+def fetch_lines(config: dict, offline: bool) -> tuple[int, list[str]]:
+    from distinctcap.runs.fetch import run_fetch
+
+    lines: list[str] = []
+    return run_fetch(config, offline=offline, say=lines.append), lines
+
+
+def test_fetch_offline_says_what_is_in_the_cache_and_what_is_missing(hub):
+    config = {
+        "data": {"source": "shapes"},
+        "clip": {"arch": ARCH, "pretrained": TAG},
+        "captioner": {"kind": "transformers", "pretrained": "Salesforce/not-fetched"},
+    }
+    code, lines = fetch_lines(config, offline=True)
+    assert code == 1
+    assert lines[0] == f"ok       CLIP {ARCH} {TAG}: {hub}"
+    assert lines[1].startswith("missing  captioner Salesforce/not-fetched: captioner.pretrained")
+    assert lines[2] == "1 of 2 missing (above)"
+    code, lines = fetch_lines({**config, "captioner": {}}, offline=True)
+    assert code == 0 and "  export HF_HUB_OFFLINE=1" in lines
+
+
+def test_fetch_downloads_coco_by_the_data_stage_then_finds_it_offline(tmp_path):
+    from minicoco import MiniServer, build_minicoco
+
+    from distinctcap.data.coco import SPLIT_ARCHIVES
+
+    mini = build_minicoco(tmp_path / "mini")
+    block = {
+        "split": "karpathy",
+        "download_dir": str(tmp_path / "coco"),
+        "checksums": {n: mini.md5[n] for n in SPLIT_ARCHIVES["karpathy"]},
+        "backoff": 0.0,
+    }
+    config = {"data": {"source": "coco", "coco": block}, "clip": {"pretrained": "train"}}
+    assert fetch_lines(config, offline=True)[0] == 1  # nothing downloaded yet
+    with MiniServer(mini.serve) as server:
+        block["base_url"] = server.url
+        code, lines = fetch_lines(config, offline=False)
+    assert code == 0 and lines[0] == f"ok       COCO (karpathy): {tmp_path / 'coco'}"
+    assert fetch_lines(config, offline=True)[0] == 0

@@ -233,7 +233,7 @@ def weights_lines(config: dict) -> list[str | None]:
         lines.append(_weights_problem(lambda: _clip_weights(clip)))
     captioner = config.get("captioner", {})
     if captioner.get("kind") == "transformers":
-        lines.append(_weights_problem(lambda: _captioner_weights(captioner["pretrained"])))
+        lines.append(_weights_problem(lambda: captioner_weights(captioner["pretrained"])))
     return lines
 
 
@@ -256,7 +256,7 @@ def _clip_weights(clip: dict) -> None:
         resolve_weights(clip["arch"], clip["pretrained"], clip.get("tag"))
 
 
-def _captioner_weights(source: str) -> None:
+def captioner_weights(source: str) -> None:
     """A save_pretrained folder, or a hub id whose cached snapshot holds weights (read by
     huggingface_hub alone: transformers takes seconds to import)."""
     from huggingface_hub import snapshot_download

@@ -4,8 +4,9 @@ stop a run hours later is checked on the node itself before anything is download
 Each check is a function of the facts it reads (a driver string, a compute capability, sizes
 in bytes), so each is tested on a CPU with a failing fact; it returns None or one line naming
 the fix. `gather_and_check` reads the facts of this node and runs every check that applies:
-the GPU checks only where the job holds a GPU or the config says `device: cuda`, so on a CPU
-the preflight imports no torch and takes a fraction of a second.
+the GPU checks and java only where the job holds a GPU (the GPU profiles give it one) and the
+config does not say `device: cpu`, so elsewhere it imports no torch and takes a fraction of a
+second (java is then checked on the submitting machine, Snakefile onstart).
 
 Light at import (no torch): the GPU facts are read inside `gpu_lines`.
 """
@@ -170,7 +171,8 @@ def existing_parent(path: str) -> Path:
 
 
 def needs_gpu(config: dict, gpus: int) -> bool:
-    return gpus > 0 or str(config.get("device", "auto")).startswith("cuda")
+    """The job holds a GPU the config will use (`device: cpu` runs GPU jobs on the CPU)."""
+    return gpus > 0 and str(config.get("device", "auto")) != "cpu"
 
 
 def gpu_lines() -> list[str | None]:

@@ -13,6 +13,7 @@ configfile: f"{workflow.basedir}/config.yaml"
 
 
 include: "workflow/rules/common.smk"
+include: "workflow/rules/preflight.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/features.smk"
 include: "workflow/rules/entropy.smk"

@@ -37,6 +37,7 @@ pytestmark = pytest.mark.slurm
 STATE_DIR = Path(os.environ.get("SLURM_STATE_DIR", "/tmp/distinctcap-slurm"))
 PROFILE = ROOT / "tests" / "slurm_profile"
 GPU_RULES = {
+    "preflight",  # on the GPU partition with one GPU, to check the node the others will get
     "train_clip",
     "extract_features",
     "train_run",
@@ -47,9 +48,10 @@ GPU_RULES = {
 GROUP = "decode_evaluate"  # the profile's group of decode and evaluate: one SLURM job
 # The tiny DAG of slurm_config: every rule but `all` (local) and neighbours (no run needs it).
 DAG_RULES = {
-    "prepare_data", "train_clip", "extract_features", "retrieval_entropy", "split_entropy",
-    "entropy_report", "train_run", "decode", "evaluate", "summarize", "report_tables",
-    "report_plots", "report_gallery", "run_card", "versus_reference", "report_times",
+    "preflight", "prepare_data", "train_clip", "extract_features", "retrieval_entropy",
+    "split_entropy", "entropy_report", "train_run", "decode", "evaluate", "summarize",
+    "report_tables", "report_plots", "report_gallery", "run_card", "versus_reference",
+    "report_times",
 }  # fmt: skip
 GPU_TYPE = "fakegpu"
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL"}

@@ -763,3 +763,15 @@ def test_cider_selection_metrics():
     oracle, mean = val_oracle_cider(model, val), val_sample_cider(model, val)
     assert oracle >= mean >= 0 and oracle == val_oracle_cider(model, val)  # seeded
     assert result.metric == "cider" and result.best_metric >= 0
+
+
+def test_checkpoints_by_wall_time_are_written_and_leave_the_weights_alone(tmp_path, monkeypatch):
+    monkeypatch.setitem(METHODS, "nan_at_3", NaNAtStep)
+    timed = {"checkpoint_every": 0, "checkpoint_minutes": 1e-9}  # due after every step
+    with pytest.raises(NonFiniteLossError):
+        fit({**tiny_cfg(tmp_path / "nan", **timed), "method": "nan_at_3"}, tiny_data())
+    ckpt = torch.load(tmp_path / "nan" / "checkpoints" / "last.pt", weights_only=True)
+    assert ckpt["step"] == 3  # by wall time alone, the last good step
+    plain = fit(tiny_cfg(checkpoint_every=0), tiny_data())
+    by_time = fit(tiny_cfg(tmp_path / "timed", **timed), tiny_data())
+    assert same_weights(by_time.model.state_dict(), plain.model.state_dict())

@@ -28,6 +28,7 @@ except DistinctcapError as error:
     sys.exit(1)
 
 DATA = "results/data"
+PREFLIGHT = "results/preflight.txt"  # preflight.smk: checked before the data is fetched
 ALL_TARGETS = []  # each stage file appends its final outputs
 
 
@@ -94,7 +95,9 @@ NEED_PATHS = {
     "d_minus": lambda subset: ({"d_minus": ENTROPY_SUBSETS[subset]}, {}),
     "clip": lambda _: (
         {"clip": TRAINED_CLIP} if TRAIN_CLIP else {"clip_files": CLIP_FILES},
-        {"clip_arch": CLIP["arch"]} | ({} if TRAIN_CLIP else {"clip": CLIP["pretrained"]}),
+        {"clip_arch": CLIP["arch"]}
+        | ({} if TRAIN_CLIP else {"clip": CLIP["pretrained"]})
+        | ({"clip_tag": CLIP["tag"]} if CLIP.get("tag") else {}),
     ),
     "neighbours": lambda pct: ({"neighbours": neighbours_table(pct)}, {}),
 }
@@ -172,11 +175,25 @@ def report_front_page():
 
 # --- Checks before the first job (the Snakefile's onstart) -----------------------------------
 
+def preflight_holds_a_gpu():
+    """Does the profile give rule preflight a GPU the config uses? Then preflight checks java
+    on the GPU node, where evaluate runs, instead of this (submitting) machine."""
+    asked = (workflow.resource_settings.overwrite_resources or {}).get("preflight", {})
+    gpu = asked["gpu"] if "gpu" in asked else 0  # a snakemake Resource, or a plain value
+    try:
+        return int(getattr(gpu, "value", gpu) or 0) > 0 and config["device"] != "cpu"
+    except (TypeError, ValueError):
+        return False
+
+
 def require_java(jobs):
     """Stop before any job when one of `jobs` evaluates captions and `java` is missing: the
-    COCO metrics need it, and otherwise it is found only after every training run finished."""
+    COCO metrics need it, and otherwise it is found only after every training run finished.
+    With a GPU profile rule preflight checks it on the node instead (preflight_holds_a_gpu)."""
     from distinctcap.evaluate.metrics.coco import check_java
 
+    if preflight_holds_a_gpu():
+        return
     if any(job.rule.name == "evaluate" for job in jobs):
         try:
             check_java()

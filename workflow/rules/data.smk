@@ -2,6 +2,8 @@
 
 
 rule prepare_data:
+    input:
+        preflight=ancient(PREFLIGHT),  # first in the DAG; a rerun of it reruns nothing here
     output:
         images=f"{DATA}/images.parquet",
         captions=f"{DATA}/captions.parquet",

@@ -49,6 +49,7 @@ rule extract_features:
     params:
         arch=CLIP["arch"],
         pretrained=lambda w, input: input.weights[0] if TRAIN_CLIP else CLIP["pretrained"],
+        tag=CLIP.get("tag"),
         settings=CLIP["features"],
         device=config["device"],
         cache=lambda w, output: str(Path(output.index).parent / "cache"),

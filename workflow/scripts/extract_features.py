@@ -13,7 +13,7 @@ device = start_job(snakemake, threads="all-on-cuda")
 extract_features(
     read_table(snakemake.input.images, "images"),
     read_table(snakemake.input.captions, "captions"),
-    load_clip(snakemake.params.arch, snakemake.params.pretrained),
+    load_clip(snakemake.params.arch, snakemake.params.pretrained, tag=snakemake.params.tag),
     index_path=snakemake.output.index,
     cache_dir=snakemake.params.cache,
     settings=FeatureSettings(**snakemake.params.settings),

@@ -36,7 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from distinctcap.core.errors import DistinctcapError
+from distinctcap.core.errors import DistinctcapError, first_line
+from distinctcap.core.hub import downloads_off, hub_cache
 from distinctcap.core.io import atomic_path
 from distinctcap.data.tokenizer import BOS, EOS, PAD
 
@@ -175,7 +176,7 @@ class HFCaptioner(nn.Module):
     @classmethod
     def from_pretrained(cls, source: str, max_len: int, vision: str = "frozen") -> HFCaptioner:
         tf = _transformers()
-        model = tf.AutoModelForImageTextToText.from_pretrained(source, attn_implementation="eager")
+        model = hub_load(tf.AutoModelForImageTextToText, source, attn_implementation="eager")
         return cls(model.float(), source, max_len, load_processor(source).tokenizer, vision)
 
     def num_params(self) -> int:
@@ -280,7 +281,28 @@ class HFCaptioner(nn.Module):
 
 
 def load_processor(source: str):
-    return _transformers().AutoProcessor.from_pretrained(source)
+    return hub_load(_transformers().AutoProcessor, source)
+
+
+def hub_load(loader, source: str, **kwargs):
+    """`loader.from_pretrained(source)`: a local folder or the hub cache first (transformers'
+    local_files_only), then downloaded where huggingface_hub's downloads are on; a
+    DistinctcapError line naming captioner.pretrained and what was tried otherwise."""
+    key = f"captioner.pretrained = {source!r}"
+    try:
+        return loader.from_pretrained(source, local_files_only=True, **kwargs)
+    except OSError as cached_miss:
+        if downloads_off():
+            raise DistinctcapError(
+                f"{key}: no such folder, and not in the hub cache {hub_cache()} "
+                f"({first_line(cached_miss)}) while downloads are off (HF_HUB_OFFLINE); run "
+                "`distinctcap fetch` where the network is reachable, or give a save_pretrained "
+                "folder"
+            ) from cached_miss
+    try:
+        return loader.from_pretrained(source, **kwargs)
+    except OSError as error:
+        raise DistinctcapError(f"{key}: downloading it failed: {first_line(error)}") from error
 
 
 
@@ -288,7 +310,7 @@ def load_processor(source: str):
 def retokenize(captions: pd.DataFrame, source: str) -> tuple[pd.DataFrame, HFTokenizer]:
     """Captions with `tokens` in the pre-trained model's captioner ids, and its tokenizer."""
     tf = _transformers()
-    config = tf.AutoConfig.from_pretrained(source)
+    config = hub_load(tf.AutoConfig, source)
     t = config.text_config
     tokenizer = HFTokenizer(
         load_processor(source).tokenizer,

@@ -1,11 +1,11 @@
 """CLIP (Radford et al., 2021) through open_clip: loading, a tiny model for the shapes world,
 contrastive training and retrieval recall.
 
-- `load_clip(arch, pretrained, device)` takes what open_clip takes: a known tag (`openai`,
+- `load_clip(arch, pretrained, device, tag)` takes what open_clip takes: a known tag (`openai`,
   `laion2b_s34b_b79k`, ...), a local weights file, or `local-dir:DIR` (open_clip's folder
-  schema: open_clip_config.json + weights). A tag whose weights are not in the local cache fails
-  at once when downloads are off (HF_HUB_OFFLINE=1 or the hub unreachable within 3 s) with a
-  message telling the user to set a local file, instead of open_clip's slow retries.
+  schema: open_clip_config.json + weights); `tag` gives a file or folder that tag's settings.
+  A tag is found where open_clip's download puts it (the hub cache; distinctcap.clip.weights);
+  missing, unknown or unreadable weights stop with one line naming the key.
 - Two tiny architectures for the shapes world (model_configs/ beside this file) are registered
   with open_clip on import, both with a text tower on CLIP's BPE vocabulary (49408) so captioner
   tokens map straight to its ids: `shapes-rn-tiny` (the default), open_clip's ModifiedResNet
@@ -33,11 +33,12 @@ from dataclasses import dataclass
 import open_clip
 import torch
 from PIL import Image
+from safetensors import SafetensorError
 from torchvision.transforms import Compose, Normalize, PILToTensor, ToTensor
 from tqdm import tqdm
 
-from distinctcap.clip.weights import LOCAL_DIR, cached_tag_file, resolve_weights
-from distinctcap.core.errors import DistinctcapError
+from distinctcap.clip.weights import resolve_weights
+from distinctcap.core.errors import DistinctcapError, first_line
 from distinctcap.data.quality import decoding
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,7 @@ class LoadedClip:
     arch: str
     pretrained: str
     weight_files: tuple[str, ...]
+    tag: str | None = None  # clip.tag: the tag whose settings a file or folder was given
 
     @property
     def logit_scale(self) -> float:
@@ -62,23 +64,24 @@ class LoadedClip:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()}
 
 
-def load_clip(arch: str, pretrained: str, device: str | torch.device = "cpu") -> LoadedClip:
-    """A CLIP in eval mode on `device`, from a tag, a weights file or local-dir:DIR."""
-    source = resolve_weights(arch, pretrained)
-    kwargs = {k: v for k, v in source.kwargs.items() if v is not None and k != "tag"}
-    weights = source.checkpoint or source.kwargs.get("tag")
-    model, _, preprocess = open_clip.create_model_and_transforms(
-        source.model_name,
-        pretrained=None if pretrained.startswith(LOCAL_DIR) else weights,
-        device=device,
-        **kwargs,
-    )
-    files = source.files
-    if not files and weights:  # a tag open_clip has just downloaded: now it is in the cache
-        cached = cached_tag_file(open_clip.get_pretrained_cfg(arch, weights))
-        files = (cached,) if cached else ()
+def load_clip(
+    arch: str, pretrained: str, device: str | torch.device = "cpu", tag: str | None = None
+) -> LoadedClip:
+    """A CLIP in eval mode on `device`, from a tag, a weights file or local-dir:DIR (with
+    `tag`'s settings, if given)."""
+    source = resolve_weights(arch, pretrained, tag)
+    kwargs = {k: v for k, v in source.kwargs.items() if v is not None}
+    try:
+        model, _, preprocess = open_clip.create_model_and_transforms(
+            source.model_name, pretrained=source.checkpoint, device=device, **kwargs
+        )
+    except (RuntimeError, ValueError, OSError, SafetensorError) as error:
+        raise DistinctcapError(
+            f"clip.pretrained = {pretrained!r}: open_clip could not build {arch} from "
+            f"{', '.join(source.files) or source.model_name}: {first_line(error)}"
+        ) from error
     tokenizer = open_clip.get_tokenizer(source.model_name)
-    return LoadedClip(model.eval(), preprocess, tokenizer, arch, pretrained, files)
+    return LoadedClip(model.eval(), preprocess, tokenizer, arch, pretrained, source.files, tag)
 
 
 def byte_transform(preprocess: Compose) -> tuple[Compose, torch.Tensor, torch.Tensor]:

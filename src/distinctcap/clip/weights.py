@@ -1,21 +1,25 @@
-"""Where a CLIP's weights come from: an open_clip tag (in the local hub or URL cache, or fetched
-when the network allows), a local weights file, or local-dir:DIR. Fails fast with a message
-naming `clip.pretrained` when a tag's weights cannot be had. Registers the shapes world's tiny
-architectures (model_configs/) with open_clip on import.
+"""Where a CLIP's weights come from: an open_clip tag, a local weights file, or local-dir:DIR.
+
+A tag is resolved by open_clip's own `download_pretrained`, first with huggingface_hub answering
+from its cache only (the file names and folders are open_clip's and the hub's, never guessed
+here), then, where downloads are allowed, by downloading: network errors, proxies
+(HTTPS_PROXY) and HF_HUB_OFFLINE are huggingface_hub's. A file or folder given with
+`clip.tag` gets that tag's settings (QuickGELU, mean/std, interpolation, resize mode), as open_clip
+would give the tag itself. Every failure is one DistinctcapError line naming the config key and
+what was tried. Registers the shapes world's tiny architectures (model_configs/) on import.
 """
 
 from __future__ import annotations
 
 import os
-import socket
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlparse
 
 import open_clip
+from open_clip.pretrained import download_pretrained
 
-from distinctcap.core.errors import DistinctcapError
+from distinctcap.core.errors import DistinctcapError, first_line
+from distinctcap.core.hub import downloads_off, hub_cache, hub_cache_only
 
 MODEL_CONFIGS = Path(__file__).parent / "model_configs"
 
@@ -31,8 +35,9 @@ CHECKPOINT_SUFFIXES = (".safetensors", ".bin", ".pth", ".pt")
 
 @dataclass(frozen=True)
 class WeightsSource:
-    """What to hand open_clip: a model name, a local checkpoint (or None to let open_clip fetch a
-    tag) and the tag's preprocessing overrides; `files` are hashed into the features manifest."""
+    """What to hand open_clip: a model name, a local checkpoint (None for local-dir:, whose
+    folder open_clip reads itself) and a tag's settings; `files` are hashed into the features
+    manifest."""
 
     model_name: str
     checkpoint: str | None
@@ -40,95 +45,97 @@ class WeightsSource:
     kwargs: dict = field(default_factory=dict)
 
 
-def resolve_weights(arch: str, pretrained: str) -> WeightsSource:
-    """Turn `clip.pretrained` into a WeightsSource, failing fast with a clear message."""
+def resolve_weights(arch: str, pretrained: str, tag: str | None = None) -> WeightsSource:
+    """`clip.pretrained` (with `clip.tag`'s settings, if given) as a WeightsSource."""
+    settings = tag_settings(tag_config(arch, tag, "clip.tag")) if tag else {}
     if pretrained.startswith(LOCAL_DIR):
-        folder = Path(pretrained[len(LOCAL_DIR) :])
-        if not (folder / "open_clip_config.json").is_file():
-            raise DistinctcapError(
-                f"clip.pretrained = {pretrained!r}: {folder} has no open_clip_config.json; a "
-                "local-dir must hold open_clip_config.json and the weights file"
-            )
-        files = sorted(str(p) for p in folder.iterdir() if p.suffix in CHECKPOINT_SUFFIXES)
-        return WeightsSource(pretrained, None, (str(folder / "open_clip_config.json"), *files))
+        return WeightsSource(pretrained, None, local_dir_files(pretrained), settings)
+    check_arch(arch)
+    if os.path.isfile(pretrained):
+        return WeightsSource(arch, pretrained, (pretrained,), settings)
+    if pretrained.endswith(CHECKPOINT_SUFFIXES) or os.sep in pretrained:
+        raise DistinctcapError(f"clip.pretrained = {pretrained!r}: no such file")
+    if tag and tag != pretrained:
+        raise DistinctcapError(
+            f"clip.tag = {tag!r} names another tag than clip.pretrained = {pretrained!r}, which "
+            "is no file; set clip.pretrained to the weights file of that tag, or drop clip.tag"
+        )
+    path = tag_file(arch, pretrained)
+    return WeightsSource(arch, path, (path,), tag_settings(tag_config(arch, pretrained)))
+
+
+def check_arch(arch: str) -> None:
     if arch not in open_clip.list_models():
         raise DistinctcapError(
             f"clip.arch = {arch!r} is not an open_clip architecture; choose one of "
             f"{', '.join(open_clip.list_models())}"
         )
-    if os.path.isfile(pretrained):
-        return WeightsSource(arch, pretrained, (pretrained,))
-    cfg = open_clip.get_pretrained_cfg(arch, pretrained)
+
+
+def local_dir_files(pretrained: str) -> tuple[str, ...]:
+    """open_clip_config.json and the weights of a local-dir:DIR, checked to be there."""
+    folder = Path(pretrained[len(LOCAL_DIR) :])
+    if not (folder / "open_clip_config.json").is_file():
+        raise DistinctcapError(
+            f"clip.pretrained = {pretrained!r}: {folder} has no open_clip_config.json; a "
+            "local-dir must hold open_clip_config.json and the weights file"
+        )
+    files = sorted(str(p) for p in folder.iterdir() if p.suffix in CHECKPOINT_SUFFIXES)
+    return (str(folder / "open_clip_config.json"), *files)
+
+
+def tag_config(arch: str, tag: str, key: str = "clip.pretrained") -> dict:
+    """open_clip's pretrained config of `arch`/`tag`; a DistinctcapError naming `key` if none."""
+    check_arch(arch)
+    cfg = open_clip.get_pretrained_cfg(arch, tag)
     if not cfg:
         tags = open_clip.list_pretrained_tags_by_model(arch)
+        what = "neither a file, nor local-dir:DIR, nor" if key == "clip.pretrained" else "not"
         raise DistinctcapError(
-            f"clip.pretrained = {pretrained!r} is neither a file, nor local-dir:DIR, nor a known "
-            f"tag of {arch} (tags: {', '.join(tags) or 'none'})"
+            f"{key} = {tag!r} is {what} a known tag of {arch} "
+            f"(tags: {', '.join(tags) or 'none'})"
         )
-    kwargs = {
+    return cfg
+
+
+def tag_settings(cfg: dict) -> dict:
+    """create_model_and_transforms keywords that give a tag's model and preprocessing."""
+    return {
         "image_mean": cfg.get("mean"),
         "image_std": cfg.get("std"),
         "image_interpolation": cfg.get("interpolation"),
         "image_resize_mode": cfg.get("resize_mode"),
         "force_quick_gelu": bool(cfg.get("quick_gelu", False)),
     }
-    cached = cached_tag_file(cfg)
+
+
+def cached_tag_file(arch: str, tag: str) -> str | None:
+    """The tag's weights file in the hub cache (as open_clip looks it up), or None."""
+    try:
+        with hub_cache_only():
+            return download_pretrained(tag_config(arch, tag))
+    except (FileNotFoundError, RuntimeError):
+        return None
+
+
+def tag_file(arch: str, tag: str, download: bool = True) -> str:
+    """The tag's weights file: from the hub cache, else downloaded by open_clip (when
+    `download` and huggingface_hub's downloads are on). One line naming what was tried."""
+    cached = cached_tag_file(arch, tag)
     if cached:
-        return WeightsSource(arch, cached, (cached,), kwargs)
-    check_can_download(arch, pretrained, cfg)
-    return WeightsSource(arch, None, (), {**kwargs, "tag": pretrained})
-
-
-def cached_tag_file(cfg: dict) -> str | None:
-    """The tag's weights file if it is already in the hub or URL cache (no network)."""
-    if cfg.get("hf_hub"):
-        from huggingface_hub import try_to_load_from_cache
-
-        repo, name = os.path.split(cfg["hf_hub"])
-        name = name or "open_clip_pytorch_model.bin"
-        candidates = (
-            [name[:-4] + ".safetensors", name] if name.endswith((".bin", ".pth")) else [name]
-        )
-        for candidate in candidates:
-            path = try_to_load_from_cache(repo, candidate)
-            if isinstance(path, str) and os.path.isfile(path):
-                return path
-    if cfg.get("url"):
-        path = Path("~/.cache/clip").expanduser() / os.path.basename(cfg["url"])
-        if path.is_file():
-            return str(path)
-    return None
-
-
-def check_can_download(arch: str, tag: str, cfg: dict) -> None:
-    """Raise at once if the tag's weights cannot be fetched (offline, or host unreachable)."""
-    source = f"https://huggingface.co/{cfg['hf_hub']}" if cfg.get("hf_hub") else cfg.get("url", "")
-    host = "huggingface.co" if cfg.get("hf_hub") else urlparse(source).hostname or ""
-    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
-    why = "downloads are off (HF_HUB_OFFLINE is set)" if offline else None
-    if why is None and not reachable(host):
-        why = f"{host} cannot be reached"
-    if why:
+        return cached
+    repo = tag_config(arch, tag)["hf_hub"].rstrip("/")
+    tried = f"{arch}/{tag} ({repo}) is not in the hub cache {hub_cache()}"
+    if not download or downloads_off():
         raise DistinctcapError(
-            f"clip.pretrained = {tag!r}: the weights of {arch}/{tag} are not in the local cache "
-            f"and {why}. Download them ({source}) on a machine with network access and set "
-            "clip.pretrained to the local file (or to local-dir:DIR holding "
-            "open_clip_config.json and the weights)"
+            f"clip.pretrained = {tag!r}: {tried} and downloads are off (HF_HUB_OFFLINE); run "
+            "`distinctcap fetch` where the network is reachable, or set clip.pretrained to "
+            f"the weights file with clip.tag: {tag}"
         )
-
-
-def reachable(host: str, port: int = 443, timeout: float = 3.0) -> bool:
-    """Can a TCP connection to host:port open within `timeout` s (DNS included)?"""
-    ok: list[bool] = []
-
-    def probe() -> None:
-        try:
-            socket.create_connection((host, port), timeout=timeout).close()
-            ok.append(True)
-        except OSError:
-            pass
-
-    thread = threading.Thread(target=probe, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    return bool(ok)
+    try:
+        return download_pretrained(tag_config(arch, tag))
+    except (FileNotFoundError, RuntimeError, OSError) as error:
+        raise DistinctcapError(
+            f"clip.pretrained = {tag!r}: {tried} and downloading it failed: "
+            f"{first_line(error)}"
+        ) from error

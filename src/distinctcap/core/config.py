@@ -345,6 +345,7 @@ class TrainConfig:
     select_metric: str = from_schema("train", "select_metric")
     patience: int = from_schema("train", "patience")
     checkpoint_every: int = from_schema("train", "checkpoint_every")
+    checkpoint_minutes: float | None = from_schema("train", "checkpoint_minutes")
     log_every: int = from_schema("train", "log_every")
     compile: bool = from_schema("train", "compile")
 

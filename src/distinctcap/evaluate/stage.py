@@ -475,7 +475,7 @@ def load_features_clip(index_path: str | Path, device: str = "cpu"):
     from distinctcap.clip.load import load_clip
 
     manifest = read_json(index_path)["manifest"]
-    return load_clip(manifest["arch"], manifest["pretrained"], device)
+    return load_clip(manifest["arch"], manifest["pretrained"], device, manifest.get("tag"))
 
 
 def model_metrics(

@@ -20,7 +20,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
-from distinctcap.captioner.hf import KIND, _transformers, load_processor
+from distinctcap.captioner.hf import KIND, _transformers, hub_load, load_processor
 from distinctcap.core.devices import CPU
 from distinctcap.core.io import write_json
 from distinctcap.data.quality import decoding
@@ -105,7 +105,7 @@ def extract_vision_features(
     settings = settings or FeatureSettings()
     dtype = compute_dtype(settings.precision, device)
     tf = _transformers()
-    model = tf.AutoModelForImageTextToText.from_pretrained(source).float().to(device).eval()
+    model = hub_load(tf.AutoModelForImageTextToText, source).float().to(device).eval()
     processor = load_processor(source)
     info = vision_manifest(source, model, processor, dtype, vision)
     fingerprint = digest({k: v for k, v in info.items() if k != "pretrained"})

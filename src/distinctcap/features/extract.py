@@ -42,6 +42,7 @@ from distinctcap.clip.text import encode_text
 from distinctcap.core.devices import CPU
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import file_sha256, write_json
+from distinctcap.core.preflight import LOADER_PREFETCH, workers_fitting_shm
 from distinctcap.data.quality import decoding
 from distinctcap.features.store import (
     FORMAT,
@@ -92,6 +93,7 @@ def manifest(clip: LoadedClip, dtype: torch.dtype) -> dict:
         "format": FORMAT,
         "arch": clip.arch,
         "pretrained": clip.pretrained,
+        **({"tag": clip.tag} if clip.tag else {}),  # its settings change the features
         "weight_files": [str(f) for f in clip.weight_files],
         "weights_sha256": file_sha256(clip.weight_files),
         "preprocess": clip.preprocess_cfg(),
@@ -179,6 +181,13 @@ def pooled_and_grid(visual: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Ten
     return out["image_features"], out["image_intermediates"][-1].flatten(2).transpose(1, 2)
 
 
+def image_bytes(clip: LoadedClip) -> int:
+    """Bytes of one image as the loader ships it (uint8, 3 x the model's input size)."""
+    size = clip.preprocess_cfg()["size"]
+    height, width = (size, size) if isinstance(size, int) else size
+    return 3 * height * width
+
+
 @torch.inference_mode()
 def grid_token_count(clip: LoadedClip) -> int:
     """G, from one blank image at the model's input size."""
@@ -208,13 +217,15 @@ def extract_images(
         )
     to_bytes, mean, std = byte_transform(clip.preprocess)
     workers = loader_workers(settings.workers, device, threads)
+    if workers:
+        workers = workers_fitting_shm(workers, settings.batch_size * image_bytes(clip))
     log.info("images: %d DataLoader workers, pinned memory %s", workers, device.type == "cuda")
     loader = DataLoader(
         ImageFiles(images.file.tolist(), to_bytes, clip.preprocess_cfg()["size"]),
         batch_sampler=image_batches(shards, settings.batch_size),
         num_workers=workers,
         pin_memory=device.type == "cuda",
-        prefetch_factor=4 if workers else None,
+        prefetch_factor=LOADER_PREFETCH if workers else None,
     )
     batches = encode_images(clip, loader, device, dtype, mean, std)
     ids = images.image_id.to_numpy()

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 
 def load_clip_model(paths: Mapping, method: str) -> nn.Module:
-    """The CLIP model of a run's inputs (clip: weights file or tag, clip_arch)."""
+    """The CLIP model of a run's inputs (clip: weights file or tag, clip_arch, clip_tag)."""
     # open_clip takes seconds to import: only runs that select through a CLIP pay for it
     from distinctcap.clip.load import load_clip
 
@@ -41,7 +41,7 @@ def load_clip_model(paths: Mapping, method: str) -> nn.Module:
             f"method {method} needs the CLIP model: paths.clip (weights "
             "file or tag) and paths.clip_arch (open_clip architecture)"
         )
-    return load_clip(paths["clip_arch"], str(paths["clip"])).model
+    return load_clip(paths["clip_arch"], str(paths["clip"]), tag=paths.get("clip_tag")).model
 
 
 def caption_ids_tensor(token_lists: Sequence[Sequence[int]], device: torch.device) -> Tensor:

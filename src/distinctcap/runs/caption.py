@@ -174,7 +174,7 @@ def load_run_clip(card: dict, run_dir: Path, clip: str | None, device: torch.dev
             f"run {card['name']} was trained on the CLIP {info['arch']} at {where}, which is "
             f"missing; {how} (sha256 {info['weights_sha256'][:16]}...)"
         )
-    loaded = load_clip(info["arch"], pretrained, device)
+    loaded = load_clip(info["arch"], pretrained, device, info.get("tag"))
     found = file_sha256(loaded.weight_files)
     if found != info["weights_sha256"]:
         raise DistinctcapError(

@@ -4,6 +4,10 @@
                                                    [--html vis.html] [--clip PATH]
     distinctcap runs [--results results]       the trained runs with their headline metrics
     distinctcap compare [--results results]    the headline table (the README's 9 columns)
+    distinctcap fetch [--configfile config.coco.yaml] [--offline]
+                                               download what the config's jobs read (COCO, the
+                                               CLIP tag, the captioner, SPICE's jars), or with
+                                               --offline say what is missing
 
 Light at import: torch loads only inside `caption`.
 """
@@ -31,6 +35,9 @@ def parser() -> argparse.ArgumentParser:
     for name, text in (("runs", "list the trained runs"), ("compare", "the headline table")):
         sub = commands.add_parser(name, help=text)
         sub.add_argument("--results", default="results", help="the results folder of a run")
+    fetch = commands.add_parser("fetch", help="download what a config's jobs will read")
+    fetch.add_argument("--configfile", default="config.yaml", help="the run's config file")
+    fetch.add_argument("--offline", action="store_true", help="download nothing, only check")
     return top
 
 
@@ -72,7 +79,17 @@ def compare(args) -> int:
     return 0
 
 
-COMMANDS = {"caption": caption, "runs": runs, "compare": compare}
+def fetch(args) -> int:
+    from distinctcap.core.config import load
+    from distinctcap.core.schema import SCHEMA_PATH
+    from distinctcap.runs.fetch import run_fetch
+
+    if not Path(args.configfile).is_file():
+        raise DistinctcapError(f"--configfile {args.configfile}: no such file")
+    return run_fetch(load(args.configfile, SCHEMA_PATH), offline=args.offline)
+
+
+COMMANDS = {"caption": caption, "runs": runs, "compare": compare, "fetch": fetch}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -66,6 +66,7 @@ def write_run_card(
         "clip": {
             "arch": manifest["arch"],
             **clip_reference(clip_pretrained, run_dir),
+            **({"tag": manifest["tag"]} if manifest.get("tag") else {}),
             "weights_sha256": manifest["weights_sha256"],
             "preprocess": manifest["preprocess"],
             "precision": manifest["precision"],

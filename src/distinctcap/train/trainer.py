@@ -18,7 +18,9 @@ selection metric (val_loss, self_retrieval, or one the objective computes itself
 the validation captions; the best weights are kept (checkpoint selection) and `patience`
 validations without improvement stop the run (early stopping).
 
-Resume: every `checkpoint_every` steps `<out_dir>/checkpoints/last.pt` is replaced atomically
+Resume: every `checkpoint_every` steps, and every `checkpoint_minutes` of wall time (a job
+near its time limit keeps at most that much work), `<out_dir>/checkpoints/last.pt`, the only
+checkpoint kept, is replaced atomically
 with the model, optimiser, scheduler, scaler, RNG states (torch, CUDA, numpy, python), the data
 position, the best weights so far, the curve, the objective's own state (its state_dict), and
 the run's fingerprint: content hashes of its effective config and of every input in `paths`.
@@ -207,6 +209,7 @@ class Trainer:
         self.checkpoints = Checkpoints(
             run_checkpoint(self.out_dir), self.fingerprint, log, paths.inputs, self.dist.is_main
         )
+        self.checkpointed_at = time.monotonic()  # for checkpoint_minutes (wall time only)
         # On a GPU the host reads the step's numbers (loss, gradient norm, extras) and checks
         # them only at flushes (log, validation and checkpoint steps), so it never waits for
         # the GPU in between; on the CPU every step, before the optimiser step, as always.
@@ -341,6 +344,7 @@ class Trainer:
                 "objective": self.objective.state_dict(),
             }
         )
+        self.checkpointed_at = time.monotonic()
 
     def try_resume(self) -> int | None:
         """Continue from last.pt if its fingerprint is this run's (else Checkpoints sets it
@@ -511,14 +515,20 @@ class Trainer:
         every_val = bool(tc.val_every and step % tc.val_every == 0)
         do_val = bool(self.val_batches) and (last or every_val)
         do_log = step % tc.log_every == 0 or do_val or last
+        every = bool(tc.checkpoint_every and step % tc.checkpoint_every == 0)
         do_checkpoint = bool(
-            tc.checkpoint_every
-            and step % tc.checkpoint_every == 0
+            (every or self._checkpoint_time())
             and not last
             and self.checkpoints.path
             and self.dist.is_main
         )
         return do_val, do_log, do_checkpoint
+
+    def _checkpoint_time(self) -> bool:
+        """Has `checkpoint_minutes` of wall time passed since the last checkpoint (or start)?
+        Only when a checkpoint is written depends on it, never what is computed."""
+        minutes = self.tc.checkpoint_minutes
+        return bool(minutes) and time.monotonic() - self.checkpointed_at >= 60 * minutes
 
     def _log_row(self, bar: tqdm, do_val: bool) -> None:
         """A curve row of the window since the last one, with the validation when it is due

@@ -1,0 +1,310 @@
+"""The preflight job (rule preflight, first in the DAG, on the GPU rules' partition): what would
+stop a run hours later is checked on the node itself before anything is downloaded or trained.
+
+Each check is a function of the facts it reads (a driver string, a compute capability, sizes
+in bytes), so each is tested on a CPU with a failing fact; it returns None or one line naming
+the fix. `gather_and_check` reads the facts of this node and runs every check that applies:
+the GPU checks and java only where the job holds a GPU (the GPU profiles give it one) and the
+config does not say `device: cpu`, so elsewhere it imports no torch and takes a fraction of a
+second (java is then checked on the submitting machine, Snakefile onstart).
+
+Light at import (no torch): the GPU facts are read inside `gpu_lines`.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from distinctcap.core.errors import DistinctcapError
+
+log = logging.getLogger(__name__)
+
+GB = 1e9
+# Estimates of what the stages write, from the COCO runs (issue 27) and the data sizes:
+COCO_IMAGES = 123_287  # train2014 + val2014 (the karpathy split; mrnn's 2017 set is the same)
+COCO_DOWNLOAD = 19.5 * GB  # the zips, kept unless data.coco.keep_zips is false
+COCO_EXTRACTED = 19.5 * GB
+CAPTIONS_PER_IMAGE = 5
+GRID_BYTES = {"shapes": 4 * 512 * 2, "pretrained": 50 * 768 * 2}  # float16 grid per image
+TEXT_BYTES = 512 * 2  # float16 text embedding per caption
+RUN_BYTES = {"shapes": 0.02 * GB, "coco": 1.2 * GB}  # last checkpoint (0.85 GB) + model.pt
+SHM_SAFETY = 2  # a worker's batch sits in shared memory twice (its tensors, then collated)
+LOADER_PREFETCH = 4  # batches each feature-loader worker prepares ahead (features.extract)
+
+
+# ---------------------------------------------------------------------------------------------
+# The checks: facts in, None or one line naming the fix out
+
+
+def version(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", text))
+
+
+def check_driver(torch_version: str, cuda: str | None, driver: str | None, need: str | None):
+    """torch's CUDA build against the node's NVIDIA driver (`need`: the build's minimum)."""
+    if cuda is None:
+        return (
+            f"torch {torch_version} is a CPU-only build: install the CUDA build pinned in "
+            "requirements.txt on this node's environment"
+        )
+    if driver is None:
+        return (
+            f"no NVIDIA driver is loaded on this node (torch {torch_version} needs >= {need}): "
+            "submit to a GPU partition (slurm_partition of the GPU rules) or set device: cpu"
+        )
+    if need and version(driver) < version(need):
+        return (
+            f"NVIDIA driver {driver} is older than {need}, which torch {torch_version} (CUDA "
+            f"{cuda}) needs: ask for nodes with a newer driver (a constraint in the profile's "
+            "slurm_extra) or install a torch built for an older CUDA"
+        )
+    return None
+
+
+def check_capability(capability: tuple[int, int], arch_list: Iterable[str], gpu: str):
+    """The GPU's compute capability against the build's kernels (torch.cuda.get_arch_list):
+    an sm_XY of the same major and no newer minor runs, and compute_XY (PTX) at or below it."""
+    major, minor = capability
+    arches = list(arch_list)
+    for arch in arches:
+        kind, _, digits = arch.partition("_")
+        if not digits.isdigit():
+            continue
+        a_major, a_minor = int(digits[:-1]), int(digits[-1])
+        if kind == "sm" and a_major == major and a_minor <= minor:
+            return None
+        if kind == "compute" and (a_major, a_minor) <= (major, minor):
+            return None
+    return (
+        f"the GPU {gpu} (compute capability {major}.{minor}) has no kernels in this torch build "
+        f"({' '.join(arches) or 'none'}): pick a newer GPU model (gpu_model in the profile) "
+        "or install a torch built for it"
+    )
+
+
+def check_java(needed: bool, problem: str | None):
+    """`java -version` on this node (`problem`: why it fails), when evaluation will need it."""
+    if not needed or problem is None:
+        return None
+    return f"java on this node: {problem}"
+
+
+def check_disk(free: float, need: float, where: str):
+    if free >= need:
+        return None
+    return (
+        f"{where} has {free / GB:.1f} GB free but the planned stages write about "
+        f"{need / GB:.1f} GB: free space there or run in a folder on a larger disk "
+        "(snakemake --directory)"
+    )
+
+
+def shm_workers(workers: int, batch_bytes: float, prefetch: int, shm_free: float) -> int:
+    """The most DataLoader workers (<= `workers`) whose prefetched batches fit /dev/shm."""
+    per_worker = batch_bytes * prefetch * SHM_SAFETY
+    return min(workers, int(shm_free // per_worker)) if per_worker else workers
+
+
+def check_shm(workers: int, batch_bytes: float, prefetch: int, shm_free: float):
+    """A warning, not a stop: the feature loader runs with fewer workers (shm_workers)."""
+    fits = shm_workers(workers, batch_bytes, prefetch, shm_free)
+    if fits >= workers:
+        return None
+    need = workers * batch_bytes * prefetch * SHM_SAFETY
+    return (
+        f"/dev/shm has {shm_free / GB:.2f} GB free, {workers} loader workers need about "
+        f"{need / GB:.2f} GB: feature extraction runs with {fits} (set clip.features.workers: "
+        f"{fits} to silence this, or give the job more shared memory, e.g. docker --shm-size)"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Estimates from the config
+
+
+def n_images(data: dict) -> int:
+    if data.get("source") == "coco":
+        return COCO_IMAGES
+    shapes = data.get("shapes", {})
+    return sum(int(shapes.get(k, 0)) for k in ("n_train", "n_val", "n_test"))
+
+
+def planned_bytes(config: dict) -> float:
+    """About what the planned stages write under the run folder and the COCO download folder:
+    data, CLIP features (grid + text) and every run's last checkpoint and model."""
+    data = config.get("data", {})
+    coco = data.get("source") == "coco"
+    images = n_images(data)
+    total = 0.0
+    if coco and not data.get("coco", {}).get("root"):
+        keep = data.get("coco", {}).get("keep_zips", True)
+        total += COCO_EXTRACTED + (COCO_DOWNLOAD if keep else 0)
+    elif not coco:
+        size = int(data.get("shapes", {}).get("image_size", 64))
+        total += images * size * size * 3
+    grid = GRID_BYTES["shapes" if config["clip"]["pretrained"] == "train" else "pretrained"]
+    total += images * grid + images * CAPTIONS_PER_IMAGE * TEXT_BYTES
+    return total + len(config.get("runs", {})) * RUN_BYTES["coco" if coco else "shapes"]
+
+
+def download_folder(config: dict) -> str:
+    """Where the disk check looks: the COCO download folder (when data is downloaded) or ."""
+    coco = config["data"].get("coco", {})
+    if config["data"].get("source") == "coco" and not coco.get("root"):
+        return coco.get("download_dir", "resources/coco")
+    return "."
+
+
+def existing_parent(path: str) -> Path:
+    here = Path(path).resolve()
+    while not here.exists():
+        here = here.parent
+    return here
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading this node's facts
+
+
+def needs_gpu(config: dict, gpus: int) -> bool:
+    """The job holds a GPU the config will use (`device: cpu` runs GPU jobs on the CPU)."""
+    return gpus > 0 and str(config.get("device", "auto")) != "cpu"
+
+
+def gpu_lines() -> list[str | None]:
+    """The driver and capability checks on this node's facts (imports torch)."""
+    import torch
+
+    from distinctcap.core.devices import installed_driver, required_driver
+
+    lines = [
+        check_driver(torch.__version__, torch.version.cuda, installed_driver(), required_driver())
+    ]
+    if lines[0] is None and torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            name = torch.cuda.get_device_name(i)
+            cap = torch.cuda.get_device_capability(i)
+            lines.append(check_capability(cap, torch.cuda.get_arch_list(), name))
+    return lines
+
+
+def java_problem() -> str | None:
+    from distinctcap.evaluate.metrics.coco import check_java as start_java
+
+    try:
+        start_java()
+    except DistinctcapError as error:
+        return str(error)
+    return None
+
+
+def shm_line(config: dict, cpus: int) -> str | None:
+    """The feature loader's workers (clip.features.workers, auto: the job's CPUs less one on a
+    GPU) against /dev/shm, for CLIP's 224 px images (the shapes world's are 64 px)."""
+    features = config["clip"].get("features", {})
+    workers = features.get("workers", "auto")
+    workers = max(0, cpus - 1) if workers == "auto" else int(workers)
+    size = 64 if config["clip"]["pretrained"] == "train" else 224
+    batch = int(features.get("batch_size", 256)) * 3 * size * size
+    return check_shm(workers, batch, LOADER_PREFETCH, shm_free())
+
+
+def shm_free() -> float:
+    return shutil.disk_usage("/dev/shm").free if Path("/dev/shm").is_dir() else float("inf")
+
+
+def workers_fitting_shm(workers: int, batch_bytes: float) -> int:
+    """The feature loader's workers, fewer with a warning when /dev/shm is too small for them
+    (a container's 64 MB default otherwise ends the job with a bus error)."""
+    line = check_shm(workers, batch_bytes, LOADER_PREFETCH, shm_free())
+    if line is None:
+        return workers
+    log.warning(line)
+    return shm_workers(workers, batch_bytes, LOADER_PREFETCH, shm_free())
+
+
+def weights_lines(config: dict) -> list[str | None]:
+    """The CLIP tag or file and the pre-trained captioner, without downloading."""
+    lines: list[str | None] = []
+    clip = config["clip"]
+    if clip["pretrained"] != "train":
+        lines.append(_weights_problem(lambda: _clip_weights(clip)))
+    captioner = config.get("captioner", {})
+    if captioner.get("kind") == "transformers":
+        lines.append(_weights_problem(lambda: captioner_weights(captioner["pretrained"])))
+    return lines
+
+
+def _weights_problem(find: Callable[[], object]) -> str | None:
+    try:
+        find()
+    except DistinctcapError as error:
+        return str(error)
+    return None
+
+
+def _clip_weights(clip: dict) -> None:
+    import open_clip
+
+    from distinctcap.clip.weights import resolve_weights, tag_file
+
+    if open_clip.get_pretrained_cfg(clip["arch"], clip["pretrained"]):
+        tag_file(clip["arch"], clip["pretrained"], download=False)
+    else:  # a file or local-dir: resolving it reads nothing from the network
+        resolve_weights(clip["arch"], clip["pretrained"], clip.get("tag"))
+
+
+def captioner_weights(source: str) -> None:
+    """A save_pretrained folder, or a hub id whose cached snapshot holds weights (read by
+    huggingface_hub alone: transformers takes seconds to import)."""
+    from huggingface_hub import snapshot_download
+
+    from distinctcap.core.hub import hub_cache
+
+    if Path(source).expanduser().is_dir():
+        return
+    try:
+        folder = Path(snapshot_download(source, local_files_only=True))
+    except (OSError, ValueError):
+        folder = None
+    if folder is None or not any(folder.glob("*.safetensors")) and not any(folder.glob("*.bin")):
+        raise DistinctcapError(
+            f"captioner.pretrained = {source!r}: no weights of it in the hub cache {hub_cache()}: "
+            "run `distinctcap fetch` where the network is reachable, or give a save_pretrained "
+            "folder"
+        )
+
+
+def gather_and_check(config: dict, gpus: int = 0, cpus: int = 1) -> tuple[list[str], list[str]]:
+    """(failures, warnings) of every check that applies to this config on this node."""
+    failures: list[str | None] = []
+    if needs_gpu(config, gpus):
+        failures += gpu_lines()
+        failures.append(check_java(bool(config.get("runs")), java_problem()))
+    folder = download_folder(config)
+    free = shutil.disk_usage(existing_parent(folder)).free
+    failures.append(check_disk(free, planned_bytes(config), folder))
+    failures += weights_lines(config)
+    warnings = [shm_line(config, cpus)] if needs_gpu(config, gpus) else []
+    return [f for f in failures if f], [w for w in warnings if w]
+
+
+def run_preflight(config: dict, report: str, gpus: int = 0, cpus: int = 1) -> None:
+    """Write `report` (one line per finding, 'ok' when none) or stop with every failure."""
+    from distinctcap.core.io import atomic_path
+
+    failures, warnings = gather_and_check(config, gpus, cpus)
+    for line in warnings:
+        log.warning("preflight: %s", line)
+    for line in failures:
+        log.error("preflight: %s", line)
+    if failures:
+        raise DistinctcapError(
+            f"preflight: {len(failures)} check(s) failed, nothing else ran: " + " | ".join(failures)
+        )
+    with atomic_path(report) as tmp:
+        Path(tmp).write_text("".join(f"warning: {w}\n" for w in warnings) or "ok\n")

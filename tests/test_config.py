@@ -95,6 +95,42 @@ def test_config_errors_name_the_key(config, expected):
     assert expected in error_of(config)
 
 
+# The bad-input probe's configs (issue 28), as a user writes them in YAML
+PROBE_CONFIGS = [
+    (  # a decoding name that climbs out of the experiment folder
+        'decoding: {"x/../../../../ESCAPED": {kind: greedy}}',
+        "decoding: name 'x/../../../../ESCAPED' is not allowed; names are used in file and "
+        "folder names, so use a letter or digit, then letters, digits, '_' and '-'",
+    ),
+    (  # greedy's per-image table is the metrics table of a decoding named greedy-per_image
+        "decoding: {greedy: {kind: greedy}, greedy-per_image: {kind: greedy}}",
+        "decoding.greedy and decoding.greedy-per_image both write "
+        "results/metrics/reference/test-greedy-per_image.parquet: rename one of them",
+    ),
+    (
+        "runs: {Reference: {method: mle}}",
+        "runs.reference and runs.Reference both write results/runs/reference and "
+        "results/runs/Reference, "
+        "one path on a case-insensitive file system",
+    ),
+    ("runs: {-x: {method: mle}}", "runs: name '-x' is not allowed"),
+    ("train: {lr: .nan}", "train.lr = nan is not a finite number"),
+    ("train: {lr: .inf}", "train.lr = inf is not a finite number"),
+    ("train: {epochs: .inf}", "train.epochs = inf is not a finite number"),
+    ("runs: {reference: {train: {betas: [0.9, .nan]}}}",
+     "runs.reference.train.betas[1] = nan is not a finite number"),
+    ("evaluate: {}\nentropy: {logit_scale: .inf}", "entropy.logit_scale = inf is not a finite"),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), PROBE_CONFIGS)
+def test_the_probes_bad_names_and_numbers_stop_with_the_key(text, expected):
+    import yaml
+
+    config = _merge({"runs": {"reference": {"method": "mle"}}}, yaml.safe_load(text))
+    assert expected in error_of(config)
+
+
 def test_bad_config_stops_snakemake_before_any_job(workdir):
     result = snakemake(workdir, "--config", "device=gpu")
     assert result.returncode != 0

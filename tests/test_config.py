@@ -422,3 +422,33 @@ def test_the_head_of_the_longest_training_chain_gets_the_highest_priority():
     # the entropy split heads the teachers' chains, so it goes before the reference
     assert entropy_priority(runs, priorities) == 3001
     assert entropy_priority({"reference": runs["reference"]}, {"reference": 1800}) == 0
+
+
+BROKEN_YAML = "train:\n  lr: [0.001, 0.002\nseed: 3\n"  # the list's ] is missing
+
+
+def test_a_yaml_error_in_config_yaml_names_its_file_and_line(workdir):
+    (workdir / "config.yaml").write_text(BROKEN_YAML)
+    result = snakemake(workdir, "-n")
+    assert result.returncode != 0
+    assert (f"distinctcap: config error: {workdir}/config.yaml, line 3, column 5: not valid "
+            "YAML: expected ',' or ']', but got ':' (while parsing a flow sequence at line 2, "
+            "column 7)") in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_check_config_names_the_file_and_line_of_a_broken_preset(tmp_path, capsys):
+    """Snakemake reads a --configfile before the workflow runs, and names neither file nor line."""
+    from distinctcap.runs.cli import main
+
+    preset = tmp_path / "preset.yaml"
+    preset.write_text(BROKEN_YAML)
+    assert main(["check-config", str(ROOT / "config.yaml"), str(preset)]) == 2
+    assert capsys.readouterr().err == (
+        f"distinctcap: {preset}, line 3, column 5: not valid YAML: expected ',' or ']', but got "
+        "':' (while parsing a flow sequence at line 2, column 7)\n"
+    )
+    preset.write_text("train: {lr: .nan}\n")
+    assert main(["check-config", str(ROOT / "config.yaml"), str(preset), "--syntax"]) == 0
+    assert main(["check-config", str(ROOT / "config.yaml"), str(preset)]) == 2
+    assert "train.lr = nan is not a finite number" in capsys.readouterr().err

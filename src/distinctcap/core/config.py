@@ -494,8 +494,56 @@ def _check_against(values: dict, part: dict, schema: dict, path: list[str]) -> N
 
 
 def load(config_path: str | os.PathLike, schema_path: str | os.PathLike) -> dict:
-    with open(config_path) as f:
-        return validate(yaml.safe_load(f) or {}, load_schema(schema_path))
+    return validate(read_yaml(config_path) or {}, load_schema(schema_path))
+
+
+def read_yaml(path: str | os.PathLike) -> object:
+    """A config or preset file; a YAML syntax error is one line naming the file, line and
+    column (Snakemake's own message names neither: "Config file is not valid JSON or YAML")."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise DistinctcapError(f"cannot read the config file {path}: {error}") from error
+    try:
+        return yaml.safe_load(text)
+    except yaml.MarkedYAMLError as error:
+        raise DistinctcapError(f"{path}{_yaml_error_text(error)}") from error
+    except yaml.YAMLError as error:
+        raise DistinctcapError(f"{path}: not valid YAML: {error}") from error
+
+
+def _yaml_error_text(error: yaml.MarkedYAMLError) -> str:
+    """", line L, column C: not valid YAML: <problem> (<context> at line L', column C')"."""
+
+    def at(mark) -> str:
+        return f"line {mark.line + 1}, column {mark.column + 1}"
+
+    mark = error.problem_mark or error.context_mark
+    text = f", {at(mark)}" if mark else ""
+    text += f": not valid YAML: {error.problem or error.context}"
+    if error.context and error.problem and error.context_mark:
+        text += f" ({error.context} at {at(error.context_mark)})"
+    return text
+
+
+def read_configs(paths: list[str | os.PathLike]) -> dict:
+    """The config files merged as Snakemake merges --configfile: later files override earlier
+    ones key by key, sections merged recursively."""
+    config: dict = {}
+    for path in paths:
+        content = read_yaml(path) or {}
+        if not isinstance(content, dict):
+            raise DistinctcapError(f"{path}: a config file holds keys at its top level")
+        config = _merged(config, content)
+    return config
+
+
+def _merged(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for key, value in extra.items():
+        both = isinstance(value, dict) and isinstance(base.get(key), dict)
+        out[key] = _merged(base[key], value) if both else value
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,6 +4,8 @@
                                                    [--html vis.html] [--clip PATH]
     distinctcap runs [--results results]       the trained runs with their headline metrics
     distinctcap compare [--results results]    the headline table (the README's 9 columns)
+    distinctcap check-config FILE... [--syntax] the config files merged as --configfile merges
+                                               them, checked; a YAML error names file and line
 
 Light at import: torch loads only inside `caption`.
 """
@@ -31,6 +33,9 @@ def parser() -> argparse.ArgumentParser:
     for name, text in (("runs", "list the trained runs"), ("compare", "the headline table")):
         sub = commands.add_parser(name, help=text)
         sub.add_argument("--results", default="results", help="the results folder of a run")
+    check = commands.add_parser("check-config", help="check config files before snakemake")
+    check.add_argument("files", nargs="+", help="config.yaml and presets, in --configfile order")
+    check.add_argument("--syntax", action="store_true", help="check only that each is YAML")
     return top
 
 
@@ -72,7 +77,17 @@ def compare(args) -> int:
     return 0
 
 
-COMMANDS = {"caption": caption, "runs": runs, "compare": compare}
+def check_config(args) -> int:
+    from distinctcap.core.config import load_schema, read_configs, validate
+
+    config = read_configs(args.files)
+    if not args.syntax:
+        validate(config, load_schema())
+    print(f"distinctcap: {', '.join(args.files)}: {'valid YAML' if args.syntax else 'valid'}")
+    return 0
+
+
+COMMANDS = {"caption": caption, "runs": runs, "compare": compare, "check-config": check_config}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,13 @@ import sys
 import pytest
 from conftest import ROOT, snakemake
 
-from distinctcap.core.config import entropy_priority, load_schema, run_priorities, validate
+from distinctcap.core.config import (
+    entropy_priority,
+    load_schema,
+    merge_configs,
+    run_priorities,
+    validate,
+)
 from distinctcap.core.errors import DistinctcapError
 
 SCHEMA = load_schema(ROOT / "workflow" / "schemas" / "config.schema.yaml")
@@ -127,7 +133,7 @@ PROBE_CONFIGS = [
 def test_the_probes_bad_names_and_numbers_stop_with_the_key(text, expected):
     import yaml
 
-    config = _merge({"runs": {"reference": {"method": "mle"}}}, yaml.safe_load(text))
+    config = merge_configs({"runs": {"reference": {"method": "mle"}}}, yaml.safe_load(text))
     assert expected in error_of(config)
 
 
@@ -156,17 +162,10 @@ def test_shipped_configs_and_presets_validate(files):
 
     config: dict = {}
     for name in files:  # later files override earlier ones, key by key, like --configfile
-        config = _merge(config, yaml.safe_load((ROOT / name).read_text()))
+        config = merge_configs(config, yaml.safe_load((ROOT / name).read_text()))
     validated = validate(config, SCHEMA)
     assert validated["runs"], files
 
-
-def _merge(base: dict, extra: dict) -> dict:
-    out = dict(base)
-    for key, value in extra.items():
-        both_dicts = isinstance(value, dict) and isinstance(base.get(key), dict)
-        out[key] = _merge(base[key], value) if both_dicts else value
-    return out
 
 
 def test_a_run_gets_the_defaults_of_its_own_method_only():

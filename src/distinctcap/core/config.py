@@ -534,15 +534,16 @@ def read_configs(paths: list[str | os.PathLike]) -> dict:
         content = read_yaml(path) or {}
         if not isinstance(content, dict):
             raise DistinctcapError(f"{path}: a config file holds keys at its top level")
-        config = _merged(config, content)
+        config = merge_configs(config, content)
     return config
 
 
-def _merged(base: dict, extra: dict) -> dict:
+def merge_configs(base: dict, extra: dict) -> dict:
+    """`extra` over `base`, key by key, nested blocks merged (a new dict; neither changes)."""
     out = dict(base)
     for key, value in extra.items():
         both = isinstance(value, dict) and isinstance(base.get(key), dict)
-        out[key] = _merged(base[key], value) if both else value
+        out[key] = merge_configs(base[key], value) if both else value
     return out
 
 

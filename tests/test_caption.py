@@ -246,6 +246,9 @@ def test_a_broken_model_stops_caption_with_one_line_before_it_is_read(
         assert ("is missing" if kind == "missing" else "was not loaded") in line
         assert "weights_only=False" not in line
     assert not (tmp_path / "code-ran").exists()
+    (folder / "vocab.json").unlink()
+    assert main(["caption", str(folder), str(photos / "good0.png"), "--device", "cpu"]) == 2
+    assert f"{folder / 'vocab.json'} is missing" in capsys.readouterr().err
 
 
 def test_a_malicious_model_with_a_matching_card_is_refused_naming_it(run_dir, tmp_path):

@@ -76,6 +76,12 @@ class Run:
         self.card = read_run_card(self.dir)
         self.name = self.card["name"]
         self.device = resolve_device(device)
+        vocab = self.dir / self.card["vocab"]
+        if not vocab.is_file():
+            raise DistinctcapError(
+                f"{vocab} is missing: copy the whole run folder again, or write it with "
+                "`snakemake --forcerun run_card`"
+            )
         self.model = load_captioner(verified_model(self.card, self.dir), self.device).eval()
         if not isinstance(self.model, Captioner):  # it reads its own vision states, not CLIP's
             raise DistinctcapError(
@@ -84,7 +90,7 @@ class Run:
                 "(docs/coco-and-pretrained.md)"
             )
         self.clip = load_run_clip(self.card, self.dir, clip, self.device)
-        self.tokenizer = CaptionTokenizer.load(self.dir / self.card["vocab"])
+        self.tokenizer = CaptionTokenizer.load(vocab)
         self.to_bytes, self.mean, self.std = byte_transform(self.clip.preprocess)
 
     def __repr__(self) -> str:

@@ -4,7 +4,9 @@ data"), and each run's effective config.
 `validate(config, schema)` fills defaults from the schema (distinctcap.core.schema.load_schema)
 and raises one DistinctcapError that names the key and what is allowed: a wrong type, an unknown
 key, an unknown run method, an option of another method than the run's, a run naming a missing
-`init`/`teacher`/`reference`, or a cycle among runs.
+`init`/`teacher`/`reference`, a cycle among runs, a number that is NaN or infinite, a run or
+decoding name outside the schema's name rule, or two names whose outputs are one path.
+`read_yaml` reads a config file, naming the line of a YAML syntax error.
 `effective_run_config(config, name, schema)` is what determines one run's result.
 
 The schema owns every default and allowed value, the methods' options included

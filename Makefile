@@ -8,7 +8,10 @@ PY := $(VENV)/bin/python
 CORES ?= 2
 EXP ?= .
 CONFIGS ?=
-SNAKEMAKE = $(VENV)/bin/snakemake --cores $(CORES) --directory $(EXP) $(if $(CONFIGS),--configfile $(CONFIGS))
+# Snakemake reads --configfile files before the workflow and names neither file nor line of a
+# YAML error in one: check-config does, first
+CHECK_YAML = $(PY) -m distinctcap check-config --syntax config.yaml
+SNAKEMAKE = $(CHECK_YAML) $(CONFIGS) && $(VENV)/bin/snakemake --cores $(CORES) --directory $(EXP) $(if $(CONFIGS),--configfile $(CONFIGS))
 QUICK := experiments/quick
 QUICK_TARGETS := $(foreach run,reference smile,results/runs/$(run)/run.json results/metrics/$(run)/test-greedy.parquet)
 export HF_HUB_OFFLINE ?= 1
@@ -30,6 +33,7 @@ run: install
 # The MLE reference and its SMILE fine-tune on a small world (presets/quick.yaml), then the
 # captions both give six test images.
 quick: install
+	$(CHECK_YAML) presets/quick.yaml
 	$(VENV)/bin/snakemake $(QUICK_TARGETS) --cores $(CORES) --directory $(QUICK) --configfile presets/quick.yaml
 	for run in reference smile; do echo "== $$run"; $(PY) -m distinctcap caption $(QUICK)/results/runs/$$run $$(ls $(QUICK)/results/data/images/*.png | tail -n 6); done
 
@@ -48,6 +52,7 @@ readme-table: install
 # (make unkt-ablations trains the ten it reports; plain snakemake with the preset trains all).
 UNKT_ARMS := unkt_wo_pred unkt_wo_att unkt_wo_hid unkt_fixed_lambda unkt_pred_only unkt_exclude_gold unkt_t2 unkt_sum unkt_top5 unkt_lambda_fast
 unkt-ablations: install
+	$(CHECK_YAML) presets/unkt-ablations.yaml
 	$(SNAKEMAKE) --configfile config.yaml presets/unkt-ablations.yaml -- $(foreach run,$(UNKT_ARMS),$(foreach d,greedy beam3 sample20,results/metrics/$(run)/test-$(d).parquet))
 
 unkt-ablation-table: install

@@ -3,9 +3,25 @@
 Each stage file adds its final outputs to ALL_TARGETS; `rule all` asks for all of them.
 """
 
+import sys
+from pathlib import Path
+
 from snakemake.utils import min_version
 
+from distinctcap.core.config import read_yaml
+from distinctcap.core.errors import DistinctcapError
+
 min_version("9.0")
+
+# A YAML syntax error in config.yaml, named with its line before Snakemake's own message (which
+# names neither file nor line). Snakemake reads --configfile files before this file runs:
+# `distinctcap check-config FILE...` names the line of an error in those (docs/configuration.md).
+try:
+    if Path(f"{workflow.basedir}/config.yaml").exists():
+        read_yaml(f"{workflow.basedir}/config.yaml")
+except DistinctcapError as error:
+    sys.stderr.write(f"distinctcap: config error: {error}\n")
+    sys.exit(1)
 
 
 # beside this file, so `snakemake --directory DIR` (one folder per experiment) still reads it

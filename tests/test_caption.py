@@ -203,3 +203,91 @@ def test_importing_the_package_and_the_command_loads_no_torch():
         env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
     )
     assert done.stdout.strip() == "[]"
+
+
+class _RunsCode:
+    """What a malicious model.pt holds: unpickling it calls open()."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return open, (str(self.marker), "w")
+
+
+def _broken_copies(run_dir, tmp_path):
+    """The probe's run folders: model.pt malicious, truncated, missing."""
+    import torch
+
+    folders = {}
+    for kind in ("malicious", "truncated", "missing"):
+        results = tmp_path / kind
+        shutil.copytree(run_dir.parents[1], results)
+        model = results / "runs" / "smile" / "model.pt"
+        if kind == "malicious":
+            torch.save({"kind": _RunsCode(tmp_path / "code-ran")}, model)
+        elif kind == "truncated":
+            model.write_bytes(model.read_bytes()[:1000])
+        else:
+            model.unlink()
+        folders[kind] = results / "runs" / "smile"
+    return folders
+
+
+def test_a_broken_model_stops_caption_with_one_line_before_it_is_read(
+    run_dir, photos, tmp_path, capsys
+):
+    from distinctcap.runs.cli import main  # the command, in this process (cli() starts one)
+
+    for kind, folder in _broken_copies(run_dir, tmp_path).items():
+        assert main(["caption", str(folder), str(photos / "good0.png"), "--device", "cpu"]) == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert line.startswith(f"distinctcap: {folder / 'model.pt'} "), line
+        assert ("is missing" if kind == "missing" else "was not loaded") in line
+        assert "weights_only=False" not in line
+    assert not (tmp_path / "code-ran").exists()
+    (folder / "vocab.json").unlink()
+    assert main(["caption", str(folder), str(photos / "good0.png"), "--device", "cpu"]) == 2
+    assert f"{folder / 'vocab.json'} is missing" in capsys.readouterr().err
+
+
+def test_a_malicious_model_with_a_matching_card_is_refused_naming_it(run_dir, tmp_path):
+    """Someone sends a whole folder: the card's checksum matches the file, which holds code."""
+    from distinctcap import load_run
+    from distinctcap.core.io import file_sha256, read_json, write_json
+
+    folder = _broken_copies(run_dir, tmp_path)["malicious"]
+    card = read_json(folder / "run.json")
+    write_json({**card, "model_sha256": file_sha256([folder / "model.pt"])}, folder / "run.json")
+    with pytest.raises(DistinctcapError, match="holds more than weights, so it was not loaded"):
+        load_run(folder, device="cpu")
+    assert not (tmp_path / "code-ran").exists()
+
+
+def test_the_clip_is_checked_before_it_is_deserialised(run_dir, tmp_path):
+    """A file at the CLIP's path that is not the CLIP (here: code) is never unpickled."""
+    import torch
+
+    from distinctcap import load_run
+
+    moved = tmp_path / "moved"
+    shutil.copytree(run_dir.parents[1], moved)
+    torch.save({"state_dict": _RunsCode(tmp_path / "code-ran")}, moved / "clip" / f"{ARCH}.pt")
+    with pytest.raises(DistinctcapError, match="with weights sha256 .* but .* has"):
+        load_run(moved / "runs" / "smile", device="cpu")
+    assert not (tmp_path / "code-ran").exists()
+
+
+def test_runs_marks_a_run_whose_model_is_gone_and_shows_none_of_its_numbers(run_dir, tmp_path):
+    from distinctcap.report.summary import run_table
+
+    results = tmp_path / "results"
+    shutil.copytree(run_dir.parents[1], results)
+    (results / "metrics").mkdir()
+    summary = pd.DataFrame([{"run": "smile", "split": "test", "decoding": "greedy",
+                             "cider": 1.234, "r_at_1": 0.5}])
+    summary.to_csv(results / "metrics" / "summary.csv", index=False)
+    assert "| 1.234 | 0.500 |" in run_table(results)
+    (results / "runs" / "smile" / "model.pt").unlink()
+    listed = run_table(results)
+    assert "(stale: model.pt missing) | - | - |" in listed and "1.234" not in listed

@@ -4,6 +4,7 @@ against a generated mini-COCO served from 127.0.0.1 (tests/minicoco.py)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 from pathlib import Path
 
@@ -311,6 +312,10 @@ def test_bad_input_is_quarantined_or_fails(defect, split, tmp_path):
         assert item not in set(images.image_id)  # and its five captions went with it
         assert (quarantine.kind == "caption").sum() == 5 and len(quarantine) == 6
         assert item not in set(captions.image_id)
+    elif defect == "duplicate_image_id" and split == "karpathy":  # the twin lists 5 captions
+        assert quarantine.reason.tolist()[1:] == [
+            f"repeats a caption of image {item}, whose id is listed twice"] * 5
+        assert (captions.image_id == item).sum() == 5
     else:
         assert len(quarantine) == 1
     if kind == "caption" and defect != "duplicate_caption_id":
@@ -327,3 +332,24 @@ def test_non_utf8_caption_keeps_its_bytes_for_the_report(tmp_path):
     mini = build_minicoco(tmp_path, defects=("non_utf8_caption",), zips=False)
     _, captions = coco.read_tables(mini.tree, "karpathy")
     assert captions.set_index("caption_id").text[DEFECTS["non_utf8_caption"][1]] == BAD_BYTES
+
+
+def test_an_image_whose_captions_are_all_quarantined_is_quarantined_too(tmp_path):
+    """The probe emptied every caption of test image 122: the image stayed, and the run died at
+    `evaluate` after every training run ("image ids [122] have no test captions")."""
+    mini = build_minicoco(tmp_path, zips=False)
+    path = mini.tree / "dataset_coco.json"
+    dataset = json.loads(path.read_text())
+    (entry,) = [e for e in dataset["images"] if e["cocoid"] == 122]
+    for sentence in entry["sentences"]:
+        sentence["raw"] = ""
+    path.write_text(json.dumps(dataset))
+    images, captions, quarantine = coco.build_tables(mini.tree, "karpathy")
+    assert 122 not in set(images.image_id)
+    assert quarantine.iloc[-1].tolist() == [
+        "image", "122", entry["filepath"] + "/" + entry["filename"],
+        "no usable caption in its split (test)",
+    ]
+    assert set(captions.image_id) == set(images.image_id)
+    with pytest.raises(DistinctcapError, match="caption .* empty caption"):
+        coco.build_tables(mini.tree, "karpathy", on_bad_input="fail")

@@ -10,7 +10,13 @@ import sys
 import pytest
 from conftest import ROOT, snakemake
 
-from distinctcap.core.config import entropy_priority, load_schema, run_priorities, validate
+from distinctcap.core.config import (
+    entropy_priority,
+    load_schema,
+    merge_configs,
+    run_priorities,
+    validate,
+)
 from distinctcap.core.errors import DistinctcapError
 
 SCHEMA = load_schema(ROOT / "workflow" / "schemas" / "config.schema.yaml")
@@ -95,6 +101,42 @@ def test_config_errors_name_the_key(config, expected):
     assert expected in error_of(config)
 
 
+# The bad-input probe's configs (issue 28), as a user writes them in YAML
+PROBE_CONFIGS = [
+    (  # a decoding name that climbs out of the experiment folder
+        'decoding: {"x/../../../../ESCAPED": {kind: greedy}}',
+        "decoding: name 'x/../../../../ESCAPED' is not allowed; names are used in file and "
+        "folder names, so use a letter or digit, then letters, digits, '_' and '-'",
+    ),
+    (  # greedy's per-image table is the metrics table of a decoding named greedy-per_image
+        "decoding: {greedy: {kind: greedy}, greedy-per_image: {kind: greedy}}",
+        "decoding.greedy and decoding.greedy-per_image both write "
+        "results/metrics/reference/test-greedy-per_image.parquet: rename one of them",
+    ),
+    (
+        "runs: {Reference: {method: mle}}",
+        "runs.reference and runs.Reference both write results/runs/reference and "
+        "results/runs/Reference, "
+        "one path on a case-insensitive file system",
+    ),
+    ("runs: {-x: {method: mle}}", "runs: name '-x' is not allowed"),
+    ("train: {lr: .nan}", "train.lr = nan is not a finite number"),
+    ("train: {lr: .inf}", "train.lr = inf is not a finite number"),
+    ("train: {epochs: .inf}", "train.epochs = inf is not a finite number"),
+    ("runs: {reference: {train: {betas: [0.9, .nan]}}}",
+     "runs.reference.train.betas[1] = nan is not a finite number"),
+    ("evaluate: {}\nentropy: {logit_scale: .inf}", "entropy.logit_scale = inf is not a finite"),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), PROBE_CONFIGS)
+def test_the_probes_bad_names_and_numbers_stop_with_the_key(text, expected):
+    import yaml
+
+    config = merge_configs({"runs": {"reference": {"method": "mle"}}}, yaml.safe_load(text))
+    assert expected in error_of(config)
+
+
 def test_bad_config_stops_snakemake_before_any_job(workdir):
     result = snakemake(workdir, "--config", "device=gpu")
     assert result.returncode != 0
@@ -120,17 +162,10 @@ def test_shipped_configs_and_presets_validate(files):
 
     config: dict = {}
     for name in files:  # later files override earlier ones, key by key, like --configfile
-        config = _merge(config, yaml.safe_load((ROOT / name).read_text()))
+        config = merge_configs(config, yaml.safe_load((ROOT / name).read_text()))
     validated = validate(config, SCHEMA)
     assert validated["runs"], files
 
-
-def _merge(base: dict, extra: dict) -> dict:
-    out = dict(base)
-    for key, value in extra.items():
-        both_dicts = isinstance(value, dict) and isinstance(base.get(key), dict)
-        out[key] = _merge(base[key], value) if both_dicts else value
-    return out
 
 
 def test_a_run_gets_the_defaults_of_its_own_method_only():
@@ -386,3 +421,33 @@ def test_the_head_of_the_longest_training_chain_gets_the_highest_priority():
     # the entropy split heads the teachers' chains, so it goes before the reference
     assert entropy_priority(runs, priorities) == 3001
     assert entropy_priority({"reference": runs["reference"]}, {"reference": 1800}) == 0
+
+
+BROKEN_YAML = "train:\n  lr: [0.001, 0.002\nseed: 3\n"  # the list's ] is missing
+
+
+def test_a_yaml_error_in_config_yaml_names_its_file_and_line(workdir):
+    (workdir / "config.yaml").write_text(BROKEN_YAML)
+    result = snakemake(workdir, "-n")
+    assert result.returncode != 0
+    assert (f"distinctcap: config error: {workdir}/config.yaml, line 3, column 5: not valid "
+            "YAML: expected ',' or ']', but got ':' (while parsing a flow sequence at line 2, "
+            "column 7)") in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_check_config_names_the_file_and_line_of_a_broken_preset(tmp_path, capsys):
+    """Snakemake reads a --configfile before the workflow runs, and names neither file nor line."""
+    from distinctcap.runs.cli import main
+
+    preset = tmp_path / "preset.yaml"
+    preset.write_text(BROKEN_YAML)
+    assert main(["check-config", str(ROOT / "config.yaml"), str(preset)]) == 2
+    assert capsys.readouterr().err == (
+        f"distinctcap: {preset}, line 3, column 5: not valid YAML: expected ',' or ']', but got "
+        "':' (while parsing a flow sequence at line 2, column 7)\n"
+    )
+    preset.write_text("train: {lr: .nan}\n")
+    assert main(["check-config", str(ROOT / "config.yaml"), str(preset), "--syntax"]) == 0
+    assert main(["check-config", str(ROOT / "config.yaml"), str(preset)]) == 2
+    assert "train.lr = nan is not a finite number" in capsys.readouterr().err

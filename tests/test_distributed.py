@@ -209,12 +209,13 @@ def test_two_gloo_processes_give_the_one_process_loss_curve(
     import pandas as pd
 
     from distinctcap.captioner.model import Captioner
+    from distinctcap.train.data import save_run_data
     from distinctcap.train.launch import launch
 
     data = run_data()
     one = fit(run_config(tmp_path / "one", batch_size, grad_accum), data)
     data_file = tmp_path / "data.pt"
-    torch.save(data, data_file)
+    save_run_data(data, data_file)
     two_cfg = run_config(tmp_path / "two", batch_size, grad_accum)
     launch(*job_parts(two_cfg), 2, str(tmp_path / "two.log"), str(data_file))
 
@@ -233,3 +234,45 @@ def test_two_gloo_processes_give_the_one_process_loss_curve(
     two = Captioner.load(tmp_path / "two" / "model.pt").state_dict()
     for name, weight in one.model.state_dict().items():
         torch.testing.assert_close(two[name], weight, rtol=RTOL, atol=WEIGHT_ATOL)
+
+
+class _RunsCode:
+    """Unpickling this calls open(): a job data file can hold any such call."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return open, (str(self.marker), "w")
+
+
+def test_a_launch_process_reads_job_data_as_tensors_only(tmp_path: Path, monkeypatch) -> None:
+    """The probe: launch.main loaded its job data with weights_only=False, so a data file that
+    holds a pickled call ran it."""
+    from distinctcap.train import launch
+
+    marker, data_file = tmp_path / "code-ran", tmp_path / "data.pt"
+    torch.save({"train": _RunsCode(marker)}, data_file)
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({"run": {}, "paths": {}, "device": "cpu", "data": str(data_file)}))
+    # the worker's logging takes over the process's root logger and excepthook
+    monkeypatch.setattr(launch, "_worker_logging", lambda *args: None)
+    with pytest.raises(DistinctcapError, match=f"job data {data_file} is not a file written by "
+                       "train.data.save_run_data"):
+        launch.main([str(job)])
+    assert not marker.exists()
+
+
+def test_job_data_round_trips_through_its_file(tmp_path: Path) -> None:
+    from distinctcap.train.data import read_run_data, save_run_data
+
+    data = run_data()
+    save_run_data(data, tmp_path / "data.pt")
+    back = read_run_data(tmp_path / "data.pt")
+    for name in ("train", "val"):
+        before, after = getattr(data, name), getattr(back, name)
+        assert vars(before).keys() == vars(after).keys()
+        for key in ("caption_ids", "image_rows", "inputs", "labels", "lengths"):
+            assert torch.equal(getattr(before, key), getattr(after, key))
+        assert torch.equal(before.features.grid, after.features.grid)
+        assert (before.features.image_ids == after.features.image_ids).all()

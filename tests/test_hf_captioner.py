@@ -176,11 +176,11 @@ def test_config_check_refuses_specificity_and_unreadable_folders(blip_dir, tmp_p
 def test_blip_presets_validate(files, blip_dir):
     """The BLIP presets, as --replace-workflow-config --configfile loads them, with the hub id
     swapped for the tiny BLIP (nothing is downloaded here)."""
-    from test_config import _merge
+    from distinctcap.core.config import merge_configs
 
     config: dict = {}
     for name in files:
-        config = _merge(config, yaml.safe_load((ROOT / name).read_text()))
+        config = merge_configs(config, yaml.safe_load((ROOT / name).read_text()))
     assert config["captioner"]["pretrained"] == "Salesforce/blip-image-captioning-base"
     config["captioner"]["pretrained"] = str(blip_dir)
     runs = validate(config, load_schema(ROOT / "workflow/schemas/config.schema.yaml"))["runs"]

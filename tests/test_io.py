@@ -56,6 +56,11 @@ def test_enospc_inside_the_block_names_the_path(tmp_path):
             full.flush()
     assert isinstance(info.value.__cause__, OSError)
     assert list(tmp_path.iterdir()) == []
+    # the probe: Snakemake had removed the job's outputs, one written correctly among them,
+    # while the message said "any previous out.json is kept"
+    assert "is kept" not in str(info.value)
+    assert "free space and rerun" in str(info.value)
+    assert "Snakemake removes every output of a failed job" in str(info.value)
 
 
 def test_other_errors_pass_unchanged(tmp_path):

@@ -775,3 +775,16 @@ def test_checkpoints_by_wall_time_are_written_and_leave_the_weights_alone(tmp_pa
     plain = fit(tiny_cfg(checkpoint_every=0), tiny_data())
     by_time = fit(tiny_cfg(tmp_path / "timed", **timed), tiny_data())
     assert same_weights(by_time.model.state_dict(), plain.model.state_dict())
+
+
+def test_a_batch_larger_than_the_training_captions_is_capped_with_a_warning(caplog):
+    """The probe's `batch_size: 1000000000` trained silently on one capped batch."""
+    caplog.set_level(logging.WARNING, logger="distinctcap.train.trainer")
+    data = tiny_data()
+    fit(tiny_cfg(steps=2, batch_size=1_000_000_000, val_captions=10**6, val_every=0), data)
+    lines = [r.getMessage() for r in caplog.records]
+    n_train, n_val = len(data.train), len(data.val)
+    assert f"run tiny: train.batch_size = 1000000000 exceeds the run's {n_train} training " \
+        f"captions; capped to {n_train}" in lines
+    assert f"run tiny: train.val_captions = 1000000 exceeds the run's {n_val} validation " \
+        f"captions; capped to {n_val}" in lines

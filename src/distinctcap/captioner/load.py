@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 
 import torch
 from torch import nn
@@ -19,8 +20,22 @@ log = logging.getLogger(__name__)
 
 
 def load_captioner(path: str | os.PathLike, map_location: str | torch.device = "cpu"):
-    """A run's model.pt, native (`Captioner`) or transformers (distinctcap.captioner.hf)."""
-    ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    """A run's model.pt, native (`Captioner`) or transformers (distinctcap.captioner.hf). A file
+    that is not one (cut short, damaged, or holding code as well as weights) stops with one
+    line naming it; torch's own text would advise weights_only=False, the wrong advice for a
+    file received from someone else."""
+    if not os.path.isfile(path):
+        raise DistinctcapError(f"{path} is missing: train the run again with `snakemake`")
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as error:
+        raise DistinctcapError(
+            f"{path} is not a readable captioner checkpoint ({type(error).__name__}): it is cut "
+            "short, damaged, or holds more than weights, so it was not loaded; copy the run "
+            "folder again from where it was trained, or train the run again"
+        ) from error
+    if not isinstance(ckpt, dict):
+        raise DistinctcapError(f"{path} is not a captioner checkpoint (no dict of weights)")
     if ckpt.get("kind") == "transformers":
         return HFCaptioner.from_checkpoint(ckpt, map_location)
     return Captioner.from_checkpoint(ckpt, map_location)

@@ -108,6 +108,9 @@ def train_clip(
     to_bytes, mean, std = byte_transform(preprocess)
     tokenizer = open_clip.get_tokenizer(arch)
     split = TrainSplit.load(images, captions, to_bytes, tokenizer)
+    if settings.batch_size > len(split.pixels):  # run_epoch caps it
+        log.warning("clip.train.batch_size = %d exceeds the %d train images; capped to %d",
+                    settings.batch_size, len(split.pixels), len(split.pixels))  # fmt: skip
     opt = torch.optim.AdamW(
         param_groups(model, settings.weight_decay), lr=settings.lr, betas=(0.9, 0.98), eps=1e-6
     )

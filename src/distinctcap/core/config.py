@@ -4,7 +4,9 @@ data"), and each run's effective config.
 `validate(config, schema)` fills defaults from the schema (distinctcap.core.schema.load_schema)
 and raises one DistinctcapError that names the key and what is allowed: a wrong type, an unknown
 key, an unknown run method, an option of another method than the run's, a run naming a missing
-`init`/`teacher`/`reference`, or a cycle among runs.
+`init`/`teacher`/`reference`, a cycle among runs, a number that is NaN or infinite, a run or
+decoding name outside the schema's name rule, or two names whose outputs are one path.
+`read_yaml` reads a config file, naming the line of a YAML syntax error.
 `effective_run_config(config, name, schema)` is what determines one run's result.
 
 The schema owns every default and allowed value, the methods' options included
@@ -20,6 +22,7 @@ import copy
 import dataclasses
 import functools
 import json
+import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
@@ -35,6 +38,17 @@ from distinctcap.methods.facts import FACTS
 from distinctcap.train.select_metrics import all_select_metrics, select_metrics_of
 
 RUN_EDGES = ("init", "teacher", "reference")
+# what the schema's definitions/name (config.schema.yaml) allows, in words
+NAME_RULE = "a letter or digit, then letters, digits, '_' and '-' (at most 64 characters)"
+# the outputs named by a run and a decoding (decode.smk, evaluate.smk); check_outputs refuses
+# two configured names whose outputs are one path
+RUN_OUTPUTS = ("results/runs/{run}", "results/generated/{run}", "results/metrics/{run}")
+DECODING_OUTPUTS = (
+    "results/generated/{run}/{split}-{decoding}.parquet",
+    "results/metrics/{run}/{split}-{decoding}.parquet",
+    "results/metrics/{run}/{split}-{decoding}-cider_vs_n.csv",
+    "results/metrics/{run}/{split}-{decoding}-per_image.parquet",
+)
 REQUIRED_EDGES = {method: facts.edges for method, facts in FACTS.items()}
 
 
@@ -70,9 +84,51 @@ def validate(config: dict, schema: dict) -> dict:
     errors = sorted(DefaultFilling(schema).iter_errors(config), key=_error_depth)
     if errors:
         raise DistinctcapError(describe(errors[0]))
+    check_finite(config)
     check_runs(config.get("runs", {}))
+    check_outputs(config)
     check_values(config)
     return config
+
+
+def check_finite(value: object, key: str = "") -> None:
+    """Every number in the config is finite: YAML's .nan and .inf pass the schema's bounds
+    (NaN compares false with all of them) and would fail a job later, naming no key."""
+    if isinstance(value, dict):
+        for name, item in value.items():
+            check_finite(item, f"{key}.{name}" if key else str(name))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            check_finite(item, f"{key}[{i}]")
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise DistinctcapError(f"{key} = {value!r} is not a finite number; give a number")
+
+
+def check_outputs(config: dict) -> None:
+    """No two configured names write one path, compared as a case-insensitive file system
+    does (macOS, Windows): decodings `greedy` and `greedy-per_image` (whose metrics table is
+    greedy's per-image table), or runs `A` and `a`."""
+    owners: dict[str, tuple[str, str]] = {}
+    for key, path in configured_outputs(config):
+        first, first_path = owners.setdefault(path.casefold(), (key, path))
+        if first != key:
+            same = path if path == first_path else (
+                f"{first_path} and {path}, one path on a case-insensitive file system "
+                "(macOS, Windows)"
+            )
+            raise DistinctcapError(f"{first} and {key} both write {same}: rename one of them")
+
+
+def configured_outputs(config: dict) -> Iterator[tuple[str, str]]:
+    """(config key, path) of every output whose path a run or decoding name is part of."""
+    decoding = config.get("decoding", {})
+    for run in config.get("runs", {}):
+        for template in RUN_OUTPUTS:
+            yield f"runs.{run}", template.format(run=run)
+        for name, setting in decoding.items():
+            for split in setting.get("splits", ()):
+                for template in DECODING_OUTPUTS:
+                    yield f"decoding.{name}", template.format(run=run, split=split, decoding=name)
 
 
 def _error_depth(error: jsonschema.ValidationError) -> tuple:
@@ -94,10 +150,10 @@ def describe(error: jsonschema.ValidationError) -> str:
         return f"{key} = {error.instance!r} is not allowed; choose one of {schema['enum']}"
     if error.validator == "type":
         return f"{key} = {error.instance!r} has the wrong type; expected {schema['type']}"
-    if error.validator == "pattern" and "propertyNames" in error.schema_path:
+    if "propertyNames" in error.schema_path:
         return (
-            f"{key}: name {error.instance!r} is not allowed; names are used as folder names, "
-            f"so use letters, digits, '_' and '-' only"
+            f"{key}: name {error.instance!r} is not allowed; names are used in file and folder "
+            f"names, so use {NAME_RULE}"
         )
     if error.validator == "minProperties" and not error.instance:
         return f"{key} is empty; define at least one entry"
@@ -441,8 +497,57 @@ def _check_against(values: dict, part: dict, schema: dict, path: list[str]) -> N
 
 
 def load(config_path: str | os.PathLike, schema_path: str | os.PathLike) -> dict:
-    with open(config_path) as f:
-        return validate(yaml.safe_load(f) or {}, load_schema(schema_path))
+    return validate(read_yaml(config_path) or {}, load_schema(schema_path))
+
+
+def read_yaml(path: str | os.PathLike) -> object:
+    """A config or preset file; a YAML syntax error is one line naming the file, line and
+    column (Snakemake's own message names neither: "Config file is not valid JSON or YAML")."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise DistinctcapError(f"cannot read the config file {path}: {error}") from error
+    try:
+        return yaml.safe_load(text)
+    except yaml.MarkedYAMLError as error:
+        raise DistinctcapError(f"{path}{_yaml_error_text(error)}") from error
+    except yaml.YAMLError as error:
+        raise DistinctcapError(f"{path}: not valid YAML: {error}") from error
+
+
+def _yaml_error_text(error: yaml.MarkedYAMLError) -> str:
+    """", line L, column C: not valid YAML: <problem> (<context> at line L', column C')"."""
+
+    def at(mark) -> str:
+        return f"line {mark.line + 1}, column {mark.column + 1}"
+
+    mark = error.problem_mark or error.context_mark
+    text = f", {at(mark)}" if mark else ""
+    text += f": not valid YAML: {error.problem or error.context}"
+    if error.context and error.problem and error.context_mark:
+        text += f" ({error.context} at {at(error.context_mark)})"
+    return text
+
+
+def read_configs(paths: list[str | os.PathLike]) -> dict:
+    """The config files merged as Snakemake merges --configfile: later files override earlier
+    ones key by key, sections merged recursively."""
+    config: dict = {}
+    for path in paths:
+        content = read_yaml(path) or {}
+        if not isinstance(content, dict):
+            raise DistinctcapError(f"{path}: a config file holds keys at its top level")
+        config = merge_configs(config, content)
+    return config
+
+
+def merge_configs(base: dict, extra: dict) -> dict:
+    """`extra` over `base`, key by key, nested blocks merged (a new dict; neither changes)."""
+    out = dict(base)
+    for key, value in extra.items():
+        both = isinstance(value, dict) and isinstance(base.get(key), dict)
+        out[key] = merge_configs(base[key], value) if both else value
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

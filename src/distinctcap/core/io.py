@@ -50,7 +50,9 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside `path`; rename it to `path` only if the block succeeds.
 
     The file gets the mode `open()` would give it (0o666 less the umask). A failure on a full
-    disk becomes a DistinctcapError naming `path`; the previous file at `path` stays intact."""
+    disk becomes a DistinctcapError naming `path`; this write leaves the previous file at `path`
+    as it was, but under Snakemake the failed job's outputs are removed by Snakemake, which the
+    message says (issue 28: it promised the previous file was kept)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = None
@@ -62,8 +64,11 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         if disk_full(error, path.parent):
             raise DistinctcapError(
                 f"no space left on device writing {path} "
-                f"({shutil.disk_usage(path.parent).free} bytes free there; the temporary file "
-                f"is removed, any previous {path.name} is kept): {error}"
+                f"({shutil.disk_usage(path.parent).free} bytes free there): free space and "
+                f"rerun. The temporary file is removed and this write left any previous "
+                f"{path.name} as it was, but Snakemake removes every output of a failed job "
+                "(resume checkpoints and feature shards are not outputs: the rerun resumes "
+                f"from them): {error}"
             ) from error
         raise
     finally:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -99,6 +99,21 @@ class CaptionData:
             [list(t) for t in captions.tokens],
             max_len,
         )
+
+    def state(self) -> dict:
+        """Tensors and plain values only, so `torch.load(weights_only=True)` reads it back
+        (`from_state`): job data crosses a process boundary as a file (train.launch)."""
+        features = {f.name: getattr(self.features, f.name) for f in fields(ImageFeatures)}
+        features["image_ids"] = torch.from_numpy(np.asarray(self.features.image_ids))
+        return {**vars(self), "features": features}
+
+    @classmethod
+    def from_state(cls, state: dict) -> CaptionData:
+        features = dict(state["features"])
+        features["image_ids"] = features["image_ids"].numpy()
+        data = cls.__new__(cls)
+        vars(data).update({**state, "features": ImageFeatures(**features)})
+        return data
 
     def batch(self, idx: Tensor | Sequence[int]) -> Batch:
         """Captions at positions `idx` (B,), trimmed to the longest one (N <= max_len)."""

@@ -70,10 +70,21 @@ def caption_problem(text: object) -> str | None:
     return None
 
 
+def _repeated_captions(captions: pd.DataFrame, image_ids: set) -> pd.Series:
+    """Captions of `image_ids` (images listed twice, each listing with its captions) whose text
+    an earlier caption of the same image has."""
+    of_twins = captions.image_id.isin(image_ids)
+    return of_twins & captions.duplicated(["image_id", "text"], keep="first")
+
+
 def check_tables(
     images: pd.DataFrame, captions: pd.DataFrame, image_root: str | Path, on_bad_input: str
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """Drop bad images/captions (and captions of dropped images); return them as a quarantine."""
+    """Drop bad images/captions (and captions of dropped images); return them as a quarantine.
+
+    What is kept is usable by every later stage: each image id once, each caption of an image
+    listed twice once, and every image with at least one caption in its split (an evaluation
+    of a test image without reference captions would stop after every run has trained)."""
     root = Path(image_root)
     bad: list[tuple[str, str, str, str]] = []
 
@@ -83,6 +94,7 @@ def check_tables(
         bad.append((kind, str(item_id), str(file), reason))
 
     dup_images = images.image_id.duplicated(keep="first")
+    listed_twice = set(images.image_id[dup_images].tolist())
     for row in images[dup_images].itertuples():
         flag("image", row.image_id, row.file, "duplicate image_id")
     images = images[~dup_images]
@@ -107,5 +119,16 @@ def check_tables(
         keep.append(reason is None)
     captions = captions[keep].copy()
     captions["text"] = [t.decode() if isinstance(t, bytes) else t for t in captions.text]
+    repeated = _repeated_captions(captions, listed_twice)
+    for row in captions[repeated].itertuples():
+        flag("caption", row.caption_id, "",
+             f"repeats a caption of image {row.image_id}, whose id is listed twice")  # fmt: skip
+    captions = captions[~repeated]
+    captioned = set(zip(captions.image_id, captions.split, strict=True))
+    usable = [(i, s) in captioned for i, s in zip(images.image_id, images.split, strict=True)]
+    for row, ok in zip(images.itertuples(), usable, strict=True):
+        if not ok:
+            flag("image", row.image_id, row.file, f"no usable caption in its split ({row.split})")
+    images = images[usable]
     quarantine = pd.DataFrame(bad, columns=QUARANTINE_COLUMNS)
     return images.reset_index(drop=True), captions.reset_index(drop=True), quarantine

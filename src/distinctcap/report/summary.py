@@ -227,7 +227,9 @@ def compare_table(results: Path, split: str = "test") -> str:
 
 
 def run_table(results: Path, split: str = "test") -> str:
-    """`distinctcap runs`: each finished run folder, its method and headline numbers."""
+    """`distinctcap runs`: each finished run folder, its method and headline numbers; a
+    folder that cannot caption (its model.pt gone, its card unreadable) is marked so and
+    shows no numbers, which belonged to a model it no longer has."""
     cards = {card["name"]: card for card in list_runs(results)}
     if not cards:
         raise DistinctcapError(f"no finished runs under {results / 'runs'} (no run.json)")
@@ -237,11 +239,17 @@ def run_table(results: Path, split: str = "test") -> str:
     rows = summary[summary.split == split].set_index(["run", "decoding"])
     headers = ["run", "method", "folder", f"CIDEr ({quality})", f"R@1 ({quality})"]
     table = [
-        [name, cards[name]["method"], str(results / "runs" / name)]
-        + [_cell(rows, (name, quality), column, 3) for column in ("cider", "r_at_1")]
+        [name, cards[name]["method"], _folder(results, cards[name])]
+        + [_cell(rows, (name, quality), column, 3) if not cards[name]["problem"] else "-"
+           for column in ("cider", "r_at_1")]
         for name in run_order({n: c["run"] for n, c in cards.items()})
     ]
     return markdown_table(headers, table)
+
+
+def _folder(results: Path, card: dict) -> str:
+    folder = str(results / "runs" / card["name"])
+    return f"{folder} (stale: {card['problem']})" if card["problem"] else folder
 
 
 def _cell(rows: pd.DataFrame, key: tuple[str, str], column: str, digits: int) -> str:

@@ -31,7 +31,7 @@ from distinctcap.captioner.load import load_captioner
 from distinctcap.captioner.model import Captioner
 from distinctcap.captioner.search import generate
 from distinctcap.clip.load import byte_transform, load_clip, normalize
-from distinctcap.clip.weights import LOCAL_DIR
+from distinctcap.clip.weights import LOCAL_DIR, resolve_weights
 from distinctcap.core.devices import resolve_device
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import atomic_path, file_sha256
@@ -39,7 +39,7 @@ from distinctcap.data.quality import image_problem
 from distinctcap.data.tokenizer import CaptionTokenizer
 from distinctcap.evaluate.decode import decode_options
 from distinctcap.features.extract import compute_dtype, pooled_and_grid
-from distinctcap.runs.runcard import read_run_card, resolve_clip
+from distinctcap.runs.runcard import read_run_card, resolve_clip, verified_model
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 BUILTIN_DECODING = {"greedy": {"kind": "greedy"}, "beam3": {"kind": "beam", "k": 3}}
@@ -76,7 +76,13 @@ class Run:
         self.card = read_run_card(self.dir)
         self.name = self.card["name"]
         self.device = resolve_device(device)
-        self.model = load_captioner(self.dir / self.card["model"], self.device).eval()
+        vocab = self.dir / self.card["vocab"]
+        if not vocab.is_file():
+            raise DistinctcapError(
+                f"{vocab} is missing: copy the whole run folder again, or write it with "
+                "`snakemake --forcerun run_card`"
+            )
+        self.model = load_captioner(verified_model(self.card, self.dir), self.device).eval()
         if not isinstance(self.model, Captioner):  # it reads its own vision states, not CLIP's
             raise DistinctcapError(
                 f"run {self.name} is a transformers captioner: caption with its folder "
@@ -84,7 +90,7 @@ class Run:
                 "(docs/coco-and-pretrained.md)"
             )
         self.clip = load_run_clip(self.card, self.dir, clip, self.device)
-        self.tokenizer = CaptionTokenizer.load(self.dir / self.card["vocab"])
+        self.tokenizer = CaptionTokenizer.load(vocab)
         self.to_bytes, self.mean, self.std = byte_transform(self.clip.preprocess)
 
     def __repr__(self) -> str:
@@ -162,27 +168,38 @@ class Run:
 
 
 def load_run_clip(card: dict, run_dir: Path, clip: str | None, device: torch.device):
-    """The CLIP the run was trained on, checked against the card's checksum; a DistinctcapError
-    names it when it is missing or different."""
+    """The CLIP the run was trained on, its files checked against the card's checksum before
+    they are deserialised (after the download, for a tag not yet in the cache); a
+    DistinctcapError names it when it is missing or different."""
     info = card["clip"]
     pretrained, where = resolve_clip(info, run_dir)
     if clip:
         pretrained, where = clip, Path(clip.removeprefix(LOCAL_DIR))
-    how = "point at a copy with --clip PATH (load_run(..., clip=PATH))"
     if where is not None and not where.exists():
         raise DistinctcapError(
             f"run {card['name']} was trained on the CLIP {info['arch']} at {where}, which is "
-            f"missing; {how} (sha256 {info['weights_sha256'][:16]}...)"
+            f"missing; {_POINT_AT_A_COPY} (sha256 {info['weights_sha256'][:16]}...)"
         )
+    files = resolve_weights(info["arch"], pretrained, info.get("tag")).files
+    if files:
+        _check_clip(card, file_sha256(files), where or pretrained)
     loaded = load_clip(info["arch"], pretrained, device, info.get("tag"))
-    found = file_sha256(loaded.weight_files)
-    if found != info["weights_sha256"]:
-        raise DistinctcapError(
-            f"run {card['name']} was trained on the CLIP {info['arch']} with weights sha256 "
-            f"{info['weights_sha256'][:16]}..., but {where or pretrained} has {found[:16]}...: "
-            f"another CLIP's features would give meaningless captions; {how}"
-        )
+    if not files:
+        _check_clip(card, file_sha256(loaded.weight_files), where or pretrained)
     return loaded
+
+
+_POINT_AT_A_COPY = "point at a copy with --clip PATH (load_run(..., clip=PATH))"
+
+
+def _check_clip(card: dict, found: str, where: object) -> None:
+    expected = card["clip"]["weights_sha256"]
+    if found != expected:
+        raise DistinctcapError(
+            f"run {card['name']} was trained on the CLIP {card['clip']['arch']} with weights "
+            f"sha256 {expected[:16]}..., but {where} has {found[:16]}...: another CLIP's "
+            f"features would give meaningless captions; {_POINT_AT_A_COPY}"
+        )
 
 
 def write_jsonl(results: list[dict], path: str | os.PathLike) -> None:

@@ -8,6 +8,8 @@
                                                download what the config's jobs read (COCO, the
                                                CLIP tag, the captioner, SPICE's jars), or with
                                                --offline say what is missing
+    distinctcap check-config FILE... [--syntax] the config files merged as --configfile merges
+                                               them, checked; a YAML error names file and line
 
 Light at import: torch loads only inside `caption`.
 """
@@ -38,6 +40,9 @@ def parser() -> argparse.ArgumentParser:
     fetch = commands.add_parser("fetch", help="download what a config's jobs will read")
     fetch.add_argument("--configfile", default="config.yaml", help="the run's config file")
     fetch.add_argument("--offline", action="store_true", help="download nothing, only check")
+    check = commands.add_parser("check-config", help="check config files before snakemake")
+    check.add_argument("files", nargs="+", help="config.yaml and presets, in --configfile order")
+    check.add_argument("--syntax", action="store_true", help="check only that each is YAML")
     return top
 
 
@@ -89,7 +94,23 @@ def fetch(args) -> int:
     return run_fetch(load(args.configfile, SCHEMA_PATH), offline=args.offline)
 
 
-COMMANDS = {"caption": caption, "runs": runs, "compare": compare, "fetch": fetch}
+def check_config(args) -> int:
+    from distinctcap.core.config import load_schema, read_configs, validate
+
+    config = read_configs(args.files)
+    if not args.syntax:
+        validate(config, load_schema())
+    print(f"distinctcap: {', '.join(args.files)}: {'valid YAML' if args.syntax else 'valid'}")
+    return 0
+
+
+COMMANDS = {
+    "caption": caption,
+    "runs": runs,
+    "compare": compare,
+    "fetch": fetch,
+    "check-config": check_config,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

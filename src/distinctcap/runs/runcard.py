@@ -3,9 +3,10 @@
 It records the run's effective config block, the decoding settings of its config, the captioner
 vocabulary (a copy, `vocab.json`, beside `model.pt`) and the CLIP whose features the run was
 trained on: architecture, where its weights were (a tag, or a path relative to the run folder,
-so a moved `results/` keeps working) and their sha256 (the features index records it). Rule
-`run_card` writes it (workflow/rules/train.smk); `distinctcap.runs.caption.load_run` reads it and
-stops, naming the CLIP, when that CLIP is missing or different.
+so a moved `results/` keeps working) and their sha256 (the features index records it), and the
+sha256 of `model.pt`. Rule `run_card` writes it (workflow/rules/train.smk);
+`distinctcap.runs.caption.load_run` reads it and stops with one line naming the file when
+`model.pt` or the CLIP is missing or differs from its checksum, before deserialising either.
 
 Light (json only): the rule file imports it while Snakemake parses the DAG.
 """
@@ -17,7 +18,7 @@ import shutil
 from pathlib import Path
 
 from distinctcap.core.errors import DistinctcapError
-from distinctcap.core.io import atomic_path, read_json, write_json
+from distinctcap.core.io import atomic_path, file_sha256, read_json, write_json
 
 CARD = "run.json"
 VOCAB = "vocab.json"
@@ -62,6 +63,7 @@ def write_run_card(
         "run": run,
         "decoding": decoding,
         "model": MODEL,
+        "model_sha256": file_sha256([run_dir / MODEL]),
         "vocab": VOCAB,
         "clip": {
             "arch": manifest["arch"],
@@ -92,11 +94,56 @@ def read_run_card(run_dir: str | os.PathLike) -> dict:
                 else "; pass a folder under results/runs/ (`distinctcap runs` lists them)"
             )
         )
-    return read_json(path)
+    try:
+        card = read_json(path)
+    except (OSError, ValueError) as error:
+        raise DistinctcapError(
+            f"{path} is unreadable ({type(error).__name__}: {error}); write it again with "
+            "`snakemake --forcerun run_card`"
+        ) from error
+    if not isinstance(card, dict):
+        raise DistinctcapError(f"{path} is not a run card; write it again with "
+                               "`snakemake --forcerun run_card`")  # fmt: skip
+    return card
+
+
+def verified_model(card: dict, run_dir: str | os.PathLike) -> Path:
+    """The run's model.pt, once its sha256 is the card's: a missing, truncated or replaced
+    file stops here with one line, before anything deserialises it."""
+    path = Path(run_dir) / card.get("model", MODEL)
+    if not path.is_file():
+        raise DistinctcapError(
+            f"{path} is missing: the run folder is incomplete; copy the whole folder again, or "
+            "train the run again with `snakemake`"
+        )
+    recorded = card.get("model_sha256")
+    if recorded is None:
+        raise DistinctcapError(
+            f"{Path(run_dir) / CARD} records no sha256 of {path.name} (written before cards "
+            "did): record it with `snakemake --forcerun run_card`"
+        )
+    found = file_sha256([path])
+    if found != recorded:
+        raise DistinctcapError(
+            f"{path} has sha256 {found[:16]}..., but its card records {recorded[:16]}...: the "
+            "file was cut short, damaged or replaced after training, so it was not loaded; "
+            "copy the run folder again from where it was trained, or train the run again"
+        )
+    return path
 
 
 def list_runs(results: str | os.PathLike) -> list[dict]:
-    """The cards of every finished run under `results`/runs, by name."""
+    """The cards of every run folder under `results`/runs that has one, by name, each with
+    `problem`: None, or why the folder cannot caption (an unreadable card, model.pt gone)."""
     runs = Path(results) / "runs"
-    cards = sorted(runs.glob(f"*/{CARD}")) if runs.is_dir() else []
-    return [read_json(path) for path in cards]
+    paths = sorted(runs.glob(f"*/{CARD}")) if runs.is_dir() else []
+    return [_listed(path.parent) for path in paths]
+
+
+def _listed(run_dir: Path) -> dict:
+    try:
+        card = read_run_card(run_dir)
+    except DistinctcapError:
+        return {"name": run_dir.name, "method": "?", "run": {}, "problem": f"unreadable {CARD}"}
+    missing = not (run_dir / card.get("model", MODEL)).is_file()
+    return {**card, "problem": f"{MODEL} missing" if missing else None}

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import pickle
 from dataclasses import dataclass
 
 import torch
 
 from distinctcap.captioner.hf import retokenize
-from distinctcap.core.io import read_table
+from distinctcap.core.errors import DistinctcapError
+from distinctcap.core.io import atomic_path, read_table
 from distinctcap.data.batches import Batch, CaptionData, select_captions
 from distinctcap.data.tokenizer import CaptionTokenizer
 from distinctcap.features.read import ImageFeatures
@@ -29,6 +32,42 @@ class RunData:
     @property
     def vocab_size(self) -> int | None:
         return getattr(self.tokenizer, "vocab_size", None)
+
+
+def save_run_data(data: RunData, path: str | os.PathLike) -> None:
+    """`data` as a file of tensors and plain values (`read_run_data` reads it back), for
+    train.launch's processes; only the native tokenizer is saved with it."""
+    tokenizer = data.tokenizer
+    if tokenizer is not None and not isinstance(tokenizer, CaptionTokenizer):
+        raise DistinctcapError(
+            "job data holds a transformers tokenizer, which is not saved; give the "
+            "processes no data file, so that they load the run's inputs"
+        )
+    state = {
+        "train": data.train.state(),
+        "val": data.val.state() if data.val is not None else None,
+        "clip_ids": tokenizer.clip_ids if tokenizer is not None else None,
+    }
+    with atomic_path(path) as tmp:
+        torch.save(state, tmp)
+
+
+def read_run_data(path: str | os.PathLike) -> RunData:
+    """The RunData of a `save_run_data` file, read with weights_only=True: a file that holds
+    anything but tensors and plain values runs no code and stops with a line naming it."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as error:
+        raise DistinctcapError(
+            f"job data {path} is not a file written by train.data.save_run_data "
+            f"({type(error).__name__}); it was not loaded: start the job again with launch()"
+        ) from error
+    val = state["val"]
+    return RunData(
+        CaptionData.from_state(state["train"]),
+        CaptionData.from_state(val) if val is not None else None,
+        CaptionTokenizer(state["clip_ids"]) if state["clip_ids"] is not None else None,
+    )
 
 
 def load_run_data(run: RunConfig, paths: RunPaths) -> RunData:

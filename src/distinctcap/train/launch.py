@@ -28,6 +28,7 @@ from distinctcap.core import logs
 from distinctcap.core.devices import resolve_device
 from distinctcap.core.distributed import DistEnv
 from distinctcap.core.errors import DistinctcapError
+from distinctcap.train.data import read_run_data
 from distinctcap.train.run import RunConfig, RunPaths
 from distinctcap.train.trainer import train
 
@@ -59,7 +60,8 @@ def launch(
 ):
     """Train `run` in `nproc` torchrun processes and wait; a failed process raises
     DistinctcapError. `log_file` (the rule's log) gets rank 0's log lines appended.
-    `data_file`: a `torch.save`d RunData to train on instead of loading the run's inputs.
+    `data_file`: a RunData written by train.data.save_run_data (tensors only, read with
+    weights_only=True) to train on instead of loading the run's inputs.
 
     The processes get one argument, a JSON job file (`job_json`): options after the module
     name would be parsed (as abbreviations) by torchrun itself."""
@@ -131,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit("usage: python -m distinctcap.train.launch JOB.json (written by launch)")
     job = json.loads(Path(args[0]).read_text())
     _worker_logging(job.get("log"), DistEnv.from_env())
-    data = torch.load(job["data"], weights_only=False) if job.get("data") else None
+    data = read_run_data(job["data"]) if job.get("data") else None
     run, paths = RunConfig.from_effective(job["run"]), RunPaths.from_json(job["paths"])
     train(run, paths, resolve_device(job["device"]), data)
 

@@ -161,6 +161,16 @@ class TrainResult:
     tokens_per_s: float
 
 
+def warn_if_capped(run: str, key: str, value: int, limit: int, which: str) -> None:
+    """A size larger than the data is capped to it (the schema says so); one warning names the
+    key and the limit, so a typo of a few zeros is seen."""
+    if value > limit:
+        log.warning(
+            "run %s: train.%s = %d exceeds the run's %d %s captions; capped to %d",
+            run, key, value, limit, which, limit,
+        )
+
+
 class Trainer:
     """One run's training; `run()` is the loop. Built by `train(run, paths, device, data)`."""
 
@@ -200,6 +210,7 @@ class Trainer:
             ),
         )
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
+        warn_if_capped(run.name, "batch_size", self.tc.batch_size, len(data.train), "training")
         groups = data.train.image_rows if self.tc.group_by_image else None
         self.order = BatchOrder(len(data.train), self.tc.batch_size, self.seed, groups)
         self.val_batches = self._val_subset()
@@ -287,6 +298,8 @@ class Trainer:
         if val is None:
             return []
         idx = torch.arange(len(val))
+        warn_if_capped(self.run_config.name, "val_captions", self.tc.val_captions, len(val),
+                       "validation")  # fmt: skip
         if 0 < self.tc.val_captions < len(val):
             g = torch.Generator().manual_seed(self.seed)
             idx = torch.randperm(len(val), generator=g)[: self.tc.val_captions].sort().values

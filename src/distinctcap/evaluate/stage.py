@@ -551,18 +551,23 @@ def evaluate_stage(
     block: dict,
     seed: int = 0,
     device: torch.device = CPU,
+    workers: int = 1,
+    cache_dir: str | None = None,
 ) -> list[Evaluation]:
     """The evaluate rule, one job per run: for each (split, decoding) of `evaluations`, the
     generated captions at the same position of inputs["generated"] -> outputs["metrics"]
     (parquet), outputs["curve"] (csv) and outputs["per_image"] (parquet, `write_per_image`)
     at that position. Other named inputs: images, captions, vocab, features, model. The
-    decodings share one COCO tools session, so METEOR's JVM loads its paraphrase table (about
-    9 CPU s) once per run, not once per decoding."""
+    decodings share one COCO tools session with the job's `workers` cores, so METEOR's JVM
+    loads its paraphrase table (about 9 CPU s) once per run, not once per decoding, the
+    references are tokenised once (and kept in `cache_dir`, in the results folder, for
+    later jobs) and the training captions' document frequencies are counted once."""
     settings = EvalSettings.from_config(block, seed=seed, device=str(device))
     names = ("images", "captions", "vocab", "features", "model", "captioner_features")
     common = {k: str(inputs[k]) for k in names if k in inputs}
     done = []
-    with CocoTools(spice=settings.spice, meteor_memory=settings.meteor_memory) as tools:
+    options = {"workers": workers, "cache_dir": cache_dir}
+    with CocoTools(spice=settings.spice, meteor_memory=settings.meteor_memory, **options) as tools:
         for k, (split, decoding) in enumerate(evaluations):
             paths = EvalPaths(generated=str(inputs["generated"][k]), **common)
             evaluation = evaluate_decoding(paths, split, decoding, settings, tools)

@@ -66,6 +66,7 @@ PTB_LINES_PER_JVM = 20_000
 # A METEOR server per this many pairs at most, up to `workers`: a server's start (its
 # paraphrase table) is ~10 CPU s, a pair with 5 references ~3 ms.
 METEOR_PAIRS_PER_SERVER = 10_000
+MAX_METEOR_SERVERS = 4  # ~1 GB resident each (the evaluate rule's mem_mb counts on it)
 
 
 JAVA_INSTALL = "install Java 17, e.g. `apt-get install openjdk-17-jre-headless`"
@@ -323,7 +324,8 @@ class CocoTools:
     def meteor_segments(self, pairs: Sequence[Pair]) -> list[float]:
         """Per-pair METEOR of many pairs, cut over up to `workers` servers side by side (a
         pair's score depends on its own statistics only, so the split changes no digit)."""
-        servers = min(self.workers, -(-len(pairs) // METEOR_PAIRS_PER_SERVER))
+        wanted = -(-len(pairs) // METEOR_PAIRS_PER_SERVER)
+        servers = min(self.workers, MAX_METEOR_SERVERS, wanted)
         bounds = chunk_bounds(len(pairs), servers) if pairs else []
         if len(bounds) <= 1:
             return self.meteor(pairs)[1]

@@ -278,7 +278,8 @@ class CocoTools:
         flats = [[c for caps in group.values() for c in caps] for group in groups]
         keys = {k: _content_key(flats[k]) for k in keep if flats[k]}
         known = {k: self._known_tokens(key) for k, key in keys.items()}
-        todo = [k for k in range(len(groups)) if known.get(k) is None]
+        stale = [k for k, tokens in known.items() if tokens and len(tokens) != len(flats[k])]
+        todo = [k for k in range(len(groups)) if known.get(k) is None or k in stale]
         tokens = iter(self.tokenize([c for k in todo for c in flats[k]]))
         for k in todo:
             known[k] = [next(tokens) for _ in flats[k]]
@@ -325,8 +326,8 @@ class CocoTools:
         """Per-pair METEOR of many pairs, cut over up to `workers` servers side by side (a
         pair's score depends on its own statistics only, so the split changes no digit)."""
         wanted = -(-len(pairs) // METEOR_PAIRS_PER_SERVER)
-        servers = min(self.workers, MAX_METEOR_SERVERS, wanted)
-        bounds = chunk_bounds(len(pairs), servers) if pairs else []
+        count = min(self.workers, MAX_METEOR_SERVERS, wanted)
+        bounds = chunk_bounds(len(pairs), count) if pairs else []
         if len(bounds) <= 1:
             return self.meteor(pairs)[1]
         servers = [self._meteor(k) for k in range(len(bounds))]  # they load side by side

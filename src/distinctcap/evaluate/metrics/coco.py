@@ -318,6 +318,11 @@ class CocoTools:
             self._meteors.append(_Meteor(self.java, self.meteor_memory))
         return self._meteors[k]
 
+    def start_meteor(self) -> None:
+        """Start the first METEOR server now, so that its paraphrase table (~10 CPU s) loads
+        while the tokenizer and the n-gram metrics run."""
+        self._meteor(0)
+
     def meteor(self, pairs: Sequence[Pair]) -> tuple[float, list[float]]:
         """Corpus METEOR and per-pair scores over (candidate, references) pairs."""
         return self._meteor(0).score(pairs)

@@ -95,6 +95,7 @@ def evaluate_captions(
     groups = [{i: gts[i] for i in samples}, samples, neighbour_captions or {}, train_refs or {}]
     out = MetricResult()
     with coco_session(tools) as t:
+        t.start_meteor()
         gts_t, samples_t, neigh_t, train_t = t.tokenize_groups(*groups, keep=(0, 3))
         train_cider = t.cider_d(train_t) if train_refs else None
         ranked = None

@@ -1,6 +1,16 @@
-"""Time the evaluate stage on the shapes default split sizes: one run, greedy + 20 samples.
+"""Time the evaluate stage on the shapes default split sizes: one run, greedy + 20 samples;
+or, with --coco, one run's text metrics at COCO size, today's serial code against this one.
 
     PYTHONPATH=src python bench/bench_evaluate.py [--workdir DIR] [--test 200] [--samples 20]
+    PYTHONPATH=src python bench/bench_evaluate.py --coco [--scale 0.25] [--workers N]
+
+--coco (bench/coco_evaluate.py): 1,000 test images x 5 references, greedy, greedy_norepeat,
+beam3 and sample100, 591,735 training references (all times --scale), scored by the stage's
+`text_metrics` in one COCO tools session, first by the code of --old-ref (the serial path
+before issue 31, extracted with `git archive`) and then by this checkout on --workers cores
+with an empty token cache; each in its own process, one after the other. It prints each
+part's wall and CPU seconds (own + children: Java, forked workers) for both, the job's wall
+ratio, the load average, and whether every metric value is identical.
 
 Builds (once, cached in --workdir) the shapes world at the default sizes (2000 / 200 / 200)
 through the real data stage, features of the tiny CLIP (random weights: the cost is the same
@@ -40,6 +50,7 @@ from distinctcap.features.extract import FeatureSettings, extract_features
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
+OLD_REF = "7948108"  # main before issue 31: one core, references tokenised per decoding
 
 
 def build(workdir: Path, n_test: int, samples: int) -> EvalPaths:
@@ -117,8 +128,15 @@ def main() -> None:
     parser.add_argument("--workdir", default="/tmp/distinctcap-bench-evaluate")
     parser.add_argument("--test", type=int, default=200)
     parser.add_argument("--samples", type=int, default=20)
+    parser.add_argument("--coco", action="store_true", help="the COCO-size text metrics")
+    parser.add_argument("--scale", type=float, default=1.0, help="--coco: share of COCO size")
+    parser.add_argument("--workers", type=int, default=os.cpu_count(), help="--coco: cores")
+    parser.add_argument("--old-ref", default=OLD_REF, help="--coco: the serial code's commit")
     args = parser.parse_args()
     workdir = Path(args.workdir)
+    if args.coco:
+        coco_benchmark(workdir, args.scale, args.workers, args.old_ref)
+        return
     paths = build(workdir, args.test, args.samples)
     torch.set_num_threads(1)  # the evaluate rule's default thread count
     settings = EvalSettings(seed=0, device="cpu")
@@ -155,6 +173,70 @@ def main() -> None:
     for group, sec in groups.items():
         print(f"{group:>15}: {sec:7.2f} s  {100 * sec / max(cpu, 1e-9):5.1f} %")
     print(f"{'total':>15}: {cpu:7.2f} s CPU (incl. Java), {wall:.2f} s wall")
+
+
+# ---------------------------------------------------------------- --coco
+
+
+def coco_benchmark(workdir: Path, scale: float, workers: int, old_ref: str) -> None:
+    """Old (the serial code of `old_ref`) against new (this checkout) on the same inputs."""
+    import json
+    import math
+    import shutil
+    import subprocess
+    import sys
+
+    from coco_evaluate import PARTS, make_data
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    data = workdir / f"coco-{scale:g}.pkl"
+    if not data.exists():
+        print(f"writing the COCO-like inputs at scale {scale:g} to {data} ...", flush=True)
+        make_data(data, scale)
+    old_tree = workdir / f"code-{old_ref}"
+    if not old_tree.exists():
+        old_tree.mkdir()
+        archive = subprocess.run(["git", "archive", old_ref], cwd=ROOT, capture_output=True)
+        subprocess.run(["tar", "-x", "-C", str(old_tree)], input=archive.stdout, check=True)
+    results, loads = {}, []
+    for name, src in (("old", old_tree / "src"), ("new", ROOT / "src")):
+        out = workdir / name / "result.json"
+        shutil.rmtree(out.parent, ignore_errors=True)  # an empty token cache: a first job
+        out.parent.mkdir()
+        loads.append(os.getloadavg())
+        print(f"{name}: {src} on {workers if name == 'new' else 1} core(s) ...", flush=True)
+        env = {**os.environ, "PYTHONPATH": str(src)}
+        script = Path(__file__).with_name("coco_evaluate.py")
+        cmd = [sys.executable, str(script), "child", str(data), str(workers), str(out)]
+        subprocess.run(cmd, env=env, check=True)
+        results[name] = json.loads(out.read_text())
+    loads.append(os.getloadavg())
+    old, new = results["old"], results["new"]
+    rows = [row for _, _, row in PARTS] + ["Java servers (CPU at their close)"]
+    print(f"\n{'part':<36} {'old wall s':>10} {'old CPU s':>10} {'new wall s':>10} "
+          f"{'new CPU s':>10}")
+    for row in rows:
+        o, n = old["timings"].get(row, [0, 0]), new["timings"].get(row, [0, 0])
+        print(f"{row:<36} {o[0]:10.1f} {o[1]:10.1f} {n[0]:10.1f} {n[1]:10.1f}")
+    print(f"{'job (all four decodings)':<36} {old['wall']:10.1f} {old['cpu']:10.1f} "
+          f"{new['wall']:10.1f} {new['cpu']:10.1f}")
+    differ = [
+        (d, k)
+        for d, values in old["values"].items()
+        for k, v in values.items()
+        if not (v == new["values"][d][k] or (math.isnan(v) and math.isnan(new["values"][d][k])))
+    ]
+    count = sum(len(v) for v in old["values"].values())
+    print(
+        f"\nscale {scale:g}: {round(1000 * scale)} test images, {round(118287 * scale)} training "
+        f"images x 5 captions; new on {workers} workers, {os.cpu_count()} CPUs"
+    )
+    print("load average (1, 5, 15 min) before old, before new, after: "
+          + "; ".join(", ".join(f"{x:.2f}" for x in load) for load in loads))
+    print(f"job wall old / new: {old['wall'] / new['wall']:.2f}x "
+          f"(CPU {old['cpu'] / new['cpu']:.2f}x)")
+    print(f"metric values identical: {count - len(differ)} of {count}"
+          + (f"; DIFFERENT: {differ[:10]}" if differ else ""))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ from distinctcap.evaluate.stage import (
     EvalPaths,
     block_logprobs,
     evaluate_decoding,
+    evaluate_device_stage,
+    evaluate_stage,
     metric_columns,
     model_metrics,
     nearest,
@@ -154,6 +156,44 @@ def test_metrics_parquet_round_trip(results, tmp_path):
     row = table[(table.run == "generic") & (table.decoding == "greedy")].iloc[0]
     assert row.skipped == results["generic", "greedy"].skipped
     assert json.loads(read_table(files[0]).skipped[0]) == results["perfect", "greedy"].skipped
+
+
+def test_the_split_parallel_jobs_give_the_one_process_serial_rows(results, world, tmp_path):
+    """The rules' path: evaluate_gpu's torch part in one job, the text metrics in the CPU job
+    on two workers with a token cache: every value, skip and per-image number of the
+    one-process serial evaluation, to the last digit. (One job covers both runs here, so
+    METEOR starts once.)"""
+    block = {**metric_block(vars(SETTINGS)), "device": "cpu"}
+    keys = [(run, dec) for run in RUNS for dec in DECODINGS]
+    names = ("images", "captions", "vocab", "features", "model")
+    common = {name: getattr(world, name) for name in names}
+    common["generated"] = [world.generated(run, dec) for run, dec in keys]
+    evaluations = [("test", dec) for _, dec in keys]
+    device = [str(tmp_path / f"{run}-{dec}-gpu.parquet") for run, dec in keys]
+    per_image = [str(tmp_path / f"{run}-{dec}-per_image.parquet") for run, dec in keys]
+    evaluate_device_stage(common, {"device": device, "per_image": per_image}, evaluations, block)
+    done = evaluate_stage(
+        {**common, "device": device, "per_image": per_image},
+        {
+            "metrics": [str(tmp_path / f"{run}-{dec}.parquet") for run, dec in keys],
+            "curve": [str(tmp_path / f"{run}-{dec}.csv") for run, dec in keys],
+        },
+        evaluations,
+        block,
+        workers=2,
+        cache_dir=str(tmp_path / "cache"),
+    )
+    for key, evaluation, table in zip(keys, done, per_image, strict=True):
+        want = results[key]
+        assert evaluation.skipped == want.skipped
+        got, expected = pd.Series(evaluation.row), pd.Series(want.row)
+        pd.testing.assert_series_equal(got, expected, check_exact=True)
+        pd.testing.assert_frame_equal(
+            read_table(table, "per_image"),
+            want.per_image.astype({"clipscore": "float32"}),
+            check_exact=True,
+        )
+    assert list((tmp_path / "cache").glob("ptb-*.txt.gz"))
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ GPU_RULES = {
     "decode",
     "retrieval_entropy",
     "neighbours",
-    "evaluate",
+    "evaluate_gpu",
 }
 # Keys whose values are the cluster's or the test's own; everything else must match.
 SITE_VALUES = {"jobs", "latency-wait", "retries", "slurm-init-seconds-before-status-checks"}
@@ -156,10 +156,10 @@ def test_slurm_jobs_stay_on_one_node(name: str, workflow_rules: set[str]) -> Non
 
 @pytest.mark.parametrize("name", ["slurm", "slurm-test"])
 def test_cpu_rules_use_the_cpu_partition(name: str, workflow_rules: set[str]) -> None:
-    # evaluate shares decode's group job, and a group's string resources must agree
+    # evaluate's CPU metrics hold no GPU: its torch part (evaluate_gpu) shares decode's job
     profile = load(name)
     on_gpu = {rule for rule in workflow_rules - {"all"} if partition_kind(profile, rule) == "gpu"}
-    assert on_gpu == GPU_RULES | {"evaluate"}
+    assert on_gpu == GPU_RULES
 
 
 def test_the_cpu_partition_is_a_site_line() -> None:
@@ -169,10 +169,10 @@ def test_the_cpu_partition_is_a_site_line() -> None:
 
 
 @pytest.mark.parametrize("name", ["slurm", "slurm-test"])
-def test_decode_and_evaluate_are_one_job_with_an_efficiency_report(name: str) -> None:
+def test_decode_and_evaluates_gpu_part_are_one_job_with_an_efficiency_report(name: str) -> None:
     profile = load(name)
-    assert profile["groups"]["decode"] == profile["groups"]["evaluate"]
-    assert set(profile["groups"]) == {"decode", "evaluate"}
+    assert profile["groups"]["decode"] == profile["groups"]["evaluate_gpu"]
+    assert set(profile["groups"]) == {"decode", "evaluate_gpu"}
     assert profile["slurm-efficiency-report"] is True
 
 

@@ -28,7 +28,10 @@ TRAINING = {"category": "Training"}
 
 if PER_RUN:  # a rule needs outputs; `decoding: {}` evaluates nothing
 
-    rule evaluate:
+    # The torch part of a run's evaluation (CLIP retrieval and CLIPScore, the captioner's
+    # self-retrieval, GPT-2 perplexity): minutes of GPU work, in its own job, so that the
+    # evaluate job's CPU metrics (minutes to hours of them at COCO size) hold no GPU.
+    rule evaluate_gpu:
         input:
             generated=[f"results/generated/{{run}}/{s}-{d}.parquet" for s, d in PER_RUN],
             images=f"{DATA}/images.parquet",
@@ -39,19 +42,46 @@ if PER_RUN:  # a rule needs outputs; `decoding: {}` evaluates nothing
             model=f"{RUN_DIR}/{{run}}/model.pt",
             captioner_features=CAPTIONER_FEATURES,
         output:
-            metrics=[f"results/metrics/{{run}}/{s}-{d}.parquet" for s, d in PER_RUN],
-            curve=[f"results/metrics/{{run}}/{s}-{d}-cider_vs_n.csv" for s, d in PER_RUN],
+            device=[temp(f"results/metrics/{{run}}/{s}-{d}-gpu.parquet") for s, d in PER_RUN],
             per_image=[f"results/metrics/{{run}}/{s}-{d}-per_image.parquet" for s, d in PER_RUN],
         params:
             evaluations=PER_RUN,
             settings=metric_block(EVALUATE),
             seed=config["seed"],
             device=config["device"],
-        # torch's part (CLIP scoring, the captioner's self-retrieval) runs on the job's GPU when it
-        # has one (the GPU profiles give it one); the Java metrics start their own threads. One
-        # torch thread keeps CPU numbers independent of the core count and lets evaluations of
-        # several runs go side by side.
+        # one torch thread on the CPU: CPU numbers must not depend on the core count
         threads: 1
+        log:
+            "logs/evaluate/{run}-gpu.log",
+        benchmark:
+            "benchmarks/evaluate_gpu/{run}.tsv"
+        conda:
+            "../../envs/eval.yaml"
+        script:
+            "../scripts/evaluate_gpu.py"
+
+    rule evaluate:
+        input:
+            generated=[f"results/generated/{{run}}/{s}-{d}.parquet" for s, d in PER_RUN],
+            images=f"{DATA}/images.parquet",
+            captions=f"{DATA}/captions.parquet",
+            vocab=f"{DATA}/vocab.json",
+            features=FEATURES_INDEX,
+            device=[f"results/metrics/{{run}}/{s}-{d}-gpu.parquet" for s, d in PER_RUN],
+            per_image=[f"results/metrics/{{run}}/{s}-{d}-per_image.parquet" for s, d in PER_RUN],
+        output:
+            metrics=[f"results/metrics/{{run}}/{s}-{d}.parquet" for s, d in PER_RUN],
+            curve=[f"results/metrics/{{run}}/{s}-{d}-cider_vs_n.csv" for s, d in PER_RUN],
+        params:
+            evaluations=PER_RUN,
+            settings=metric_block(EVALUATE),
+            seed=config["seed"],
+            # reference token sets by content hash, reused by later jobs and runs (and
+            # SPICE's parse cache): inside the results folder, never outside it
+            cache="results/cache/evaluate",
+        # the text metrics' forked workers, METEOR servers and tokenizer JVMs (capped at
+        # --cores); the numbers do not depend on it
+        threads: 8
         log:
             "logs/evaluate/{run}.log",
         benchmark:

@@ -1,14 +1,19 @@
-"""Rule evaluate: every metric of one run's captions under each decoding setting and split."""
+"""Rule evaluate: every metric of one run's captions under each decoding setting and split, on
+the job's CPU cores; the torch part comes from the run's evaluate_gpu job."""
 
-from distinctcap.core.jobs import start_job
+from distinctcap.core import logs
 from distinctcap.evaluate.stage import evaluate_stage
 
-device = start_job(snakemake, threads="all")
+logs.setup(snakemake.log[0])
+inputs = dict(snakemake.input.items())
+for name in ("generated", "device", "per_image"):
+    inputs[name] = list(getattr(snakemake.input, name))
 evaluate_stage(
-    {**dict(snakemake.input.items()), "generated": list(snakemake.input.generated)},
-    {name: list(getattr(snakemake.output, name)) for name in ("metrics", "curve", "per_image")},
+    inputs,
+    {name: list(getattr(snakemake.output, name)) for name in ("metrics", "curve")},
     evaluations=snakemake.params.evaluations,
     block=snakemake.params.settings,
     seed=snakemake.params.seed,
-    device=device,
+    workers=snakemake.threads,
+    cache_dir=snakemake.params.cache,
 )

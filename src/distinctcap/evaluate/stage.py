@@ -320,48 +320,67 @@ class Evaluation:
     per_image: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=PER_IMAGE))
 
 
-def evaluate_decoding(
-    paths: EvalPaths,
-    split: str,
-    decoding: str,
-    settings: EvalSettings | None = None,
-    tools: CocoTools | None = None,
-) -> Evaluation:
-    """Every metric of one decoding of one run (see the module docstring). `tools`: a
-    running COCO tools session to share (else one is started and stopped here)."""
-    settings = settings or EvalSettings()
-    timings: dict[str, list[float]] = {}
-    run, samples = read_generated(paths.generated)
-    images = read_table(paths.images)
-    captions = read_table(paths.captions)
-    ids = list(samples)
-    n_samples = min(len(c) for c in samples.values())
-    gts = captions_by_image(captions[captions.split == split], ids)
-    if len(gts) != len(ids):
-        missing = sorted(set(ids) - set(gts))[:5]
-        raise DistinctcapError(f"{paths.generated}: image ids {missing} have no {split} captions")
-    train_ids = images[images.split == "train"].image_id.astype(int).tolist()
-    train_refs = captions_by_image(captions[captions.split == "train"], train_ids)
-    first = [samples[i][0] for i in ids]
+@dataclass
+class DecodingInputs:
+    """What both parts of one decoding's evaluation read: its captions and references."""
 
-    with timed(timings, "load CLIP features"):
-        pooled, train_pooled, train_with_feat = load_pooled(paths.features, ids, train_refs)
+    run: str
+    samples: dict[int, list[str]]  # image id -> captions in sample order
+    gts: dict[int, list[str]]  # image id -> its references in the split
+    train_refs: dict[int, list[str]]  # training image id -> its captions
+    images: pd.DataFrame
 
-    out = MetricResult()
-    with timed(timings, "text metrics (PTB, METEOR, BLEU, ROUGE-L, CIDEr-D, diversity)"):
-        out.merge(
-            text_metrics(
-                gts,
-                samples,
-                n_samples,
-                train_refs,
-                train_with_feat,
-                pooled,
-                train_pooled,
-                settings,
-                tools,
+    @property
+    def ids(self) -> list[int]:
+        return list(self.samples)
+
+    @property
+    def n_samples(self) -> int:
+        return min(len(c) for c in self.samples.values())
+
+    @property
+    def first(self) -> list[str]:
+        return [self.samples[i][0] for i in self.samples]
+
+    @classmethod
+    def read(cls, paths: EvalPaths, split: str) -> DecodingInputs:
+        run, samples = read_generated(paths.generated)
+        images = read_table(paths.images)
+        captions = read_table(paths.captions)
+        ids = list(samples)
+        gts = captions_by_image(captions[captions.split == split], ids)
+        if len(gts) != len(ids):
+            missing = sorted(set(ids) - set(gts))[:5]
+            raise DistinctcapError(
+                f"{paths.generated}: image ids {missing} have no {split} captions"
             )
-        )
+        train_ids = images[images.split == "train"].image_id.astype(int).tolist()
+        train_refs = captions_by_image(captions[captions.split == "train"], train_ids)
+        return cls(run, samples, gts, train_refs, images)
+
+
+@dataclass
+class DeviceMetrics:
+    """The torch part of one decoding's evaluation (CLIP retrieval and CLIPScore, the
+    captioner's self-retrieval, GPT-2 perplexity): the GPU work, which the evaluate_gpu rule
+    computes in its own job so the CPU evaluate job holds no GPU."""
+
+    result: MetricResult
+    per_image: pd.DataFrame  # PER_IMAGE
+    timings: dict[str, list[float]] = field(default_factory=dict)
+
+
+def device_metrics(
+    paths: EvalPaths, split: str, settings: EvalSettings, inputs: DecodingInputs | None = None
+) -> DeviceMetrics:
+    """CLIP retrieval and CLIPScore, model self-retrieval and GPT-2 perplexity of sample 0
+    of every image, on `settings.device`."""
+    inputs = inputs or DecodingInputs.read(paths, split)
+    timings: dict[str, list[float]] = {}
+    ids, first = inputs.ids, inputs.first
+    with timed(timings, "load CLIP features"):
+        pooled, train_pooled, _ = load_pooled(paths.features, ids, inputs.train_refs)
+    out = MetricResult()
     with timed(timings, "CLIP retrieval and CLIPScore"):
         clip_out, per_caption = clip_metrics(
             load_features_clip(paths.features, settings.device),
@@ -372,14 +391,56 @@ def evaluate_decoding(
         )
         out.merge(clip_out)
     with timed(timings, "model self-retrieval"):
-        out.merge(model_metrics(paths, ids, first, settings, n_samples))
-    with timed(timings, "GPT-2 perplexity and scene F1"):
+        out.merge(model_metrics(paths, ids, first, settings, inputs.n_samples))
+    with timed(timings, "GPT-2 perplexity"):
         out.merge(gpt2_perplexity(first, settings.gpt2_path, device=settings.device))
-        out.merge(scene_metrics(first, ids, images))
+    per_image = pd.DataFrame({"image_id": np.asarray(ids, dtype=np.int64), **per_caption})
+    return DeviceMetrics(out, per_image, timings)
+
+
+def evaluate_decoding(
+    paths: EvalPaths,
+    split: str,
+    decoding: str,
+    settings: EvalSettings | None = None,
+    tools: CocoTools | None = None,
+    device: DeviceMetrics | None = None,
+) -> Evaluation:
+    """Every metric of one decoding of one run (see the module docstring). `tools`: a
+    running COCO tools session to share (else one is started and stopped here). `device`:
+    the torch part computed by another job (`device_metrics`), else computed here."""
+    settings = settings or EvalSettings()
+    inputs = DecodingInputs.read(paths, split)
+    ids, n_samples = inputs.ids, inputs.n_samples
+    device = device or device_metrics(paths, split, settings, inputs)
+    timings: dict[str, list[float]] = {}
+    with timed(timings, "load CLIP features (consensus neighbours)"):
+        pooled, train_pooled, train_with_feat = load_pooled(
+            paths.features, ids, inputs.train_refs
+        )
+
+    out = MetricResult()
+    with timed(timings, "text metrics (PTB, METEOR, BLEU, ROUGE-L, CIDEr-D, diversity)"):
+        out.merge(
+            text_metrics(
+                inputs.gts,
+                inputs.samples,
+                n_samples,
+                inputs.train_refs,
+                train_with_feat,
+                pooled,
+                train_pooled,
+                settings,
+                tools,
+            )
+        )
+    out.merge(device.result)
+    with timed(timings, "scene F1"):
+        out.merge(scene_metrics(inputs.first, ids, inputs.images))
 
     columns = metric_columns(settings)
     row = {
-        "run": run,
+        "run": inputs.run,
         "split": split,
         "decoding": decoding,
         "n_images": len(ids),
@@ -391,7 +452,7 @@ def evaluate_decoding(
     curve = (
         pd.DataFrame(
             {
-                "run": run,
+                "run": inputs.run,
                 "split": split,
                 "decoding": decoding,
                 "n": curve_ns,
@@ -401,8 +462,8 @@ def evaluate_decoding(
         if n_samples > 1
         else pd.DataFrame(columns=["run", "split", "decoding", "n", "cider"])
     )
-    per_image = pd.DataFrame({"image_id": np.asarray(ids, dtype=np.int64), **per_caption})
-    return Evaluation(row, skipped, curve, timings, per_image)
+    timings = {**device.timings, **timings}
+    return Evaluation(row, skipped, curve, timings, device.per_image)
 
 
 def load_pooled(
@@ -544,6 +605,54 @@ def headline_line(evaluation: Evaluation) -> str:
     return f"{row['run']} {row['split']}/{row['decoding']}: " + ", ".join(parts)
 
 
+def log_timings(split: str, decoding: str, timings: dict[str, list[float]]) -> None:
+    for name, (wall, cpu, child) in timings.items():
+        log.info(
+            "%s-%s: time %-60s %6.1f s wall %6.1f s CPU %6.1f s child CPU",
+            split, decoding, name, wall, cpu, child,
+        )
+
+
+def write_device_metrics(part: DeviceMetrics, path: str | Path) -> None:
+    """One-row parquet of the torch part's metric values and `skipped` (JSON)."""
+    row = {**part.result.values, "skipped": json.dumps(part.result.skipped, sort_keys=True)}
+    write_table(pd.DataFrame([row]), path)
+
+
+def read_device_metrics(path: str | Path, per_image: str | Path) -> DeviceMetrics:
+    """`write_device_metrics`' table and its per-image table back as DeviceMetrics."""
+    row = read_table(path).iloc[0].to_dict()
+    skipped = json.loads(row.pop("skipped"))
+    values = {k: float(v) for k, v in row.items()}
+    return DeviceMetrics(MetricResult(values, skipped), read_table(per_image, "per_image"))
+
+
+def stage_paths(inputs: dict, k: int) -> EvalPaths:
+    """The EvalPaths of the k-th generated table of a rule's named inputs."""
+    names = ("images", "captions", "vocab", "features", "model", "captioner_features")
+    common = {n: str(inputs[n]) for n in names if n in inputs}
+    return EvalPaths(generated=str(inputs["generated"][k]), **common)
+
+
+def evaluate_device_stage(
+    inputs: dict,
+    outputs: dict,
+    evaluations: Sequence[tuple[str, str]],
+    block: dict,
+    seed: int = 0,
+    device: torch.device = CPU,
+) -> None:
+    """The evaluate_gpu rule, one job per run: the torch part (`device_metrics`) of each
+    (split, decoding) of `evaluations` -> outputs["device"] (`write_device_metrics`) and
+    outputs["per_image"] (`write_per_image`) at its position, for the CPU evaluate job."""
+    settings = EvalSettings.from_config(block, seed=seed, device=str(device))
+    for k, (split, decoding) in enumerate(evaluations):
+        part = device_metrics(stage_paths(inputs, k), split, settings)
+        write_device_metrics(part, outputs["device"][k])
+        write_table(part.per_image[list(PER_IMAGE)], outputs["per_image"][k], "per_image")
+        log_timings(split, decoding, part.timings)
+
+
 def evaluate_stage(
     inputs: dict,
     outputs: dict,
@@ -551,29 +660,34 @@ def evaluate_stage(
     block: dict,
     seed: int = 0,
     device: torch.device = CPU,
+    workers: int = 1,
+    cache_dir: str | None = None,
 ) -> list[Evaluation]:
     """The evaluate rule, one job per run: for each (split, decoding) of `evaluations`, the
     generated captions at the same position of inputs["generated"] -> outputs["metrics"]
-    (parquet), outputs["curve"] (csv) and outputs["per_image"] (parquet, `write_per_image`)
-    at that position. Other named inputs: images, captions, vocab, features, model. The
-    decodings share one COCO tools session, so METEOR's JVM loads its paraphrase table (about
-    9 CPU s) once per run, not once per decoding."""
+    (parquet) and outputs["curve"] (csv) at that position. Other named inputs: images,
+    captions, vocab, features, model, and either the evaluate_gpu job's inputs["device"]
+    and inputs["per_image"] (then no torch model is loaded here) or else
+    outputs["per_image"], written here after computing the torch part. The decodings share
+    one COCO tools session with the job's `workers` cores, so METEOR's JVM loads its
+    paraphrase table (about 9 CPU s) once per run, not once per decoding, the references
+    are tokenised once (and kept in `cache_dir`, in the results folder, for later jobs) and
+    the training captions' document frequencies are counted once."""
     settings = EvalSettings.from_config(block, seed=seed, device=str(device))
-    names = ("images", "captions", "vocab", "features", "model", "captioner_features")
-    common = {k: str(inputs[k]) for k in names if k in inputs}
     done = []
-    with CocoTools(spice=settings.spice, meteor_memory=settings.meteor_memory) as tools:
+    options = {"workers": workers, "cache_dir": cache_dir}
+    with CocoTools(spice=settings.spice, meteor_memory=settings.meteor_memory, **options) as tools:
         for k, (split, decoding) in enumerate(evaluations):
-            paths = EvalPaths(generated=str(inputs["generated"][k]), **common)
-            evaluation = evaluate_decoding(paths, split, decoding, settings, tools)
+            part = None
+            if "device" in inputs:
+                part = read_device_metrics(inputs["device"][k], inputs["per_image"][k])
+            paths = stage_paths(inputs, k)
+            evaluation = evaluate_decoding(paths, split, decoding, settings, tools, part)
             write_metrics(evaluation, outputs["metrics"][k])
             write_curve(evaluation, outputs["curve"][k])
-            write_per_image(evaluation, outputs["per_image"][k])
+            if "per_image" in outputs:
+                write_per_image(evaluation, outputs["per_image"][k])
             log.info("%s", headline_line(evaluation))
-            for part, (wall, cpu, child) in evaluation.timings.items():
-                log.info(
-                    "%s-%s: time %-60s %6.1f s wall %6.1f s CPU %6.1f s child CPU",
-                    split, decoding, part, wall, cpu, child,
-                )
+            log_timings(split, decoding, evaluation.timings)
             done.append(evaluation)
     return done

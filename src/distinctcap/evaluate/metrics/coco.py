@@ -3,8 +3,13 @@
 pycocoevalcap's own wrappers write temporary files into its package folder (tokenizer, SPICE)
 and start one Java process per scorer object. Here one `CocoTools` session runs the same jars
 with private temporary folders, so evaluations work from a read-only venv and in parallel:
-the PTB tokenizer runs once per `tokenize` call, METEOR is one long-lived `-stdio` server per
-session (started on first use), and SPICE runs once over a batch of (candidate, refs) pairs.
+the PTB tokenizer runs once per `tokenize` call (over `workers` JVMs side by side for a long
+list), METEOR is one long-lived `-stdio` server per session (started on first use; per-pair
+scores of many pairs go over `workers` servers), and SPICE runs once over a batch of
+(candidate, refs) pairs with `-threads` and a `-cache`. A session is one evaluate job: it
+tokenises a reference set once (and, with a `cache_dir`, once for every later job and run:
+the tokens are stored by content hash) and builds CIDEr-D's document frequencies of a
+corpus once (`cider_d`).
 BLEU, ROUGE-L and CIDEr-D are pycocoevalcap's pure-Python scorers. SPICE runs only where
 its Stanford CoreNLP 3.6.0 jars are already installed (they are not on the dev box, so the
 SPICE run path is exercised only where they are).
@@ -12,6 +17,8 @@ SPICE run path is exercised only where they are).
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 import json
 import math
 import os
@@ -19,7 +26,8 @@ import shutil
 import subprocess
 import tempfile
 from collections import Counter
-from collections.abc import Hashable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Hashable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -30,7 +38,13 @@ from pycocoevalcap.rouge.rouge import Rouge
 from pycocoevalcap.tokenizer import ptbtokenizer
 
 from distinctcap.core.errors import DistinctcapError
+from distinctcap.core.io import atomic_path
 from distinctcap.evaluate.metrics.cider import CiderD
+from distinctcap.evaluate.metrics.parallel import (
+    CHUNKS_PER_WORKER,
+    chunk_bounds,
+    fork_map_beside,
+)
 from distinctcap.evaluate.metrics.result import MetricResult
 
 Captions = Mapping[Hashable, Sequence[str]]
@@ -47,6 +61,12 @@ SPICE_CORENLP_JARS = tuple(
 )
 QUALITY_METRICS = ("bleu1", "bleu2", "bleu3", "bleu4", "meteor", "rouge_l", "cider", "spice")
 _PUNCT = frozenset(ptbtokenizer.PUNCTUATIONS)
+# A tokenizer JVM per this many captions at most (its start is ~1 CPU s), up to `workers`.
+PTB_LINES_PER_JVM = 20_000
+# A METEOR server per this many pairs at most, up to `workers`: a server's start (its
+# paraphrase table) is ~10 CPU s, a pair with 5 references ~3 ms.
+METEOR_PAIRS_PER_SERVER = 10_000
+MAX_METEOR_SERVERS = 4  # ~1 GB resident each (the evaluate rule's mem_mb counts on it)
 
 
 JAVA_INSTALL = "install Java 17, e.g. `apt-get install openjdk-17-jre-headless`"
@@ -164,19 +184,34 @@ class _Meteor:
 
 
 class CocoTools:
-    """One evaluation's Java tools; use as a context manager so METEOR is stopped.
+    """One evaluate job's Java tools and shared work; use as a context manager so METEOR
+    is stopped.
 
-    `launches` counts Java process starts per tool, so callers and tests can check that an
-    evaluation starts each tool once, never once per image.
+    `workers`: the job's cores, for the tokenizer's and METEOR's JVMs and the forked n-gram
+    metrics (distinctcap.evaluate.metrics.parallel). `cache_dir`: where reference sets'
+    tokens are kept by content hash for later jobs (the experiment's results folder), or
+    None. `launches` counts Java process starts per tool, so callers and tests can check
+    that an evaluation starts each tool once (or once per worker), never once per image.
     """
 
-    def __init__(self, spice: bool = True, meteor_memory: str = "2G", spice_memory: str = "8G"):
+    def __init__(
+        self,
+        spice: bool = True,
+        meteor_memory: str = "2G",
+        spice_memory: str = "8G",
+        workers: int = 1,
+        cache_dir: str | Path | None = None,
+    ):
         self.meteor_memory, self.spice_memory = meteor_memory, spice_memory
+        self.workers = max(1, int(workers))
+        self.cache_dir = None if cache_dir is None else Path(cache_dir)
         self.spice_skip_reason = "SPICE disabled by the caller" if not spice else None
         self.spice_skip_reason = self.spice_skip_reason or spice_unavailable_reason()
         self.launches: Counter[str] = Counter()
-        self._meteor: _Meteor | None = None
+        self._meteors: list[_Meteor] = []
         self._spice: dict[tuple[str, tuple[str, ...]], float] = {}
+        self._tokens: dict[str, list[str]] = {}  # content hash -> tokens, this job's sets
+        self._scorers: dict[str, CiderD] = {}  # content hash of a corpus -> its CIDEr-D
 
     @property
     def java(self) -> str:
@@ -190,15 +225,27 @@ class CocoTools:
         self.close()
 
     def close(self) -> None:
-        if self._meteor is not None:
-            self._meteor.close()
-            self._meteor = None
+        for server in self._meteors:
+            server.close()
+        self._meteors = []
 
     def tokenize(self, texts: Sequence[str]) -> list[str]:
-        """PTB-tokenise, lower-case and drop punctuation tokens (pycocoevalcap PTBTokenizer)."""
+        """PTB-tokenise, lower-case and drop punctuation tokens (pycocoevalcap PTBTokenizer);
+        a long list is cut into parts tokenised by up to `workers` JVMs side by side (the
+        tokenizer reads each line on its own: -preserveLines)."""
         lines = [_clean(t) for t in texts]
         if not lines:
             return []
+        parts = min(self.workers, -(-len(lines) // PTB_LINES_PER_JVM))
+        bounds = chunk_bounds(len(lines), parts)
+        self.launches["ptb"] += len(bounds)
+        if len(bounds) == 1:
+            return self._run_ptb(lines)
+        with ThreadPoolExecutor(len(bounds)) as pool:
+            done = pool.map(lambda b: self._run_ptb(lines[b[0] : b[1]]), bounds)
+            return [t for part in done for t in part]
+
+    def _run_ptb(self, lines: Sequence[str]) -> list[str]:
         with tempfile.TemporaryDirectory(prefix="distinctcap-ptb-") as tmp:
             path = Path(tmp) / "captions.txt"
             path.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -213,7 +260,6 @@ class CocoTools:
                 "utf-8",
                 str(path),
             ]
-            self.launches["ptb"] += 1
             proc = subprocess.run(cmd, capture_output=True, cwd=tmp)
         out = proc.stdout.decode("utf-8").split("\n")
         if proc.returncode != 0 or len(out) != len(lines) + 1:
@@ -223,18 +269,77 @@ class CocoTools:
             )
         return [" ".join(w for w in line.split() if w not in _PUNCT) for line in out[:-1]]
 
-    def tokenize_groups(self, *groups: Captions) -> list[dict[Hashable, list[str]]]:
-        """Tokenise several {id: captions} mappings with a single tokenizer launch."""
-        flat = [c for group in groups for caps in group.values() for c in caps]
-        tokens = iter(self.tokenize(flat))
-        return [{k: [next(tokens) for _ in caps] for k, caps in g.items()} for g in groups]
+    def tokenize_groups(
+        self, *groups: Captions, keep: Collection[int] = ()
+    ) -> list[dict[Hashable, list[str]]]:
+        """Tokenise several {id: captions} mappings with a single tokenizer launch. The
+        groups at the positions in `keep` (reference sets) are tokenised once per session
+        and, with a `cache_dir`, found there by content hash by later sessions."""
+        flats = [[c for caps in group.values() for c in caps] for group in groups]
+        keys = {k: _content_key(flats[k]) for k in keep if flats[k]}
+        known = {k: self._known_tokens(key) for k, key in keys.items()}
+        stale = [k for k, tokens in known.items() if tokens and len(tokens) != len(flats[k])]
+        todo = [k for k in range(len(groups)) if known.get(k) is None or k in stale]
+        tokens = iter(self.tokenize([c for k in todo for c in flats[k]]))
+        for k in todo:
+            known[k] = [next(tokens) for _ in flats[k]]
+            if k in keys:
+                self._store_tokens(keys[k], known[k])
+        out = []
+        for k, group in enumerate(groups):
+            it = iter(known[k])
+            out.append({key: [next(it) for _ in caps] for key, caps in group.items()})
+        return out
+
+    def _known_tokens(self, key: str) -> list[str] | None:
+        if key not in self._tokens and self.cache_dir is not None:
+            path = self.cache_dir / f"ptb-{key}.txt.gz"
+            if path.is_file():
+                self._tokens[key] = gzip.decompress(path.read_bytes()).decode().split("\n")
+        return self._tokens.get(key)
+
+    def _store_tokens(self, key: str, tokens: list[str]) -> None:
+        self._tokens[key] = tokens
+        if self.cache_dir is not None:
+            with atomic_path(self.cache_dir / f"ptb-{key}.txt.gz") as tmp:
+                tmp.write_bytes(gzip.compress("\n".join(tokens).encode(), compresslevel=1))
+
+    def cider_d(self, documents: Captions) -> CiderD:
+        """CIDEr-D with the document frequencies of `documents` (tokenised, one caption
+        group per image), built once per session for the same corpus."""
+        key = _content_key(["\x1f".join(caps) for caps in documents.values()])
+        if key not in self._scorers:
+            self._scorers[key] = CiderD(documents.values())
+        return self._scorers[key]
+
+    def _meteor(self, k: int) -> _Meteor:
+        while len(self._meteors) <= k:
+            self.launches["meteor"] += 1
+            self._meteors.append(_Meteor(self.java, self.meteor_memory))
+        return self._meteors[k]
+
+    def start_meteor(self) -> None:
+        """Start the first METEOR server now, so that its paraphrase table (~10 CPU s) loads
+        while the tokenizer and the n-gram metrics run."""
+        self._meteor(0)
 
     def meteor(self, pairs: Sequence[Pair]) -> tuple[float, list[float]]:
         """Corpus METEOR and per-pair scores over (candidate, references) pairs."""
-        if self._meteor is None:
-            self.launches["meteor"] += 1
-            self._meteor = _Meteor(self.java, self.meteor_memory)
-        return self._meteor.score(pairs)
+        return self._meteor(0).score(pairs)
+
+    def meteor_segments(self, pairs: Sequence[Pair]) -> list[float]:
+        """Per-pair METEOR of many pairs, cut over up to `workers` servers side by side (a
+        pair's score depends on its own statistics only, so the split changes no digit)."""
+        wanted = -(-len(pairs) // METEOR_PAIRS_PER_SERVER)
+        count = min(self.workers, MAX_METEOR_SERVERS, wanted)
+        bounds = chunk_bounds(len(pairs), count) if pairs else []
+        if len(bounds) <= 1:
+            return self.meteor(pairs)[1]
+        servers = [self._meteor(k) for k in range(len(bounds))]  # they load side by side
+        parts = [pairs[a:b] for a, b in bounds]
+        with ThreadPoolExecutor(len(bounds)) as pool:
+            done = pool.map(lambda server, part: server.score(part)[1], servers, parts)
+            return [s for part in done for s in part]
 
     def spice(self, pairs: Sequence[Pair]) -> list[float] | None:
         """Per-pair SPICE F-scores (one Java run for the pairs not seen yet); None if skipped."""
@@ -261,6 +366,7 @@ class CocoTools:
                 str(dst),
                 "-subset",
                 "-silent",
+                *spice_speed_options(self.workers, self.cache_dir, tmp),
             ]
             self.launches["spice"] += 1
             proc = subprocess.run(cmd, capture_output=True, cwd=tmp, env=_spice_env())
@@ -271,6 +377,24 @@ class CocoTools:
             results = json.loads(dst.read_text())
         f_by_id = {r["image_id"]: r["scores"]["All"]["f"] for r in results}
         return [math.nan if f_by_id[i] is None else float(f_by_id[i]) for i in range(len(pairs))]
+
+
+def spice_speed_options(workers: int, cache_dir: Path | None, tmp: str) -> list[str]:
+    """SPICE's `-threads` (its parser on the job's cores, not the machine's) and `-cache`
+    (SPICE's own store of each sentence's parse: under `cache_dir`, so later jobs and runs
+    parse a reference set once, else in the call's temporary folder)."""
+    cache = Path(cache_dir) / "spice" if cache_dir is not None else Path(tmp) / "spice-cache"
+    cache.mkdir(parents=True, exist_ok=True)
+    return ["-threads", str(max(1, workers)), "-cache", str(cache)]
+
+
+def _content_key(lines: Sequence[str]) -> str:
+    """sha256 of the tokenizer's jar name and the lines: a cache key for their tokens."""
+    digest = hashlib.sha256(PTB_JAR.name.encode())
+    for line in lines:
+        digest.update(line.encode())
+        digest.update(b"\n")
+    return digest.hexdigest()
 
 
 def _spice_env() -> dict[str, str]:
@@ -349,29 +473,32 @@ def per_item_scores(
     metrics: Sequence[str],
     tools: CocoTools,
 ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """Each pair's sentence-level score for every metric: one scorer call per metric.
+    """Each pair's sentence-level score for every metric.
 
     Pairs are tokenised (candidate, references). CIDEr-D takes its idf from `documents` (the
     reference sets of the distinct images), so scoring many samples of one image at once gives
-    the same number as scoring them one evaluation at a time. Returns ({metric: (P,)}, skipped).
+    the same number as scoring them one evaluation at a time. BLEU, ROUGE-L and CIDEr-D score
+    parts of the pairs in the session's forked workers while METEOR's servers score theirs
+    (a pair's sentence-level score depends on that pair only, so the parts change no digit).
+    Returns ({metric: (P,)}, skipped).
     """
     unknown = set(metrics) - set(QUALITY_METRICS)
     if unknown:
         raise DistinctcapError(f"unknown metrics {sorted(unknown)}; allowed: {QUALITY_METRICS}")
-    gts = {k: list(refs) for k, (_, refs) in enumerate(pairs)}
-    res = {k: [hyp] for k, (hyp, _) in enumerate(pairs)}
-    scores: dict[str, np.ndarray] = {}
+    python = [m for m in metrics if m.startswith("bleu") or m in ("rouge_l", "cider")]
+    cider = CiderD(documents) if "cider" in metrics else None
+    bounds = chunk_bounds(len(pairs), tools.workers * CHUNKS_PER_WORKER) if pairs else []
+
+    def java() -> list[float] | None:
+        return tools.meteor_segments(pairs) if "meteor" in metrics else None
+
+    parts, meteor = fork_map_beside(
+        lambda b: _python_scores(pairs[b[0] : b[1]], python, cider), bounds, tools.workers, java
+    )
+    scores = {m: np.concatenate([p[m] for p in parts]) for m in python} if parts else {}
+    if meteor is not None:
+        scores["meteor"] = np.asarray(meteor, dtype=float)
     skipped: dict[str, str] = {}
-    if any(m.startswith("bleu") for m in metrics):
-        _, bleu = Bleu(4).compute_score(gts, res, verbose=0)
-        scores.update({f"bleu{k + 1}": np.asarray(b, dtype=float) for k, b in enumerate(bleu)})
-    if "meteor" in metrics:
-        scores["meteor"] = np.asarray(tools.meteor(pairs)[1], dtype=float)
-    if "rouge_l" in metrics:
-        scores["rouge_l"] = np.asarray(Rouge().compute_score(gts, res)[1], dtype=float)
-    if "cider" in metrics:
-        cider = CiderD(documents)
-        scores["cider"] = np.array([cider.score(h, refs) for h, refs in pairs])
     if "spice" in metrics:
         spice = tools.spice(pairs)
         if spice is None:
@@ -379,4 +506,22 @@ def per_item_scores(
             scores["spice"] = np.full(len(pairs), math.nan)
         else:
             scores["spice"] = np.asarray(spice, dtype=float)
-    return {m: scores[m] for m in metrics}, skipped
+    return {m: scores.get(m, np.zeros(0)) for m in metrics}, skipped
+
+
+def _python_scores(
+    pairs: Sequence[Pair], metrics: Sequence[str], cider: CiderD | None
+) -> dict[str, np.ndarray]:
+    """BLEU-1..4, ROUGE-L and CIDEr-D (those in `metrics`) of each pair: one scorer call per
+    metric."""
+    gts = {k: list(refs) for k, (_, refs) in enumerate(pairs)}
+    res = {k: [hyp] for k, (hyp, _) in enumerate(pairs)}
+    scores: dict[str, np.ndarray] = {}
+    if any(m.startswith("bleu") for m in metrics):
+        _, bleu = Bleu(4).compute_score(gts, res, verbose=0)
+        scores.update({f"bleu{k + 1}": np.asarray(b, dtype=float) for k, b in enumerate(bleu)})
+    if "rouge_l" in metrics:
+        scores["rouge_l"] = np.asarray(Rouge().compute_score(gts, res)[1], dtype=float)
+    if cider is not None:
+        scores["cider"] = np.array([cider.score(h, refs) for h, refs in pairs])
+    return {m: scores[m] for m in metrics}

@@ -12,10 +12,11 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Literal
 
 import numpy as np
-from pycocoevalcap.bleu.bleu import Bleu
+from pycocoevalcap.bleu.bleu_scorer import BleuScorer, precook
 
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.evaluate.metrics.cider import CiderD
+from distinctcap.evaluate.metrics.parallel import fork_map
 
 Captions = Mapping[Hashable, Sequence[str]]
 
@@ -48,24 +49,64 @@ def div_n(caps_by_image: Captions, n: int) -> float:
     return float(np.mean(values))
 
 
-def mbleu(caps_by_image: Captions) -> float:
+def mbleu(caps_by_image: Captions, workers: int = 1) -> float:
     """mBLEU-4 (UNKT Table 2, lower = more diverse).
 
     For each i: corpus BLEU-4 (pycocoevalcap `Bleu(4)`) of every image's i-th caption against
     that image's other captions; the mean over i. Images with fewer than i+1 captions sit out
-    round i.
+    round i. Each caption's n-grams are counted once (`_leave_one_out`) instead of once per
+    round, and the integer counts go into pycocoevalcap's own `BleuScorer`, so the number is
+    `Bleu(4)`'s to the last digit; images are split over `workers` forked processes.
     """
     _need_images(caps_by_image, 2)
+    per_image = fork_map(_leave_one_out, list(caps_by_image.values()), workers)
     rounds = []
     for i in range(max(len(c) for c in caps_by_image.values())):
-        ids = [k for k, caps in caps_by_image.items() if len(caps) > i]
-        res = {k: [caps_by_image[k][i]] for k in ids}
-        gts = {k: [c for j, c in enumerate(caps_by_image[k]) if j != i] for k in ids}
-        rounds.append(Bleu(4).compute_score(gts, res, verbose=0)[0][3])
+        scorer = BleuScorer(n=4)
+        scorer.ctest = [comps[i] for comps in per_image if len(comps) > i]
+        scorer.crefs = [None] * len(scorer.ctest)
+        rounds.append(scorer.compute_score(option="closest", verbose=0)[0][3])
     return float(np.mean(rounds))
 
 
-def self_cider(caps_by_image: Captions, df_corpus: Iterable[Sequence[str]] | None = None) -> float:
+def _leave_one_out(captions: Sequence[str]) -> list[dict]:
+    """`cook_test`'s statistics of each caption against the image's other captions (the
+    reference lengths, the clipped n-gram matches), from one count of every caption."""
+    cooked = [precook(c, 4) for c in captions]
+    top: dict[tuple[str, ...], list[int]] = {}  # n-gram -> [best count, its caption, 2nd best]
+    for j, (_, counts) in enumerate(cooked):
+        for gram, count in counts.items():
+            best = top.setdefault(gram, [0, -1, 0])
+            if count > best[0]:
+                best[:] = [count, j, best[0]]
+            elif count > best[2]:
+                best[2] = count
+    lengths = [length for length, _ in cooked]
+    out = []
+    for j, (length, counts) in enumerate(cooked):
+        correct = [0] * 4
+        for gram, count in counts.items():
+            best = top[gram]
+            others = best[2] if best[1] == j else best[0]
+            correct[len(gram) - 1] += min(others, count)
+        out.append(
+            {
+                "reflen": lengths[:j] + lengths[j + 1 :],
+                "testlen": length,
+                "guess": [max(0, length - k + 1) for k in range(1, 5)],
+                "correct": correct,
+            }
+        )
+    return out
+
+
+def self_cider(
+    caps_by_image: Captions,
+    df_corpus: Iterable[Sequence[str]] | None = None,
+    *,
+    scorer: CiderD | None = None,
+    workers: int = 1,
+) -> float:
     """SelfCIDEr (Wang & Chan 2019, UNKT Table 2): 0 = all captions alike, 1 = all unrelated.
 
     Per image with n captions: K[i, j] = CIDEr-D(c_i | c_j) for i <= j, mirrored (the
@@ -73,27 +114,31 @@ def self_cider(caps_by_image: Captions, df_corpus: Iterable[Sequence[str]] | Non
     score = -log(√λ_max / Σ√λ) / log n; the mean over images.
 
     Document frequencies: the reference implementation takes them from a fixed corpus (COCO
-    train); pass `df_corpus` (one caption group per image, e.g. the training references) to do
-    the same, which keeps runs comparable. Default: the evaluated caption sets, one document per
-    image (pycocoevalcap's corpus mode). An image whose n-grams all have idf 0 (K = 0) has no
-    measurable diversity and scores 0.
+    train); pass `df_corpus` (one caption group per image, e.g. the training references) or
+    its prebuilt `scorer` (CocoTools.cider_d) to do the same, which keeps runs comparable.
+    Default: the evaluated caption sets, one document per image (pycocoevalcap's corpus
+    mode). An image whose n-grams all have idf 0 (K = 0) has no measurable diversity and
+    scores 0. Images are split over `workers` forked processes.
     """
     _need_images(caps_by_image, 2)
-    scorer = CiderD(caps_by_image.values() if df_corpus is None else df_corpus)
-    values = []
-    for caps in caps_by_image.values():
-        n = len(caps)
-        kernel = np.zeros((n, n))
-        for i in range(n):
-            for j in range(i, n):
-                kernel[i, j] = kernel[j, i] = scorer.pair(caps[i], caps[j])
-        lam = np.linalg.eigvalsh(kernel / 10.0)
-        # Clip at 0, and treat round-off (|λ| ~ 1e-16 λ_max) as the 0 it stands for.
-        lam[lam < 1e-12 * max(lam.max(), 0.0)] = 0.0
-        roots = np.sqrt(lam)
-        total = roots.sum()
-        values.append(0.0 if total <= 0 else -math.log(roots.max() / total) / math.log(n))
+    if scorer is None:
+        scorer = CiderD(caps_by_image.values() if df_corpus is None else df_corpus)
+    values = fork_map(lambda caps: _self_cider_one(scorer, caps), caps_by_image.values(), workers)
     return float(np.mean(values))
+
+
+def _self_cider_one(scorer: CiderD, caps: Sequence[str]) -> float:
+    n = len(caps)
+    kernel = np.zeros((n, n))
+    for i in range(n):
+        for j in range(i, n):
+            kernel[i, j] = kernel[j, i] = scorer.pair(caps[i], caps[j])
+    lam = np.linalg.eigvalsh(kernel / 10.0)
+    # Clip at 0, and treat round-off (|λ| ~ 1e-16 λ_max) as the 0 it stands for.
+    lam[lam < 1e-12 * max(lam.max(), 0.0)] = 0.0
+    roots = np.sqrt(lam)
+    total = roots.sum()
+    return 0.0 if total <= 0 else -math.log(roots.max() / total) / math.log(n)
 
 
 def distinct_share(caps_by_image: Captions, scope: Literal["image", "corpus"] = "image") -> float:

@@ -17,6 +17,7 @@ from distinctcap.evaluate.metrics.coco import (
     coco_session,
     per_item_scores,
 )
+from distinctcap.evaluate.metrics.parallel import fork_map
 from distinctcap.evaluate.metrics.result import MetricResult
 
 Captions = Mapping[Hashable, Sequence[str]]
@@ -111,6 +112,9 @@ def consensus_scores(
     samples_by_image: Captions,
     neighbour_captions_by_image: Captions,
     df_corpus: Iterable[Sequence[str]] | None = None,
+    *,
+    scorer: CiderD | None = None,
+    workers: int = 1,
 ) -> dict[Hashable, list[float]]:
     """Each candidate's mean CIDEr-D against the captions of its image's nearest training
     images (consensus re-ranking, Devlin et al. 2015 / Mao et al. 2018, used by UNKT §4.3).
@@ -118,29 +122,38 @@ def consensus_scores(
     Inputs are tokenised. `neighbour_captions_by_image`: image id -> captions of its k
     nearest training images (the caller finds the neighbours, e.g. by CLIP image similarity).
     `df_corpus`: caption groups for CIDEr-D's idf, e.g. the training references per image;
-    default the neighbour caption sets, one document per evaluated image.
+    default the neighbour caption sets, one document per evaluated image; or a prebuilt
+    `scorer` (CocoTools.cider_d). Images are split over `workers` forked processes.
     """
     missing = [i for i in samples_by_image if not neighbour_captions_by_image.get(i)]
     if missing:
         raise DistinctcapError(f"no neighbour captions for image ids {missing[:5]}")
-    docs = neighbour_captions_by_image.values() if df_corpus is None else df_corpus
-    scorer = CiderD(docs)
-    return {
-        i: [scorer.score(c, neighbour_captions_by_image[i]) for c in caps]
-        for i, caps in samples_by_image.items()
-    }
+    if scorer is None:
+        docs = neighbour_captions_by_image.values() if df_corpus is None else df_corpus
+        scorer = CiderD(docs)
+    ids = list(samples_by_image)
+
+    def image_scores(i: Hashable) -> list[float]:
+        return [scorer.score(c, neighbour_captions_by_image[i]) for c in samples_by_image[i]]
+
+    return dict(zip(ids, fork_map(image_scores, ids, workers), strict=True))
 
 
 def consensus_rerank(
     samples_by_image: Captions,
     neighbour_captions_by_image: Captions,
     df_corpus: Iterable[Sequence[str]] | None = None,
+    *,
+    scorer: CiderD | None = None,
+    workers: int = 1,
 ) -> dict[Hashable, list[str]]:
     """Each image's candidates sorted by consensus score, best first (ties keep sample order).
 
     See `consensus_scores` for the score; `best_k` then keeps the top k ("best-5" of Table 2).
     """
-    scores = consensus_scores(samples_by_image, neighbour_captions_by_image, df_corpus)
+    scores = consensus_scores(
+        samples_by_image, neighbour_captions_by_image, df_corpus, scorer=scorer, workers=workers
+    )
     ranked = {}
     for i, caps in samples_by_image.items():
         order = sorted(range(len(caps)), key=lambda j, s=scores[i]: -s[j])

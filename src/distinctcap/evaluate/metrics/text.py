@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping, Sequence
 
 from distinctcap.core.errors import DistinctcapError
+from distinctcap.evaluate.metrics.cider import CiderD
 from distinctcap.evaluate.metrics.coco import (
     CocoTools,
     check_references,
@@ -34,9 +35,17 @@ Captions = Mapping[Hashable, Sequence[str]]
 DIVERSITY_METRICS = ("div1", "div2", "mbleu4", "self_cider", "distinct")
 
 
-def diversity_scores(caps_by_image: Captions, df_corpus: Captions | None = None) -> MetricResult:
+def diversity_scores(
+    caps_by_image: Captions,
+    df_corpus: Captions | None = None,
+    *,
+    scorer: CiderD | None = None,
+    workers: int = 1,
+) -> MetricResult:
     """div1, div2, mbleu4, self_cider, distinct of tokenised captions (>= 2 per image), or all
-    skipped with the reason when some image has a single caption."""
+    skipped with the reason when some image has a single caption. SelfCIDEr's idf: `scorer`
+    (CIDEr-D of a corpus, CocoTools.cider_d), else `df_corpus`, else the captions' own.
+    mBLEU-4 and SelfCIDEr split the images over `workers` forked processes."""
     out = MetricResult()
     if min(len(c) for c in caps_by_image.values()) < 2:
         for name in DIVERSITY_METRICS:
@@ -44,9 +53,9 @@ def diversity_scores(caps_by_image: Captions, df_corpus: Captions | None = None)
         return out
     out.values["div1"] = div_n(caps_by_image, 1)
     out.values["div2"] = div_n(caps_by_image, 2)
-    out.values["mbleu4"] = mbleu(caps_by_image)
+    out.values["mbleu4"] = mbleu(caps_by_image, workers)
     docs = None if df_corpus is None else df_corpus.values()
-    out.values["self_cider"] = self_cider(caps_by_image, docs)
+    out.values["self_cider"] = self_cider(caps_by_image, docs, scorer=scorer, workers=workers)
     out.values["distinct"] = distinct_share(caps_by_image)
     return out
 
@@ -65,8 +74,10 @@ def evaluate_captions(
 
     gts: image id -> reference captions. samples: image id -> decoded captions in decoder
     order (sample 0 = the caption a one-caption evaluation uses, e.g. the best beam). Raw
-    texts; everything is PTB-tokenised in one tokenizer launch, and METEOR and SPICE start at
-    most once. Columns:
+    texts; everything is PTB-tokenised in one tokenizer launch (the references and
+    `train_refs` once per `tools` session, see CocoTools.tokenize_groups), CIDEr-D's document
+    frequencies of `train_refs` are counted once per session, the n-gram metrics use the
+    session's `workers`, and METEOR and SPICE start at most once (per worker). Columns:
       - bleu1..bleu4, meteor, rouge_l, cider, spice of sample 0 (`quality_scores`);
       - length, vocab, distinct_corpus (share of distinct sample-0 captions over the set) and
         novelty (needs `train_refs`: image id -> training captions) of sample 0;
@@ -84,10 +95,12 @@ def evaluate_captions(
     groups = [{i: gts[i] for i in samples}, samples, neighbour_captions or {}, train_refs or {}]
     out = MetricResult()
     with coco_session(tools) as t:
-        gts_t, samples_t, neigh_t, train_t = t.tokenize_groups(*groups)
+        t.start_meteor()
+        gts_t, samples_t, neigh_t, train_t = t.tokenize_groups(*groups, keep=(0, 3))
+        train_cider = t.cider_d(train_t) if train_refs else None
         ranked = None
         if neighbour_captions is not None:
-            ranked = consensus_rerank(samples_t, neigh_t, train_t.values() if train_refs else None)
+            ranked = consensus_rerank(samples_t, neigh_t, scorer=train_cider, workers=t.workers)
         _prefetch_spice(t, gts_t, samples_t, max(oracle_ns, default=1), ranked)
         first = {i: caps[:1] for i, caps in samples_t.items()}
         out.merge(quality_scores(gts_t, first, tokenized=True, tools=t))
@@ -98,7 +111,7 @@ def evaluate_captions(
             out.skip("novelty", "novelty needs the training captions (train_refs)")
         else:
             out.values["novelty"] = novelty(first, (c for caps in train_t.values() for c in caps))
-        out.merge(diversity_scores(samples_t, train_t if train_refs else None))
+        out.merge(diversity_scores(samples_t, scorer=train_cider, workers=t.workers))
         if oracle_ns:
             table, skipped = sample_score_table(
                 gts_t, samples_t, max(oracle_ns), tokenized=True, tools=t
@@ -109,7 +122,8 @@ def evaluate_captions(
             best = best_k(ranked, best_of)
             best1 = {i: caps[:1] for i, caps in best.items()}
             out.merge(quality_scores(gts_t, best1, tokenized=True, tools=t), prefix="consensus_")
-            out.merge(diversity_scores(best, train_t if train_refs else None), prefix="consensus_")
+            diversity = diversity_scores(best, scorer=train_cider, workers=t.workers)
+            out.merge(diversity, prefix="consensus_")
     return out
 
 

@@ -2,14 +2,15 @@
 is downloaded (distinctcap.core.preflight). The GPU profiles run it on the GPU rules' partition
 with one GPU; without a GPU it skips the GPU checks and takes a fraction of a second. Its
 output is an `ancient` input of prepare_data: it runs first, and rerunning it (a new node:
-`snakemake --forcerun preflight`, or an edited config) never reruns anything after it."""
+`snakemake --forcerun preflight`) never reruns anything after it. It takes no params: Snakemake
+(9.27) plans no job whose params changed downstream of an `ancient` input whose producer reruns,
+so a preflight rerun on every config edit would hide that edit for one invocation (the script
+reads the config itself)."""
 
 
 rule preflight:
     output:
         report=PREFLIGHT,
-    params:
-        config=config,
     log:
         "logs/preflight.log",
     benchmark:

@@ -1,11 +1,12 @@
 """Rule preflight: every check that applies on this node (distinctcap.core.preflight)."""
 
 from distinctcap.core import logs
+from distinctcap.core.config import load_schema, validate
 from distinctcap.core.preflight import run_preflight
 
 logs.setup(snakemake.log[0])
 run_preflight(
-    snakemake.params.config,
+    validate(snakemake.config, load_schema()),
     snakemake.output.report,
     gpus=int(snakemake.resources.get("gpu", 0) or 0),
     cpus=int(snakemake.resources.get("cpus_per_task", 0) or snakemake.threads),

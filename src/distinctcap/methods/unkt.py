@@ -9,12 +9,25 @@ the high-entropy subset D-, Algorithm 1 lines 1-7). Both models read the same ba
 grid/pooled features and caption prefix, each distinct image encoded once as in the MLE
 objective); the teacher runs without gradients.
 
+- Which captions the negative terms read (`negative_captions`; the paper's equations do not
+  say): `gold`, the batch's own captions, so the teacher's distributions are taken along the
+  gold caption's prefix; or `teacher`, the negative teacher's own captions of the batch's
+  distinct images (Fig. 1: "the negative teacher's output sequence ... is used to create a
+  contrast"; §3.3: MLE "with corresponding positive image-text pairs"), teacher and student
+  both teacher-forced on them, L_mle still on the gold captions. They are its greedy captions
+  (`negative_decoding: greedy`, decoded once an image and kept, GreedyCaptions) or
+  `negative_samples` samples an image drawn afresh each step (`sample`, global torch RNG).
+  Where a teacher caption shares a prefix with a gold caption, L_pred meets L_mle there; after
+  the first token they differ in, the student's gold-prefix predictions see L_mle alone.
 - L_pred (eq. 5): soft unlikelihood of the teacher's softened predictions, `targets: soft`.
   The Table 6 ablations swap the target, keeping the rest of eq. 9: `hard` uses the teacher's
-  greedy caption of the image as one negative token per position (token unlikelihood, eq. 2,
-  aligned by position with the reference caption; decoded once per image and kept, see
-  GreedyCaptions), `random` the tokens of a random D- caption, drawn afresh per caption and
-  step with the global torch RNG (which the trainer's checkpoints restore).
+  greedy caption of the image as one negative token per position (token unlikelihood, eq. 2;
+  decoded once per image and kept, see GreedyCaptions), `random` the tokens of a D- caption,
+  drawn afresh per step with the global torch RNG (which the trainer's checkpoints restore).
+  Under `gold` they are aligned by position with the gold caption (a reading of ours: after
+  the first differing token the alignment is arbitrary); under `teacher` each is read along
+  its own prefix, as the paper defines them (§4.4), and a random caption is one of another
+  image.
 - L_hid^l (eq. 7): each decoder layer's hidden state (the residual stream after block l) is
   turned into a distribution by a softmax over the feature dimension, one per caption position
   (the paper applies a KL to hidden states without saying how they become distributions; see

@@ -337,7 +337,9 @@ if __name__ == "__main__":  # make readme-table / make unkt-ablation-table
     for path in args.configs:
         runs |= yaml.safe_load(Path(path).read_text()).get("runs", {})
     if Path(args.summary).is_dir():
-        summary = summary_table(read_metrics(sorted(Path(args.summary).glob("*/*.parquet"))))
+        tables = sorted(Path(args.summary).glob("*/*.parquet"))  # not the per-image tables
+        tables = [p for p in tables if not p.name.endswith("-per_image.parquet")]
+        summary = summary_table(read_metrics(tables))
         runs = {name: block for name, block in runs.items() if name in set(summary.run)}
     else:
         summary = pd.read_csv(args.summary)

@@ -24,7 +24,7 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $@
 
-.PHONY: install run quick test report readme-table unkt-ablations unkt-ablation-table cleanup times ship-clip
+.PHONY: install run quick test report readme-table unkt-ablations unkt-ablation-table unkt-seeds unkt-seeds-table cleanup times ship-clip
 install: $(VENV)/.installed
 
 run: install
@@ -57,6 +57,15 @@ unkt-ablations: install
 
 unkt-ablation-table: install
 	$(PY) -m distinctcap.report.summary --unkt-ablation $(EXP)/results/metrics config.yaml presets/unkt-ablations.yaml
+
+# Issue 29: the two readings of UNKT's negative captions (gold, teacher) and the reference, each
+# over seeds 0-2 (docs/unkt-sampled-captions.md); the table pools each arm's seeds (mean ± sd).
+SEED_ARMS := reference reference_s1 reference_s2 unkt_gold unkt_gold_s1 unkt_gold_s2 unkt_teacher unkt_teacher_s1 unkt_teacher_s2
+unkt-seeds: install
+	$(SNAKEMAKE) --configfile config.yaml presets/unkt-ablations.yaml -- $(foreach run,$(SEED_ARMS),$(foreach d,greedy beam3 sample20,results/metrics/$(run)/test-$(d).parquet))
+
+unkt-seeds-table: install
+	$(PY) -m distinctcap.report.summary --seeds $(EXP)/results/metrics config.yaml presets/unkt-ablations.yaml
 
 # Delete the downloaded COCO zips (~38 GB) whose extraction finished; others are kept.
 COCO_DIR ?= resources/coco

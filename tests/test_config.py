@@ -92,7 +92,8 @@ def test_valid_runs_pass_and_get_defaults():
             {"runs": {"r": {"method": "mle"}, "c": {"method": "cl", "init": "r",
                                                     "reference": "r", "negativs": 3}}},
             "unknown key runs.c.negativs; allowed keys here: constraints, data, init, method, "
-            "negatives, nu, nu_in_sigmoid, reference, replace_reference_every, teacher, train",
+            "negatives, nu, nu_in_sigmoid, reference, replace_reference_every, seed, teacher, "
+            "train",
         ),
         ({"runs": {"x": {"data": "D-"}}}, "runs.x: 'method' is a required property"),
     ],
@@ -176,7 +177,9 @@ def test_a_run_gets_the_defaults_of_its_own_method_only():
     assert runs["c"] == {"method": "cl", "init": "reference", "reference": "reference", "nu": 2.0,
                          "data": "all", "train": {}, "negatives": 5, "nu_in_sigmoid": True,
                          "constraints": "both", "replace_reference_every": 0}  # fmt: skip
-    assert list(runs["unkt"])[-2:] == ["token_reduction", "top_k"]  # the schema's order
+    assert list(runs["unkt"])[-5:] == [  # the schema's order: new options appended
+        "token_reduction", "top_k", "negative_captions", "negative_decoding", "negative_samples"
+    ]
 
 
 # --- One owner per fact: the schema for keys, defaults and allowed values -------------------
@@ -351,17 +354,23 @@ def test_coco_preset_follows_the_papers_where_they_give_values():
     assert spec["select_metric"] == "mean_rank" and spec["group_by_image"] is False
 
 
-def test_token_reduction_and_top_k_defaults_leave_the_default_runs_as_they_were():
-    """The unkt options token_reduction and top_k (issue 17) default to the behaviour before
-    them: each run of config.yaml has the effective config it had without them in the
-    schema, plus the two keys at their defaults in unkt runs."""
+@pytest.mark.parametrize(
+    "new",
+    [
+        {"token_reduction": "mean", "top_k": None},  # issue 17
+        {"negative_captions": "gold", "negative_decoding": "greedy", "negative_samples": 1},
+    ],
+)
+def test_new_unkt_option_defaults_leave_the_default_runs_as_they_were(new):
+    """New unkt options default to the behaviour before them: each run of config.yaml has the
+    effective config it had without them in the schema, plus the keys at their defaults in
+    unkt runs."""
     import copy
 
     import yaml
 
     from distinctcap.core.config import effective_run_config
 
-    new = {"token_reduction": "mean", "top_k": None}
     before = copy.deepcopy(SCHEMA)
     branches = before["properties"]["runs"]["additionalProperties"]["allOf"]
     unkt = next(b for b in branches if b["if"]["properties"]["method"]["const"] == "unkt")
@@ -374,6 +383,21 @@ def test_token_reduction_and_top_k_defaults_leave_the_default_runs_as_they_were(
         now = effective_run_config(now_cfg, name, SCHEMA)
         was = effective_run_config(before_cfg, name, before)
         assert now == ({**was, **new} if run["method"] == "unkt" else was), name
+
+
+def test_a_run_may_have_its_own_seed():
+    """runs.<name>.seed overrides the top-level seed for that run only (repeats over seeds);
+    a run without one keeps the top-level seed, so its effective config is unchanged."""
+    from distinctcap.core.config import effective_run_config
+
+    config = validate(
+        {"seed": 7, "runs": {"a": {"method": "mle"}, "b": {"method": "mle", "seed": 2}}}, SCHEMA
+    )
+    assert effective_run_config(config, "a", SCHEMA)["seed"] == 7
+    assert effective_run_config(config, "b", SCHEMA)["seed"] == 2
+    assert "seed" not in config["runs"]["a"]  # no default filled: other runs' params unchanged
+    with pytest.raises(DistinctcapError, match="seed"):
+        validate({"runs": {"c": {"method": "mle", "seed": "one"}}}, SCHEMA)
 
 
 def test_select_metric_must_be_one_the_runs_method_computes():

@@ -27,6 +27,7 @@ from distinctcap.report.summary import (
     read_metrics,
     reference_run,
     sampled_quality_markdown,
+    seeds_markdown,
     summary_columns,
     summary_table,
     write_summary,
@@ -333,6 +334,23 @@ def test_the_unkt_sampled_quality_table_has_the_reference_and_the_unkt_runs():
         "| reference (MLE) | 1.000 | 0.300 | 1.100 | 0.300 | 0.900 | 2.600 | 0.350 |",
         "| unkt | 1.000 | 0.300 | 1.100 | 0.300 | 0.900 | 2.600 | 0.350 |",
     ]  # cl is not a UNKT arm
+
+
+def test_the_seeds_table_pools_each_arm_over_its_seeds():
+    """reference and reference_s1 pool into one arm (mean ± sample sd); an arm with one
+    evaluated seed shows its value alone; missing columns are '-'."""
+    cider = {"reference": 1.0, "reference_s1": 1.2, "unkt_teacher": 0.9}
+    rows = [{"run": run, "split": "test", "decoding": dec, "cider": c, "mbleu4": 0.5}
+            for run, c in cider.items() for dec in ("greedy", "beam3", "sample20")]  # fmt: skip
+    runs = {"reference": {"method": "mle", "data": "all"},
+            "reference_s1": {"method": "mle", "data": "all", "seed": 1},
+            "unkt_teacher": {"method": "unkt", "negative_captions": "teacher"}}  # fmt: skip
+    lines = seeds_markdown(pd.DataFrame(rows), runs).splitlines()
+    assert lines[0].startswith("| arm | seeds | greedy CIDEr ↑ |")
+    assert lines[0].endswith("| mBLEU-4 (20 samples) ↓ |")
+    assert lines[2].startswith("| reference | 2 | 1.100 ± 0.141 | - |")
+    assert lines[2].endswith("| 0.500 ± 0.000 |")
+    assert lines[3].startswith("| unkt_teacher | 1 | 0.900 | - |")
 
 
 def test_every_paper_table_exports_to_latex_and_csv(metrics, tmp_path):

@@ -28,6 +28,8 @@ from distinctcap.methods.unkt import (
     GreedyCaptions,
     align_negatives,
     attention_maps,
+    captions_of_other_images,
+    teacher_forcing,
 )
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -219,6 +221,13 @@ def test_selection_waits_for_the_whole_objective(data):
         ({"top_k": 0}, "top_k"),
         ({"top_k": 2.5}, "top_k"),
         ({"targets": "hard", "top_k": 5}, "unkt top_k = 5: keeps the teacher's top k"),
+        ({"negative_captions": "model"}, "negative_captions"),
+        ({"negative_captions": "teacher", "exclude_gold": True}, "exclude_gold = True"),
+        ({"negative_decoding": "sample"}, "negative_decoding = 'sample'"),
+        ({"negative_captions": "teacher", "targets": "hard", "negative_decoding": "sample"},
+         "negative_decoding"),
+        ({"negative_samples": 3}, "negative_samples = 3"),
+        ({"negative_samples": 0}, "negative_samples"),
     ],
 )
 def test_bad_options_name_the_key(data, run, message):
@@ -339,6 +348,7 @@ def test_random_targets_come_from_the_d_minus_captions(data, negatives):
     obj = make(data, {"targets": "random"}, negatives=negatives)
     d_minus = data.labels[::2]
     assert obj.pool.shape == d_minus.shape and torch.equal(obj.pool, d_minus)
+    assert torch.equal(obj.pool_rows, data.image_rows[::2])
     batch = a_batch(data)
     short = align_negatives(obj.pool[:12, :3], batch.labels, PAD)
     assert short.shape == batch.labels.shape and (short[:, 3:] == PAD).all()
@@ -439,3 +449,169 @@ def test_resumed_mid_run_ends_with_the_uninterrupted_weights(tmp_path, data, neg
     assert resumed.resumed_from == 3
     after = resumed.model.state_dict()
     assert all(torch.equal(v, after[k]) for k, v in whole.model.state_dict().items())
+
+
+TEACHER_READING = {"negative_captions": "teacher", "lambda_schedule": "fixed", "lambda_value": 0.5}
+
+
+def test_teacher_reading_is_eq9_on_the_teachers_greedy_captions(data):
+    """negative_captions: teacher: L_mle on the gold captions; L_pred, L_hid and L_att with
+    teacher and student both teacher-forced on the teacher's greedy caption of each distinct
+    image of the batch, decoded once an image and kept."""
+    teacher, student, batch = tiny(1), tiny(2), a_batch(data)
+    obj = make(data, TEACHER_READING, teacher)
+    loss, extras = obj.loss(student, batch, 0, 10)
+    images = torch.unique(batch.image_rows)
+    assert int(obj.greedy.done.sum()) == len(images)  # one greedy pass per image
+    with torch.no_grad():
+        s_gold = student(batch.grid, batch.pooled, batch.inputs)[0]
+        caps = greedy(teacher, data.features.grid[images], data.features.pooled[images])
+        labels = torch.full((len(caps), MAXLEN), PAD)
+        for row, cap in enumerate(caps):
+            seq = [*cap.tokens, EOS][:MAXLEN]
+            labels[row, : len(seq)] = torch.tensor(seq)
+        inputs, labels = teacher_forcing(labels, PAD)
+        grid, pooled = data.features.grid[images], data.features.pooled[images]
+        s_logits, _, s = student(grid, pooled, inputs, return_internals=True)
+        t_logits, _, t = teacher(grid, pooled, inputs, return_internals=True)
+        mask = labels != PAD
+        pred = soft_unlikelihood_loss(s_logits, t_logits, labels, PAD)
+        hid = [rkl_rows(t["hidden"][i][mask].softmax(-1), s["hidden"][i][mask].softmax(-1))
+               for i in range(L)]  # fmt: skip
+        att = [
+            rkl_rows(t[k][i].transpose(1, 2)[mask].flatten(0, 1),
+                     s[k][i].transpose(1, 2)[mask].flatten(0, 1))
+            for i in range(L) for k in ("self_attn", "cross_attn")
+        ]  # fmt: skip
+        expected = 0.5 * mle_loss(s_gold, batch.labels, PAD) + 0.5 * (pred + sum(hid) + sum(att))
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    assert float(extras["pred"]) == pytest.approx(pred.item(), rel=1e-5)
+    obj.greedy.labels[images] = 5  # later steps read the kept captions, not a new decode
+    assert not torch.isclose(obj.loss(student, batch, 0, 10)[0], loss)
+
+
+def test_teacher_forcing_shifts_labels_into_inputs():
+    labels = torch.tensor([[5, 6, EOS, PAD, PAD], [7, EOS, PAD, PAD, PAD]])
+    inputs, trimmed = teacher_forcing(labels, PAD)
+    assert trimmed.tolist() == [[5, 6, EOS], [7, EOS, PAD]]
+    assert inputs.tolist() == [[1, 5, 6], [1, 7, PAD]]  # [bos] + tokens, pad where label is
+
+
+@pytest.mark.parametrize(
+    "run",
+    [
+        {"negative_decoding": "sample", "negative_samples": 3},
+        {"targets": "hard"},
+        {"targets": "random"},
+        {"w_pred": 0},
+        {"w_hid": 0, "w_att": 0, "token_reduction": "sum", "top_k": 3},
+    ],
+)
+def test_teacher_reading_variants_give_finite_gradients(data, negatives, run):
+    student, batch = tiny(2), a_batch(data)
+    torch.manual_seed(0)
+    obj = make(data, {**TEACHER_READING, **run}, negatives=negatives)
+    loss, extras = obj.loss(student, batch, 0, 10)
+    assert torch.isfinite(loss) and ("pred" in extras) == (run.get("w_pred", 1) > 0)
+    loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in student.parameters() if p.grad is not None)
+    if run.get("targets") == "random":  # a D- caption of another image, the torch RNG's
+        rows = torch.unique(batch.image_rows)
+        torch.manual_seed(1)
+        pick = captions_of_other_images(obj.pool_rows, rows)
+        assert (obj.pool_rows[pick] != rows).all()
+        torch.manual_seed(1)
+        _, _, labels = obj.negative_captions(rows, batch.grid[:3], batch.pooled[:3])
+        assert torch.equal(labels, obj.pool[pick][:, : labels.shape[1]])
+    if run.get("negative_decoding") == "sample":  # n captions an image, drawn afresh
+        image, _, _ = obj.negative_captions(torch.tensor([0, 1]), batch.grid[:2], batch.pooled[:2])
+        assert image.tolist() == [0, 0, 0, 1, 1, 1]
+
+
+# Hand cases of the two readings: a tabular student (free logits per caption prefix) trained on
+# (1 - lam) L_mle + lam L_pred with the real loss functions. Tokens: 4 = a, 5 = b, 6 = c, 7 = d.
+VOCAB, LAM = 8, 0.5
+
+
+def teacher_table(sure: dict) -> torch.Tensor:
+    """Teacher logits (V,) with probability sure[token] on each listed token, ~0 elsewhere."""
+    logits = torch.full((VOCAB,), -40.0)
+    for token, p in sure.items():
+        logits[token] = float(np.log(p))
+    return logits
+
+
+def optimum_p_gold(gold: list[int], negative: list[int], teacher: dict, steps: int = 50):
+    """p_s(gold token | gold prefix) at each gold position after minimising (1 - lam) L_mle on
+    `gold` + lam L_pred on the `negative` caption, the student's logits a table by prefix (a
+    shared prefix shares its logits), the teacher's distribution `teacher[prefix]`."""
+    prefixes = {tuple(c[:i]) for c in (gold, negative) for i in range(len(c))}
+    table = {p: torch.zeros(VOCAB, requires_grad=True) for p in prefixes}
+    opt = torch.optim.LBFGS(table.values(), max_iter=steps, line_search_fn="strong_wolfe")
+
+    def logits_of(caption):
+        return torch.stack([table[tuple(caption[:i])] for i in range(len(caption))])[None]
+
+    t_logits = torch.stack([teacher[tuple(negative[:i])] for i in range(len(negative))])[None]
+
+    def closure():
+        opt.zero_grad()
+        mle = mle_loss(logits_of(gold), torch.tensor([gold]), PAD)
+        pred = soft_unlikelihood_loss(logits_of(negative), t_logits, torch.tensor([negative]), PAD)
+        loss = (1 - LAM) * mle + LAM * pred
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    with torch.no_grad():
+        return [table[tuple(gold[:i])].softmax(-1)[t].item() for i, t in enumerate(gold)]
+
+
+def formula(q: float) -> float:
+    """The optimum of (1 - lam) L_mle + lam L_pred where both read the same prefix and the
+    teacher gives the gold token probability q."""
+    return (1 - LAM) / (1 - LAM + LAM * q)
+
+
+def test_teacher_reading_leaves_p_gold_at_one_where_the_captions_differ():
+    """Teacher caption "c d", gold "a b", different from the first token: after it L_pred
+    never reads a gold prefix, and the optimum of p_s(gold) is 1 (L_mle's alone). The first
+    token is predicted from the one prefix both share, the empty one, where the teacher gives
+    "a" q = 0.05: the formula, 0.95. The gold reading of the same teacher: the formula at both
+    positions (q(b | a) = 0.7)."""
+    gold, own = [4, 5], [6, 7]
+    teacher = {
+        (): teacher_table({6: 0.95, 4: 0.05}),
+        (6,): teacher_table({7: 1.0}),
+        (4,): teacher_table({5: 0.7, 7: 0.3}),
+    }
+    first, second = optimum_p_gold(gold, own, teacher)
+    assert first == pytest.approx(formula(0.05), abs=0.01) and second > 0.99
+    gold_reading = optimum_p_gold(gold, gold, teacher)
+    assert gold_reading == pytest.approx([formula(0.05), formula(0.7)], abs=0.01)
+
+
+def test_where_the_captions_coincide_the_optimum_is_the_formula():
+    """Teacher caption = gold caption "a b" (the gold reading is this case at every position):
+    (1 - lam) L_mle + lam L_pred is least at p_s(gold) = (1 - lam) / (1 - lam + lam q), q the
+    teacher's probability of the gold token; here q = 0.9 then 0.6."""
+    gold = [4, 5]
+    teacher = {(): teacher_table({4: 0.9, 6: 0.1}), (4,): teacher_table({5: 0.6, 7: 0.4})}
+    assert optimum_p_gold(gold, gold, teacher) == pytest.approx(
+        [formula(0.9), formula(0.6)], abs=0.01
+    )
+
+
+def test_shared_prefix_then_divergent_prefix():
+    """Teacher caption "a c d", gold "a b a": the first two gold tokens are predicted from
+    prefixes the teacher's caption shares ((), (a)), so the formula holds there (q = 0.8,
+    0.3); the third reads (a, b), which L_pred never reads, and p_s(a | a b) goes to 1."""
+    gold, own = [4, 5, 4], [4, 6, 7]
+    teacher = {
+        (): teacher_table({4: 0.8, 7: 0.2}),
+        (4,): teacher_table({6: 0.7, 5: 0.3}),
+        (4, 6): teacher_table({7: 0.9, 4: 0.1}),
+    }
+    *shared, last = optimum_p_gold(gold, own, teacher)
+    assert shared == pytest.approx([formula(0.8), formula(0.3)], abs=0.01)
+    assert last > 0.99

@@ -442,7 +442,8 @@ class TrainConfig:
 
 def effective_run_config(config: dict, name: str, schema: dict | None = None) -> dict:
     """The config that determines run `name`'s result: its block from `runs:` with `train`
-    merged over the top-level `train` defaults, plus `seed` and `captioner`. Snakemake passes
+    merged over the top-level `train` defaults, plus `seed` (the block's own, else the
+    top-level one) and `captioner`. Snakemake passes
     it as a rule param, so editing it reruns exactly this run and the runs that depend on it.
     With the merged config `schema`, the run's `train` overrides are checked against the
     `train` section (unknown keys, wrong types) with a DistinctcapError naming the key."""
@@ -467,7 +468,7 @@ def effective_run_config(config: dict, name: str, schema: dict | None = None) ->
     return {
         "name": name,
         **run,
-        "seed": config.get("seed", 0),
+        "seed": block.get("seed", config.get("seed", 0)),
         "captioner": copy.deepcopy(config.get("captioner", {})),
         "train": train,
     }

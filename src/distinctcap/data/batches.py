@@ -178,16 +178,23 @@ class BatchOrder:
         return self.permutation(epoch)[start : start + self.batch_size]
 
 
+def distinct_images(batch: Batch) -> tuple[Tensor, Tensor]:
+    """The batch's distinct images: `first` (U,), the position in the batch of a caption of
+    each (in image-row order), and `inverse` (B,), each caption's index into them (CPU)."""
+    uniq, inverse = torch.unique(batch.image_rows, return_inverse=True)
+    first = torch.zeros(len(uniq), dtype=torch.long).scatter_reduce(
+        0, inverse, torch.arange(len(inverse)), "amin", include_self=False
+    )
+    return first, inverse
+
+
 def encode_batch(model: torch.nn.Module, batch: Batch) -> Tensor:
     """Memory (B, M, W) of the batch's images, each distinct image encoded once and shared by
     its captions (the gradient sums over them, as if encoded per caption; encoder dropout
     masks are then shared by an image's captions)."""
-    uniq, inverse = torch.unique(batch.image_rows, return_inverse=True)
-    if len(uniq) == len(batch.image_rows):
+    first, inverse = distinct_images(batch)
+    if len(first) == len(inverse):
         return model.encode(batch.grid, batch.pooled)
-    first = torch.zeros(len(uniq), dtype=torch.long).scatter_reduce(
-        0, inverse, torch.arange(len(inverse)), "amin", include_self=False
-    )
     first = first.to(batch.grid.device)
     memory = model.encode(batch.grid[first], batch.pooled[first])  # (U, M, W)
     return memory[inverse.to(memory.device)]

@@ -41,15 +41,38 @@ class UNKT(Objective):
 
     @classmethod
     def option_conflicts(cls, run: dict) -> dict[str, str]:
-        """top_k narrows the teacher's soft targets (eq. 5); hard and random targets have one
-        token a position, so a top_k there would be silently ignored."""
-        targets = run.get("targets", cls.options["targets"])
-        if run.get("top_k") is not None and targets != "soft":
-            return {
-                "top_k": f"keeps the teacher's top k of the soft targets of eq. 5, but this run "
+        """Options that another option would make silently ignored: top_k narrows the soft
+        targets of eq. 5 (hard and random targets have one token a position); exclude_gold
+        needs the gold caption's token, which the teacher's own captions do not have;
+        negative_decoding and negative_samples choose how the teacher makes its captions, for
+        soft targets under negative_captions: teacher only (hard targets are its greedy
+        caption, random ones D- captions)."""
+        opt = {**cls.options, **run}
+        targets, reading = opt["targets"], opt["negative_captions"]
+        conflicts = {}
+        if opt["top_k"] is not None and targets != "soft":
+            conflicts["top_k"] = (
+                f"keeps the teacher's top k of the soft targets of eq. 5, but this run "
                 f"has targets: {targets}; set top_k: null or targets: soft"
-            }
-        return {}
+            )
+        if opt["exclude_gold"] and reading == "teacher":
+            conflicts["exclude_gold"] = (
+                "leaves the gold token out of eq. 5, but negative_captions: teacher reads the "
+                "teacher's own captions, which have none; set exclude_gold: false"
+            )
+        generated = reading == "teacher" and targets == "soft"
+        if opt["negative_decoding"] != "greedy" and not generated:
+            conflicts["negative_decoding"] = (
+                f"makes the teacher's captions of negative_captions: teacher with soft "
+                f"targets, but this run has negative_captions: {reading}, targets: {targets}; "
+                "set negative_decoding: greedy"
+            )
+        if opt["negative_samples"] != 1 and opt["negative_decoding"] != "sample":
+            conflicts["negative_samples"] = (
+                "counts the captions of negative_decoding: sample; set negative_samples: 1 "
+                "or negative_decoding: sample"
+            )
+        return conflicts
 
 
 class CL(Objective):

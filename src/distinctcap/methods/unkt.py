@@ -9,12 +9,25 @@ the high-entropy subset D-, Algorithm 1 lines 1-7). Both models read the same ba
 grid/pooled features and caption prefix, each distinct image encoded once as in the MLE
 objective); the teacher runs without gradients.
 
+- Which captions the negative terms read (`negative_captions`; the paper's equations do not
+  say): `gold`, the batch's own captions, so the teacher's distributions are taken along the
+  gold caption's prefix; or `teacher`, the negative teacher's own captions of the batch's
+  distinct images (Fig. 1: "the negative teacher's output sequence ... is used to create a
+  contrast"; §3.3: MLE "with corresponding positive image-text pairs"), teacher and student
+  both teacher-forced on them, L_mle still on the gold captions. They are its greedy captions
+  (`negative_decoding: greedy`, decoded once an image and kept, GreedyCaptions) or
+  `negative_samples` samples an image drawn afresh each step (`sample`, global torch RNG).
+  Where a teacher caption shares a prefix with a gold caption, L_pred meets L_mle there; after
+  the first token they differ in, the student's gold-prefix predictions see L_mle alone.
 - L_pred (eq. 5): soft unlikelihood of the teacher's softened predictions, `targets: soft`.
   The Table 6 ablations swap the target, keeping the rest of eq. 9: `hard` uses the teacher's
-  greedy caption of the image as one negative token per position (token unlikelihood, eq. 2,
-  aligned by position with the reference caption; decoded once per image and kept, see
-  GreedyCaptions), `random` the tokens of a random D- caption, drawn afresh per caption and
-  step with the global torch RNG (which the trainer's checkpoints restore).
+  greedy caption of the image as one negative token per position (token unlikelihood, eq. 2;
+  decoded once per image and kept, see GreedyCaptions), `random` the tokens of a D- caption,
+  drawn afresh per step with the global torch RNG (which the trainer's checkpoints restore).
+  Under `gold` they are aligned by position with the gold caption (a reading of ours: after
+  the first differing token the alignment is arbitrary); under `teacher` each is read along
+  its own prefix, as the paper defines them (§4.4), and a random caption is one of another
+  image.
 - L_hid^l (eq. 7): each decoder layer's hidden state (the residual stream after block l) is
   turned into a distribution by a softmax over the feature dimension, one per caption position
   (the paper applies a KL to hidden states without saying how they become distributions; see
@@ -55,11 +68,11 @@ import pyarrow.parquet as pq
 import torch
 from torch import Tensor
 
-from distinctcap.captioner.search import greedy
+from distinctcap.captioner.search import greedy, sample
 from distinctcap.core.config import steps_per_epoch
 from distinctcap.core.errors import DistinctcapError
-from distinctcap.data.batches import encode_batch
-from distinctcap.data.tokenizer import EOS
+from distinctcap.data.batches import distinct_images, encode_batch
+from distinctcap.data.tokenizer import BOS, EOS
 from distinctcap.methods import facts
 from distinctcap.methods.losses import (
     TOKEN_REDUCTIONS,
@@ -74,6 +87,7 @@ from distinctcap.methods.losses import (
 
 if TYPE_CHECKING:
     from distinctcap.captioner.model import Captioner
+    from distinctcap.captioner.search import Caption
     from distinctcap.data.batches import Batch, CaptionData
     from distinctcap.features.read import ImageFeatures
     from distinctcap.methods.base import TrainContext
@@ -82,6 +96,8 @@ if TYPE_CHECKING:
 TARGETS = ("soft", "hard", "random")
 ATTENTION = ("self", "cross", "both")
 LAMBDA_SCHEDULES = ("progressive", "fixed")
+NEGATIVE_CAPTIONS = ("gold", "teacher")
+NEGATIVE_DECODINGS = ("greedy", "sample")
 
 
 @dataclass
@@ -101,6 +117,9 @@ class UNKTConfig:
     exclude_gold: bool
     token_reduction: str
     top_k: int | None
+    negative_captions: str
+    negative_decoding: str
+    negative_samples: int
 
     def __post_init__(self) -> None:
         for key, allowed in (
@@ -108,6 +127,8 @@ class UNKTConfig:
             ("targets", TARGETS),
             ("lambda_schedule", LAMBDA_SCHEDULES),
             ("token_reduction", TOKEN_REDUCTIONS),
+            ("negative_captions", NEGATIVE_CAPTIONS),
+            ("negative_decoding", NEGATIVE_DECODINGS),
         ):
             if getattr(self, key) not in allowed:
                 raise DistinctcapError(
@@ -122,6 +143,10 @@ class UNKTConfig:
             raise DistinctcapError(f"unkt lambda_value = {self.lambda_value}: allowed 0..1")
         if self.temperature <= 0:
             raise DistinctcapError(f"unkt temperature = {self.temperature}: allowed > 0")
+        if not (type(self.negative_samples) is int and self.negative_samples >= 1):
+            raise DistinctcapError(
+                f"unkt negative_samples = {self.negative_samples!r}: allowed an integer >= 1"
+            )
         if self.top_k is not None and not (type(self.top_k) is int and self.top_k >= 1):
             raise DistinctcapError(f"unkt top_k = {self.top_k!r}: allowed an integer >= 1 or null")
         for key, why in facts.UNKT.option_conflicts(vars(self)).items():
@@ -154,15 +179,49 @@ def read_caption_ids(path: str | Path) -> np.ndarray:
     )
 
 
-def negative_pool(train_data: CaptionData, caption_ids: np.ndarray) -> Tensor:
-    """Labels (P, max_len) of the training captions whose id is in `caption_ids` (D-)."""
+def negative_pool(train_data: CaptionData, caption_ids: np.ndarray) -> tuple[Tensor, Tensor]:
+    """Labels (P, max_len) of the training captions whose id is in `caption_ids` (D-), and the
+    feature row of each one's image (P,)."""
     keep = torch.isin(train_data.caption_ids, torch.as_tensor(caption_ids, dtype=torch.long))
     if not keep.any():
         raise DistinctcapError(
             "unkt targets = 'random': none of the D- captions (paths.d_minus) is a training "
             "caption of this run; train the student on data: all"
         )
-    return train_data.labels[keep]
+    return train_data.labels[keep], train_data.image_rows[keep]
+
+
+def captions_of_other_images(pool_rows: Tensor, image_rows: Tensor) -> Tensor:
+    """For each image row (U,), the index of a pool caption of another image, drawn uniformly
+    with the global torch RNG (which checkpoints restore). -> (U,) on the CPU."""
+    if len(torch.unique(pool_rows)) < 2:
+        raise DistinctcapError("unkt targets = 'random': the D- captions describe one image only")
+    pick = torch.randint(len(pool_rows), (len(image_rows),))
+    clash = pool_rows[pick] == image_rows
+    while clash.any():  # redraw only the clashes: uniform over the other images' captions
+        pick[clash] = torch.randint(len(pool_rows), (int(clash.sum()),))
+        clash = pool_rows[pick] == image_rows
+    return pick
+
+
+def caption_labels(captions: list[Caption], max_len: int, pad_id: int) -> Tensor:
+    """Generated captions -> labels (R, max_len): tokens + [eos], cut at max_len, right-padded."""
+    labels = torch.full((len(captions), max_len), pad_id, dtype=torch.long)
+    for row, cap in enumerate(captions):
+        seq = [*cap.tokens, EOS][:max_len]
+        labels[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+    return labels
+
+
+def teacher_forcing(labels: Tensor, pad_id: int) -> tuple[Tensor, Tensor]:
+    """Right-padded labels (R, L) (tokens + [eos]) -> (inputs, labels) (R, N) for teacher
+    forcing, trimmed to the longest caption: inputs = [bos] + labels shifted right, pad where
+    the label is pad (as make_batch builds the gold captions)."""
+    n = max(int((labels != pad_id).sum(dim=1).max()), 1)
+    labels = labels[:, :n]
+    bos = torch.full_like(labels[:, :1], BOS)
+    inputs = torch.cat([bos, labels[:, :-1]], dim=1).masked_fill(labels == pad_id, pad_id)
+    return inputs, labels
 
 
 def align_negatives(negatives: Tensor, labels: Tensor, pad_id: int) -> Tensor:
@@ -176,14 +235,14 @@ def align_negatives(negatives: Tensor, labels: Tensor, pad_id: int) -> Tensor:
 
 
 class GreedyCaptions:
-    """The frozen teacher's greedy caption of each image as labels (tokens + [eos]), for the hard
-    targets of Table 6. An image is decoded (distinctcap.captioner.search.greedy, no grad) the
-    first time
-    a batch holds it and then kept: greedy decoding of a frozen model in eval mode is
-    deterministic, so later batches would decode the same caption again."""
+    """The frozen teacher's greedy caption of each image as labels (tokens + [eos]): the hard
+    targets of Table 6, and the captions of negative_captions: teacher. An image is decoded
+    (distinctcap.captioner.search.greedy, no grad) the first time a batch holds it and then
+    kept: greedy decoding of a frozen model in eval mode is deterministic, so later batches
+    would decode the same caption again (one pass per image, not per step)."""
 
     def __init__(self, teacher: Captioner, features: ImageFeatures, pad_id: int):
-        self.teacher, self.features = teacher, features
+        self.teacher, self.features, self.pad_id = teacher, features, pad_id
         n, self.max_len = len(features.image_ids), teacher.cfg.max_len
         self.labels = torch.full((n, self.max_len), pad_id, dtype=torch.long)  # by feature row
         self.done = torch.zeros(n, dtype=torch.bool)
@@ -194,9 +253,8 @@ class GreedyCaptions:
         if len(todo):
             dev = next(self.teacher.parameters()).device
             grid, pooled = self.features.grid[todo].to(dev), self.features.pooled[todo].to(dev)
-            for row, cap in zip(todo.tolist(), greedy(self.teacher, grid, pooled), strict=True):
-                seq = [*cap.tokens, EOS][: self.max_len]
-                self.labels[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+            caps = greedy(self.teacher, grid, pooled)
+            self.labels[todo] = caption_labels(caps, self.max_len, self.pad_id)
             self.done[todo] = True
         return self.labels[image_rows]
 
@@ -235,17 +293,29 @@ class UNKT(facts.UNKT):
                 len(ctx.train_data), run.train.batch_size, run.train.grad_accum
             )
             self.warmup = round(c.warmup_epochs * per_epoch)
-        self.pool = self.greedy = None
-        if c.targets == "hard" and c.w_pred > 0:
+        self.pool = self.pool_rows = self.greedy = None
+        # under `teacher` every negative term reads the negative captions; under `gold` only
+        # L_pred's hard and random targets need them
+        reads = c.any_negative if c.negative_captions == "teacher" else c.w_pred > 0
+        if reads and (c.targets == "hard" or self.teacher_greedy):
             self.greedy = GreedyCaptions(self.teacher, ctx.train_data.features, self.pad_id)
-        if c.targets == "random" and c.w_pred > 0:
+        if reads and c.targets == "random":
             path = ctx.paths.get("d_minus")
             if not path:
                 raise DistinctcapError(
                     f"run {run.name}: unkt targets = 'random' needs the D- shards "
                     "as paths.d_minus"
                 )
-            self.pool = negative_pool(ctx.train_data, read_caption_ids(path)).to(ctx.device)
+            pool, self.pool_rows = negative_pool(ctx.train_data, read_caption_ids(path))
+            self.pool = pool.to(ctx.device)
+
+    @property
+    def teacher_greedy(self) -> bool:
+        """Whether the negative captions are the teacher's greedy ones (soft targets)."""
+        c = self.cfg
+        return c.negative_captions == "teacher" and c.targets == "soft" and (
+            c.negative_decoding == "greedy"
+        )
 
     def lam(self, step: int, total_steps: int) -> float:
         """lam of eq. 9 before optimiser step `step` (0-based) of `total_steps`."""
@@ -266,6 +336,8 @@ class UNKT(facts.UNKT):
     def loss(
         self, model: Captioner, batch: Batch, step: int, total_steps: int
     ) -> tuple[Tensor, dict[str, float]]:
+        if self.cfg.negative_captions == "teacher":
+            return self.loss_on_teacher_captions(model, batch, step, total_steps)
         c, pad = self.cfg, self.pad_id
         lam = self.lam(step, total_steps)
         internal = lam > 0 and c.intermediate
@@ -276,7 +348,78 @@ class UNKT(facts.UNKT):
 
         teacher_logits, teacher = self.teacher_forward(batch, internal)
         pred = self.pred_loss(logits, teacher_logits, batch) if c.w_pred > 0 else None
-        mask = batch.labels != pad  # (B, N): rows of pad query positions are excluded
+        return self.objective(mle, pred, teacher, student, batch.labels != pad, lam)
+
+    def loss_on_teacher_captions(
+        self, model: Captioner, batch: Batch, step: int, total_steps: int
+    ) -> tuple[Tensor, dict[str, float]]:
+        """eq. 9 with L_pred, L_hid and L_att on the negative captions (NegativeCaptions: the
+        teacher's own for soft and hard targets, D- captions for random ones), teacher and
+        student both teacher-forced on them; L_mle on the gold captions. Each distinct image
+        is encoded once for both readings."""
+        c, pad = self.cfg, self.pad_id
+        lam = self.lam(step, total_steps)
+        first, inverse = distinct_images(batch)
+        dev = batch.grid.device
+        grid, pooled = batch.grid[first.to(dev)], batch.pooled[first.to(dev)]
+        memory = model.encode(grid, pooled)  # (U, M, W)
+        logits = model.decode(memory[inverse.to(dev)], batch.inputs)
+        mle = mle_loss(logits, batch.labels, pad, c.token_reduction)
+        if lam == 0:
+            return mle, {"lambda": 0.0, "mle": mle.detach()}
+
+        internal = c.intermediate
+        image, inputs, labels = self.negative_captions(batch.image_rows[first], grid, pooled)
+        image, inputs, labels = image.to(dev), inputs.to(dev), labels.to(dev)
+        out = model.decode(memory[image], inputs, return_internals=internal)
+        neg_logits, student = out if internal else (out, None)
+        teacher_logits, teacher = None, None
+        if (c.targets == "soft" and c.w_pred > 0) or internal:
+            with torch.no_grad():
+                t_memory = self.teacher.encode(grid, pooled)[image]
+                out = self.teacher.decode(t_memory, inputs, return_internals=internal)
+                teacher_logits, teacher = out if internal else (out, None)
+        pred = None
+        if c.w_pred > 0:
+            pred = self.pred_on(neg_logits, teacher_logits, labels, labels)
+        return self.objective(mle, pred, teacher, student, labels != pad, lam)
+
+    def negative_captions(
+        self, image_rows: Tensor, grid: Tensor, pooled: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """The captions the negative terms read for the batch's distinct images (feature rows
+        (U,), their features): the teacher's greedy caption (soft targets with greedy decoding,
+        hard targets; cached), negative_samples samples of it drawn afresh (sampled decoding),
+        or a D- caption of another image (random targets). -> (image (R,) index into the U
+        images, inputs (R, N), labels (R, N)), on the CPU."""
+        c = self.cfg
+        rows = image_rows.cpu()
+        image = torch.arange(len(rows))
+        if c.targets == "random":
+            labels = self.pool[captions_of_other_images(self.pool_rows, rows)].cpu()
+        elif self.greedy is not None:
+            labels = self.greedy(rows)
+        else:  # soft targets, sampled decoding: the global torch RNG, restored on resume
+            caps = sample(self.teacher, grid, pooled, c.negative_samples)
+            labels = caption_labels(
+                [cap for group in caps for cap in group], self.teacher.cfg.max_len, self.pad_id
+            )
+            image = image.repeat_interleave(c.negative_samples)
+        return (image, *teacher_forcing(labels, self.pad_id))
+
+    def objective(
+        self,
+        mle: Tensor,
+        pred: Tensor | None,
+        teacher: dict[str, list[Tensor]] | None,
+        student: dict[str, list[Tensor]] | None,
+        mask: Tensor,
+        lam: float,
+    ) -> tuple[Tensor, dict[str, float]]:
+        """eq. 9 from L_mle, L_pred and the two models' internals on the captions the negative
+        terms read; `mask` (R, N) their non-pad positions (rows of pad query positions are
+        excluded)."""
+        c = self.cfg
         hid, att = [], []
         if c.w_hid > 0:
             hid = [
@@ -316,21 +459,31 @@ class UNKT(facts.UNKT):
             return run_decoder(self.teacher, batch, internal)
 
     def pred_loss(self, logits: Tensor, teacher_logits: Tensor | None, batch: Batch) -> Tensor:
-        """L_pred: eq. 5 with the teacher's soft targets (its top_k tokens when set), or eq. 2
-        with one negative token per position (hard: the teacher's greedy caption; random: a
-        random D- caption); token_reduction as in eq. 9."""
+        """L_pred on the gold captions: eq. 5 with the teacher's soft targets (its top_k tokens
+        when set), or eq. 2 with one negative token per position (hard: the teacher's greedy
+        caption; random: a random D- caption), aligned by position with the gold caption."""
+        c, pad = self.cfg, self.pad_id
+        negatives = None
+        if c.targets == "hard":
+            negatives = align_negatives(self.greedy(batch.image_rows), batch.labels, pad)
+        elif c.targets == "random":
+            pick = torch.randint(len(self.pool), (len(batch),)).to(self.pool.device)
+            negatives = align_negatives(self.pool[pick], batch.labels, pad)
+        return self.pred_on(logits, teacher_logits, batch.labels, negatives)
+
+    def pred_on(
+        self, logits: Tensor, teacher_logits: Tensor | None, labels: Tensor,
+        negatives: Tensor | None,
+    ) -> Tensor:
+        """L_pred of the student's logits (R, N, V) on the captions `labels` (R, N) read:
+        eq. 5 against the teacher's logits (soft), or eq. 2 of the tokens `negatives` (R, N)
+        (hard, random); token_reduction as in eq. 9."""
         c, pad = self.cfg, self.pad_id
         if c.targets == "soft":
             return soft_unlikelihood_loss(
-                logits.float(), teacher_logits.float(), batch.labels, pad, c.temperature,
+                logits.float(), teacher_logits.float(), labels, pad, c.temperature,
                 c.exclude_gold, c.top_k, c.token_reduction,
             )
-        if c.targets == "hard":
-            negatives = self.greedy(batch.image_rows)
-        else:
-            pick = torch.randint(len(self.pool), (len(batch),)).to(self.pool.device)
-            negatives = self.pool[pick]
-        negatives = align_negatives(negatives, batch.labels, pad)
         return token_unlikelihood_loss(
             logits.float() / c.temperature, negatives, pad, c.token_reduction
         )

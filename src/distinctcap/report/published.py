@@ -171,6 +171,9 @@ UNKT_ABLATIONS = (
 )
 
 CL_COCO = "MS COCO (Karpathy test split, CL §4)"
+# CL §5.2: "All experiments for ablation studies are conducted on the validation set of
+# MSCOCO", the 2,000 images CL reserves for validation (§5.1), not the test split
+CL_COCO_VAL = "MS COCO (CL's own 2,000-image validation split, CL §5.1-5.2)"
 
 CL_TABLE1 = Published(
     "CL",
@@ -189,7 +192,7 @@ CL_TABLE1 = Published(
 CL_TABLE4 = Published(
     "CL",
     "Table 4",
-    CL_COCO,
+    CL_COCO_VAL,
     ("B-1", "B-2", "B-3", "B-4", "METEOR", "ROUGE_L", "CIDEr"),
     (
         ("AdaptiveAttention (Base)", (0.733, 0.572, 0.433, 0.327, 0.260, 0.540, 1.042)),

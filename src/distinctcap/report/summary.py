@@ -9,6 +9,7 @@ name lists, never torch or matplotlib (hence no import of distinctcap.evaluate.s
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -173,6 +174,45 @@ def sampled_quality_markdown(summary: pd.DataFrame, runs: dict, split: str = "te
     return markdown_table(headers, table)
 
 
+SEED_COLUMNS = (*SAMPLED_QUALITY, ("mBLEU-4 (20 samples)", "sample20", "mbleu4", 3, "↓"))
+
+
+def seed_group(name: str) -> str:
+    """The arm a run repeats: its name without a trailing _s<seed> (reference_s1 -> reference)."""
+    return re.sub(r"_s\d+$", "", name)
+
+
+def seeds_markdown(summary: pd.DataFrame, runs: dict, split: str = "test") -> str:
+    """Issue 29's table: the MLE reference and every unkt arm, its runs over seeds (`name`,
+    `name_s1`, ...) pooled: each column's mean and sample standard deviation over the seeds
+    evaluated so far (n of them), mode (greedy, beam 3) and samples (20 an image)."""
+    rows = summary[summary.split == split].set_index(["run", "decoding"])
+    reference = reference_run(runs)
+    groups: dict[str, list[str]] = {}
+    for name in run_order(runs):
+        if seed_group(name) == reference or runs[name].get("method") == "unkt":
+            groups.setdefault(seed_group(name), []).append(name)
+    headers = ["arm", "seeds"] + [f"{h} {a}" for h, *_, a in SEED_COLUMNS]
+    table = [
+        [group, str(len(names))]
+        + [_spread(rows, names, d, col, digits) for _, d, col, digits, _ in SEED_COLUMNS]
+        for group, names in groups.items()
+    ]
+    return markdown_table(headers, table)
+
+
+def _spread(rows: pd.DataFrame, names: Sequence[str], decoding: str, column: str, digits: int):
+    """'mean ± sd' of a column over the runs `names` (sd only with two or more values)."""
+    if column not in rows:
+        return "-"
+    values = [rows[column].get((n, decoding)) for n in names if (n, decoding) in rows.index]
+    values = [v for v in values if v is not None and not pd.isna(v)]
+    if not values:
+        return "-"
+    mean = f"{sum(values) / len(values):.{digits}f}"
+    return mean if len(values) < 2 else f"{mean} ± {pd.Series(values).std():.{digits}f}"
+
+
 def write_headline(summary: pd.DataFrame, runs: dict, csv: Path, md: Path, tex: Path) -> None:
     """The headline table of the test split as csv, markdown and LaTeX (rule summarize)."""
     quality, diversity = pick_decodings(summary)
@@ -299,14 +339,18 @@ if __name__ == "__main__":  # make readme-table / make unkt-ablation-table
                         "whose runs have not all finished")
     parser.add_argument("configs", nargs="+", help="the run's config files; later ones overlay")
     parser.add_argument("--unkt-ablation", action="store_true", help="the sampled-quality table")
+    parser.add_argument("--seeds", action="store_true", help="arms over seeds: mean ± sd")
     args = parser.parse_args()
     runs: dict = {}
     for path in args.configs:
         runs |= yaml.safe_load(Path(path).read_text()).get("runs", {})
     if Path(args.summary).is_dir():
-        summary = summary_table(read_metrics(sorted(Path(args.summary).glob("*/*.parquet"))))
+        tables = sorted(Path(args.summary).glob("*/*.parquet"))  # not the per-image tables
+        tables = [p for p in tables if not p.name.endswith("-per_image.parquet")]
+        summary = summary_table(read_metrics(tables))
         runs = {name: block for name, block in runs.items() if name in set(summary.run)}
     else:
         summary = pd.read_csv(args.summary)
     table = sampled_quality_markdown if args.unkt_ablation else headline_markdown
+    table = seeds_markdown if args.seeds else table
     sys.stdout.write(table(summary, runs))

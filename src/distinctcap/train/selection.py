@@ -10,8 +10,9 @@
   how it selects; this is our choice.
 - `sample_cider`: the mean CIDEr-D of those samples (the quality of the distribution's tail).
 
-Captions are compared as token ids (the captioner's word-level vocabulary, so the same n-grams
-as words), with the document frequencies of the scored images' references, as pycocoevalcap.
+Captions are compared as token ids (the captioner's BPE vocabulary, data/tokenizer.py: n-grams
+of BPE pieces, which differ from word n-grams where a word has several pieces), with the
+document frequencies of the scored images' references, as pycocoevalcap.
 The first `IMAGES` validation images by feature row are scored; sampling is seeded, so a
 resumed run scores the same way.
 """

@@ -1,6 +1,7 @@
 """The evaluation stage on a tiny real world: the metrics row, skips, curve and orderings."""
 
 import json
+import logging
 import math
 from dataclasses import replace
 
@@ -134,6 +135,18 @@ def test_retrieval_pools_and_model_self_retrieval(results, world, tmp_path):
         assert 0 <= row["self_r_at_1"] <= row["self_r_at_5"] <= 1
         assert 1 <= row["self_mean_rank"] <= SETTINGS.self_retrieval_pool
         assert 0 <= row["clipscore"] <= 2.5
+
+
+def test_a_pool_larger_than_the_split_is_capped_with_a_warning(world, caplog):
+    """Issue 28: a pool of a billion images is the split, and one warning says so."""
+    gen = read_table(world.generated("perfect", "greedy")).sort_values("image_id")
+    args = (paths(world, "perfect", "greedy"), gen.image_id.tolist(), gen.text.tolist())
+    huge = replace(SETTINGS, self_retrieval_pool=10**9)
+    caplog.set_level(logging.WARNING, logger="distinctcap.evaluate.stage")
+    assert 0 <= model_metrics(*args, huge).values["self_r_at_1"] <= 1
+    n = len(gen)
+    expected = f"evaluate.self_retrieval_pool = {10**9} exceeds the {n} images of the split; "
+    assert [r.getMessage() for r in caplog.records] == [f"{expected}capped to {n}"]
 
 
 def test_oracle_curve_rises_with_n(results, tmp_path):

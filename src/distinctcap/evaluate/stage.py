@@ -179,6 +179,14 @@ def encode_texts(clip, texts: Sequence[str], batch_size: int = 256) -> np.ndarra
     return torch.cat(out).numpy() if out else np.zeros((0, 0), np.float32)
 
 
+def warn_if_capped(key: str, value: int, limit: int, what: str) -> None:
+    """A pool larger than the data is capped to it (the schema says so); one warning names the
+    key and the limit, so a typo of a few zeros is seen."""
+    if value > limit:
+        log.warning("evaluate.%s = %d exceeds the %d %s; capped to %d", key, value, limit, what,
+                    limit)  # fmt: skip
+
+
 def clip_metrics(
     clip,
     texts: Sequence[str],
@@ -205,6 +213,7 @@ def clip_metrics(
         for name in hard:
             out.skip(name, "no hard retrieval pool (evaluate.hard_pool = 0)")
         return out, per_caption
+    warn_if_capped("hard_pool", settings.hard_pool, len(train_pooled), "training images")
     extra = np.unique(nearest(pooled, train_pooled, settings.hard_pool))
     pool = np.concatenate([pooled, train_pooled[extra]])
     out.merge(retrieval_scores(emb, pool, target, ks), prefix="hard_")
@@ -264,6 +273,9 @@ def self_retrieval_metrics(
     """CL §4.1 with the run's own captioner: caption i (of image i) ranks the images of its
     block (`retrieval_blocks`: pools of at most `self_retrieval_pool` images of the split,
     all of them when the split is smaller) by log p(c_i | I)."""
+    warn_if_capped(
+        "self_retrieval_pool", settings.self_retrieval_pool, len(texts), "images of the split"
+    )
     tokens = [tokenizer.encode(t) for t in texts]
     blocks = []  # log p matrices; caption k of a block belongs to the block's image k
     for block in retrieval_blocks(len(texts), settings.self_retrieval_pool, settings.seed):
@@ -493,6 +505,8 @@ def text_metrics(
     ns = [n for n in wanted if n <= n_samples] if n_samples > 1 else []
     neighbours = None
     if n_samples > 1 and train_with_feat:
+        warn_if_capped("consensus_neighbours", settings.consensus_neighbours,
+                       len(train_pooled), "training images")  # fmt: skip
         near = nearest(pooled, train_pooled, settings.consensus_neighbours)
         neighbours = {
             i: [c for r in near[k] for c in train_refs[train_with_feat[r]]]

@@ -224,11 +224,13 @@ def test_end_to_end_runs_the_vision_tower_on_cached_pixels_with_gradients(blip_d
 
 def test_distinctcap_caption_sends_a_transformers_run_to_its_hf_folder(blip, tmp_path):
     # its captioner reads its own vision states, which `distinctcap caption` (CLIP) cannot give
-    from distinctcap.core.io import write_json
+    from distinctcap.core.io import file_sha256, write_json
     from distinctcap.runs.caption import Run
 
     blip.save(tmp_path / "model.pt")
-    write_json({"name": "blip_smile", "model": "model.pt", "vocab": "vocab.json"},
-               tmp_path / "run.json")
+    (tmp_path / "vocab.json").write_text("{}")
+    card = {"name": "blip_smile", "model": "model.pt", "vocab": "vocab.json",
+            "model_sha256": file_sha256([tmp_path / "model.pt"])}  # a complete run folder
+    write_json(card, tmp_path / "run.json")
     with pytest.raises(DistinctcapError, match=r"transformers captioner: caption with .*hf"):
         Run(tmp_path, device="cpu")

@@ -55,6 +55,8 @@ def save_run_data(data: RunData, path: str | os.PathLike) -> None:
 def read_run_data(path: str | os.PathLike) -> RunData:
     """The RunData of a `save_run_data` file, read with weights_only=True: a file that holds
     anything but tensors and plain values runs no code and stops with a line naming it."""
+    if not os.path.isfile(path):
+        raise DistinctcapError(f"job data {path} is missing: start the job again with launch()")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as error:

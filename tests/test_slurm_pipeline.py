@@ -45,11 +45,12 @@ GPU_RULES = {
     "retrieval_entropy",
     "neighbours",
 }
-GROUP = "decode_evaluate"  # the profile's group of decode and evaluate: one SLURM job
+GROUP = "decode_evaluate"  # the profile's group of decode and evaluate_gpu: one SLURM job
 # The tiny DAG of slurm_config: every rule but `all` (local) and neighbours (no run needs it).
 DAG_RULES = {
     "preflight", "prepare_data", "train_clip", "extract_features", "retrieval_entropy",
-    "split_entropy", "entropy_report", "train_run", "decode", "evaluate", "summarize",
+    "split_entropy", "entropy_report", "train_run", "decode", "evaluate_gpu", "evaluate",
+    "summarize",
     "report_tables", "report_plots", "report_gallery", "run_card", "versus_reference",
     "report_times",
 }  # fmt: skip
@@ -301,12 +302,12 @@ def test_every_job_ran_under_slurm_and_completed(pipeline: PipelineRun) -> None:
     assert submitted, "snakemake submitted no SLURM job"
     assert {job.job_id for job in pipeline.jobs} == set(submitted)
     assert [job for job in pipeline.jobs if job.state != "COMPLETED"] == []
-    # Every non-local job of the DAG was one SLURM job; decode and evaluate shared one.
+    # Every non-local job of the DAG was one SLURM job; decode and evaluate_gpu shared one.
     non_local = re.findall(r"^rule (\w+):$", pipeline.log, flags=re.MULTILINE)
     grouped = [job for job in pipeline.jobs if job.rule.startswith(GROUP)]
     assert len(grouped) == 1
     assert sorted(non_local) == sorted(j.rule for j in pipeline.jobs if j not in grouped)
-    assert set(non_local) == DAG_RULES - {"decode", "evaluate"}
+    assert set(non_local) == DAG_RULES - {"decode", "evaluate_gpu"}
     for output in ("generated/reference/test-greedy", "metrics/reference/test-greedy"):
         assert (pipeline.workdir / "results" / f"{output}.parquet").exists()
     assert (pipeline.workdir / "results" / "report" / "tables.md").exists()
@@ -325,7 +326,9 @@ def test_gpu_rules_were_submitted_with_a_gpu_request(pipeline: PipelineRun) -> N
             assert "gres/gpu" not in job.req_tres, job
         # CPU rules on the CPU partition, GPU rules (and decode's group) on the GPU partition
         assert job.partition == ("gpu" if on_gpu else "cpu"), job
-        assert job.req_tres["cpu"] == "1" and job.req_tres["node"] == "1", job
+        # the CPU evaluate job takes the profile's 2 cores for its metrics, the others one
+        assert job.req_tres["cpu"] == ("2" if job.rule == "evaluate" else "1"), job
+        assert job.req_tres["node"] == "1", job
 
 
 def slurm_job_of(log: Path, rule: str, wildcard: str, proc: subprocess.Popen) -> str:

@@ -24,6 +24,7 @@ from open_clip.loss import ClipLoss
 from distinctcap.clip.assets import flat_fingerprint, load_shipped
 from distinctcap.clip.load import byte_transform, load_images, normalize
 from distinctcap.clip.text import encode_text
+from distinctcap.core import logs
 from distinctcap.core.devices import CPU
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import atomic_path
@@ -108,9 +109,10 @@ def train_clip(
     to_bytes, mean, std = byte_transform(preprocess)
     tokenizer = open_clip.get_tokenizer(arch)
     split = TrainSplit.load(images, captions, to_bytes, tokenizer)
-    if settings.batch_size > len(split.pixels):  # run_epoch caps it
-        log.warning("clip.train.batch_size = %d exceeds the %d train images; capped to %d",
-                    settings.batch_size, len(split.pixels), len(split.pixels))  # fmt: skip
+    n = len(split.pixels)  # run_epoch caps the batch to it
+    logs.warn_if_capped(
+        log, "clip.train.batch_size", settings.batch_size, n, f"the {n} train images"
+    )
     opt = torch.optim.AdamW(
         param_groups(model, settings.weight_decay), lr=settings.lr, betas=(0.9, 0.98), eps=1e-6
     )

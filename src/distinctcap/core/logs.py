@@ -84,3 +84,10 @@ def log_uncaught(kind: type[BaseException], error: BaseException, tb) -> None:
         handler.flush()
     if not files:
         sys.stderr.write(text)
+
+
+def warn_if_capped(logger: logging.Logger, key: str, value: int, limit: int, data: str) -> None:
+    """A size larger than the data is capped to it (the schema says so); one warning names the
+    key and the limit (`data`, e.g. "the 240 train images"), so a typo of a few zeros is seen."""
+    if value > limit:
+        logger.warning("%s = %d exceeds %s; capped to %d", key, value, data, limit)

@@ -42,6 +42,7 @@ import torch
 from distinctcap.captioner.load import caption_tokenizer, load_captioner
 from distinctcap.captioner.model import label_logprobs, make_batch
 from distinctcap.clip.text import encode_text
+from distinctcap.core import logs
 from distinctcap.core.config import EvalSettings
 from distinctcap.core.devices import CPU
 from distinctcap.core.errors import DistinctcapError
@@ -180,11 +181,8 @@ def encode_texts(clip, texts: Sequence[str], batch_size: int = 256) -> np.ndarra
 
 
 def warn_if_capped(key: str, value: int, limit: int, what: str) -> None:
-    """A pool larger than the data is capped to it (the schema says so); one warning names the
-    key and the limit, so a typo of a few zeros is seen."""
-    if value > limit:
-        log.warning("evaluate.%s = %d exceeds the %d %s; capped to %d", key, value, limit, what,
-                    limit)  # fmt: skip
+    """evaluate.`key` larger than the data: capped, with one warning (core.logs)."""
+    logs.warn_if_capped(log, f"evaluate.{key}", value, limit, f"the {limit} {what}")
 
 
 def clip_metrics(

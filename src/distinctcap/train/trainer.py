@@ -58,6 +58,7 @@ from tqdm import tqdm
 from distinctcap.captioner.hf import HFCaptioner
 from distinctcap.captioner.load import load_captioner
 from distinctcap.captioner.model import Captioner, CaptionerConfig, DecoderBlock, EncoderBlock
+from distinctcap.core import logs
 from distinctcap.core.config import TrainConfig
 from distinctcap.core.distributed import (
     DistEnv,
@@ -162,13 +163,9 @@ class TrainResult:
 
 
 def warn_if_capped(run: str, key: str, value: int, limit: int, which: str) -> None:
-    """A size larger than the data is capped to it (the schema says so); one warning names the
-    key and the limit, so a typo of a few zeros is seen."""
-    if value > limit:
-        log.warning(
-            "run %s: train.%s = %d exceeds the run's %d %s captions; capped to %d",
-            run, key, value, limit, which, limit,
-        )
+    """train.`key` larger than the run's `which` captions: capped, with one warning."""
+    logs.warn_if_capped(log, f"run {run}: train.{key}", value, limit,
+                        f"the run's {limit} {which} captions")  # fmt: skip
 
 
 class Trainer:

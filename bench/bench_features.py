@@ -1,13 +1,24 @@
 """Benchmark of CLIP feature extraction (distinctcap.features.extract); prints ratios.
 
-End-to-end image features/s (decode PNG, resize, DataLoader workers, forward with grid tokens,
+End-to-end image features/s (decode, resize, DataLoader workers, forward with grid tokens,
 NaN check, parquet shards written atomically) as a fraction of the model-only forward/s of the
 same CLIP on the same images already decoded in memory, same batch size, same device, same
-run. Goal >= 0.8: loading must not be the bottleneck. On a shared box wall-clock rates drift,
-so the main process's CPU seconds are compared too (meaningful for workers = 0). Also prints
-text features captions/s.
+run. On a shared box wall-clock rates drift, so the main process's CPU seconds are compared
+too (meaningful for workers = 0). Also prints text features captions/s.
+
+Two worlds:
+- shapes PNGs already at the model's size (`--images N`, `--coco`: 224 px for a random-init
+  ViT-B-32): no resize, little decoding;
+- `--coco-jpegs N`: N generated JPEGs at COCO's sizes (640 x 480 and the like, both
+  orientations) and a random-init ViT-B-32. Both decoders (clip.features.decode pil and
+  tensor) run in the same process, each after its own model-only baseline, and are timed in
+  steady state: the images of every shard after the first, over the time from the first
+  shard's write to the last's (worker start-up, nvjpeg's and the model's first calls left
+  out). Prints `ratio ... = X` lines and the lowest cosine between the two decoders' pooled
+  features. Goal on a GPU: tensor end to end >= 0.7 of model-only.
 
     python bench/bench_features.py [--images 2048 --batch-size 256 --workers 0 1 --threads 1]
+    python bench/bench_features.py --coco-jpegs 2048 --device cuda
 """
 
 from __future__ import annotations
@@ -17,10 +28,15 @@ import json
 import os
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import open_clip
+import pandas as pd
+import pyarrow.parquet as pq
 import torch
+from PIL import Image
 
 from distinctcap.clip.load import byte_transform, load_clip, load_images, normalize
 from distinctcap.clip.train import save_weights
@@ -44,8 +60,35 @@ def shapes_world(root: Path, n: int, size: int = 64) -> tuple:
     return read_table(out["images"], "images"), read_table(out["captions"], "captions")
 
 
-def model_only(clip, pixels, batch_size: int, device: torch.device, dtype) -> tuple:
-    """(images/s, CPU s) of normalise + visual forward on pre-decoded uint8 batches."""
+# (width, height) of common COCO images; each JPEG takes one at random
+COCO_SIZES = [(640, 480), (640, 427), (480, 640), (640, 426), (427, 640), (640, 360), (500, 375)]
+
+
+def coco_jpeg(path: Path, size: tuple[int, int], seed: int) -> None:
+    """A JPEG of `size` with photo-like statistics at little cost: smooth colour fields (a
+    bicubic upsampling of coarse noise) plus fine noise, quality 90 (~100-200 KB at 640 x 480)."""
+    rng = np.random.default_rng(seed)
+    width, height = size
+    coarse = rng.integers(0, 256, (height // 24 + 2, width // 24 + 2, 3), dtype=np.uint8)
+    smooth = np.asarray(Image.fromarray(coarse).resize(size, Image.BICUBIC), dtype=np.int16)
+    grain = rng.integers(-12, 13, (height, width, 3), dtype=np.int16)
+    Image.fromarray((smooth + grain).clip(0, 255).astype(np.uint8)).save(path, quality=90)
+
+
+def coco_jpegs(root: Path, n: int) -> pd.DataFrame:
+    """`n` JPEGs at COCO's sizes under root/jpegs, written on a thread pool: images table."""
+    folder = root / "jpegs"
+    folder.mkdir(parents=True)
+    sizes = np.random.default_rng(0).integers(0, len(COCO_SIZES), n)
+    files = [folder / f"{i:07d}.jpg" for i in range(n)]
+    with ThreadPoolExecutor(os.cpu_count()) as pool:
+        list(pool.map(coco_jpeg, files, [COCO_SIZES[s] for s in sizes], range(n)))
+    return pd.DataFrame({"image_id": np.arange(n, dtype=np.int64), "file": map(str, files)})
+
+
+def model_only(clip, pixels, batch_size: int, device: torch.device, dtype, n: int = 0) -> tuple:
+    """(images/s, CPU s) of normalise + visual forward on pre-decoded uint8 batches: `n`
+    images (default: all of `pixels`), going round `pixels` as often as it takes."""
     _, mean, std = byte_transform(clip.preprocess)
     visual = clip.model.visual
     visual.output_tokens = True
@@ -54,11 +97,15 @@ def model_only(clip, pixels, batch_size: int, device: torch.device, dtype) -> tu
         visual(normalize(pixels[:batch_size].to(device), mean, std))  # warm-up
         sync(device)
         start, cpu = time.perf_counter(), time.process_time()
-        for batch in pixels.split(batch_size):
+        batches = pixels.split(batch_size)
+        done = 0
+        while done < (n or len(pixels)):
+            batch = batches[(done // batch_size) % len(batches)]
             pooled, tokens = visual(normalize(batch.to(device), mean, std))
             pooled.float().cpu(), tokens.half().cpu()
+            done += len(batch)
         sync(device)
-    return len(pixels) / (time.perf_counter() - start), time.process_time() - cpu
+    return done / (time.perf_counter() - start), time.process_time() - cpu
 
 
 def end_to_end(clip, images, settings, device, dtype, cache: Path) -> tuple:
@@ -71,6 +118,70 @@ def end_to_end(clip, images, settings, device, dtype, cache: Path) -> tuple:
     return len(images) / (time.perf_counter() - start), time.process_time() - cpu
 
 
+def steady_end_to_end(clip, images, settings, device, dtype, cache: Path) -> tuple:
+    """(images/s in steady state (module docstring), images per CPU second of this process,
+    the shards) of extract_images."""
+    keys = list(zip(images.image_id.astype(int), images.file, strict=True))
+    shards = plan_shards("images", keys, settings.image_shard_size, f"bench{time.time()}", cache)
+    if len(shards) < 2:
+        raise SystemExit("steady state needs two shards or more: give more images")
+    written = []  # (wall, this process's CPU) seconds at each shard's rename
+    extract_images(
+        images, clip, shards, settings, device, dtype,
+        on_shard=lambda shard: written.append((time.perf_counter(), time.process_time())),
+        threads=os.cpu_count(),
+    )
+    steady = sum(len(s.rows) for s in shards[1:])
+    wall, cpu = (b - a for a, b in zip(written[0], written[-1], strict=True))
+    return steady / wall, steady / cpu, shards
+
+
+def lowest_cosine(a: list, b: list) -> float:
+    """The lowest cosine between the pooled features of the same images in two shard lists."""
+    def pooled(shards):
+        return np.concatenate(
+            [np.stack(pq.read_table(s.path, columns=["pooled"]).column(0).to_numpy(
+                zero_copy_only=False)) for s in shards]
+        )
+    return float((pooled(a) * pooled(b)).sum(axis=1).min())
+
+
+def coco_jpeg_bench(args, root: Path, device: torch.device) -> None:
+    """The --coco-jpegs run: pil and tensor decoders, each against model-only, same process."""
+    start = time.perf_counter()
+    images = coco_jpegs(root, args.coco_jpegs)
+    print(json.dumps({"jpegs": len(images), "generated_s": round(time.perf_counter() - start, 1),
+                      "mean_kb": round(sum(os.path.getsize(f) for f in images.file)
+                                       / len(images) / 1024, 1)}))
+    save_weights(open_clip.create_model("ViT-B-32"), root / "clip.pt")
+    clip = load_clip("ViT-B-32", str(root / "clip.pt"), device)
+    dtype = compute_dtype("auto", device)
+    sample = images.file.tolist()[: 2 * args.batch_size]  # model-only goes round them
+    pixels = load_images(sample, byte_transform(clip.preprocess)[0])
+    rates, shards = {}, {}
+    for workers in args.workers:
+        for decode in ("pil", "tensor"):
+            base, base_cpu = model_only(clip, pixels, args.batch_size, device, dtype, len(images))
+            settings = FeatureSettings(batch_size=args.batch_size, workers=workers,
+                                       image_shard_size=args.batch_size, decode=decode)
+            cache = root / f"cache-{decode}-{workers}"
+            rate, per_cpu, shards[decode] = steady_end_to_end(
+                clip, images, settings, device, dtype, cache
+            )
+            rates[decode] = rate
+            print(json.dumps({"decode": decode, "workers": workers,
+                              "model_only_images/s": round(base, 1),
+                              "end_to_end_images/s": round(rate, 1)}))
+            print(f"ratio end_to_end/model_only {decode} workers={workers} = {rate / base:.3f}")
+            if workers == 0:  # this process did all the work: CPU time drifts less than wall
+                cpu_ratio = per_cpu / (len(images) / base_cpu)
+                print(f"ratio cpu end_to_end/model_only {decode} workers=0 = {cpu_ratio:.3f}")
+        print(f"ratio tensor/pil end_to_end workers={workers} = "
+              f"{rates['tensor'] / rates['pil']:.3f}")
+        print(json.dumps({"pil_vs_tensor_lowest_cosine": round(
+            lowest_cosine(shards["pil"], shards["tensor"]), 6)}))
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -81,7 +192,17 @@ def main() -> None:
     p.add_argument("--images", type=int, default=1024)
     p.add_argument("--arch", default="shapes-vit-tiny")
     p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument(
+        "--workers",
+        nargs="+",
+        help="loader workers to run (numbers or auto); default 0 1 2, --coco-jpegs: auto",
+    )
+    p.add_argument(
+        "--coco-jpegs",
+        type=int,
+        metavar="N",
+        help="N generated JPEGs at COCO sizes, ViT-B-32, decoders pil and tensor (docstring)",
+    )
     p.add_argument(
         "--coco",
         action="store_true",
@@ -99,6 +220,14 @@ def main() -> None:
         args.arch = "ViT-B-32"
     torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
+    default = ["auto"] if args.coco_jpegs else [0, 1, 2]
+    args.workers = [w if w == "auto" else int(w) for w in args.workers or default]
+    if args.coco_jpegs:
+        with tempfile.TemporaryDirectory() as tmp:
+            print(json.dumps({"device": str(device), "threads": torch.get_num_threads(),
+                              "cpus": os.cpu_count()}))
+            coco_jpeg_bench(args, Path(tmp), device)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         images, captions = shapes_world(root, args.images, 224 if args.coco else 64)

@@ -282,3 +282,20 @@ def test_an_image_broken_after_the_data_stage_stops_extraction_naming_it(
     assert not (tmp_path / "index.json").exists()
     with pytest.raises(DistinctcapError, match=named):
         load_images([str(world / images.file[0]), str(broken)], byte_transform(clip.preprocess)[0])
+
+
+def test_text_features_tokenised_by_workers_in_other_batches_are_the_same(run, world, tmp_path):
+    """Captions tokenised in two DataLoader workers, 48 a forward: the numbers of the default
+    (the main process, batch_size a forward) within float32 rounding."""
+    _, images, captions = run
+    clip = load_clip(ARCH, str(world / "clip0.pt"))
+    out = {}
+    for name, settings in {
+        "default": SETTINGS,
+        "workers": dataclasses.replace(SETTINGS, workers=2, text_batch_size=48),
+    }.items():
+        index = tmp_path / name / "index.json"
+        extract_features(images.iloc[:2], captions, clip, index, index.parent, settings)
+        out[name] = load_text_features(index)
+    assert np.array_equal(out["default"][0], out["workers"][0])
+    np.testing.assert_allclose(out["default"][1], out["workers"][1], atol=1e-6)

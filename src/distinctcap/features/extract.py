@@ -23,7 +23,7 @@ preprocessing, precision) recomputes everything: features are never mixed."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +44,13 @@ from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import file_sha256, write_json
 from distinctcap.core.preflight import LOADER_PREFETCH, workers_fitting_shm
 from distinctcap.data.quality import decoding
+from distinctcap.features.decode import (
+    ImageBytes,
+    as_list,
+    device_batches,
+    resolve_decode,
+    tensor_steps,
+)
 from distinctcap.features.store import (
     FORMAT,
     Shard,
@@ -72,6 +79,10 @@ class FeatureSettings:
     image_shard_size: int = 1024
     text_shard_size: int = 16384
     precision: str = "auto"  # auto: fp16 autocast on a GPU, fp32 on the CPU
+    # pil | tensor | auto: tensor (JPEGs decoded and resized on the device) on CUDA, pil on
+    # the CPU (distinctcap.features.decode)
+    decode: str = "auto"
+    text_batch_size: int | str = "auto"  # auto: batch_size on the CPU, 4 x batch_size on a GPU
 
 
 def loader_workers(workers: int | str, device: torch.device, threads: int | None) -> int:
@@ -87,8 +98,9 @@ def compute_dtype(precision: str, device: torch.device) -> torch.dtype:
     return DTYPES[precision]
 
 
-def manifest(clip: LoadedClip, dtype: torch.dtype) -> dict:
-    """Everything the features depend on besides the inputs themselves."""
+def manifest(clip: LoadedClip, dtype: torch.dtype, decode: str = "pil") -> dict:
+    """Everything the features depend on besides the inputs themselves. `decode` is recorded
+    only when it is not pil, so features made before it existed keep their fingerprint."""
     return {
         "format": FORMAT,
         "arch": clip.arch,
@@ -99,6 +111,7 @@ def manifest(clip: LoadedClip, dtype: torch.dtype) -> dict:
         "preprocess": clip.preprocess_cfg(),
         "context_length": int(getattr(clip.model, "context_length", 0) or 0),
         "precision": str(dtype).removeprefix("torch."),
+        **({"decode": decode} if decode != "pil" else {}),
     }
 
 
@@ -137,17 +150,17 @@ def image_batches(shards: list[Shard], batch_size: int) -> list[list[int]]:
 
 def encode_images(
     clip: LoadedClip,
-    loader: DataLoader,
+    batches: Iterable[torch.Tensor],
     device: torch.device,
     dtype: torch.dtype,
     mean: torch.Tensor,
     std: torch.Tensor,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """(pooled L2-normalised float32 (B, D), its norms (B,), grid tokens (B, G, Dv)) per batch,
-    on `device`."""
+    """(pooled L2-normalised float32 (B, D), its norms (B,), grid tokens (B, G, Dv)) per uint8
+    batch (B, 3, H, W), on `device`."""
     amp = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
     with torch.inference_mode(), amp:
-        for batch in own_errors(loader):
+        for batch in batches:
             x = normalize(batch.to(device, non_blocking=True), mean, std)
             pooled, tokens = pooled_and_grid(clip.model.visual, x)
             pooled = pooled.float()
@@ -198,6 +211,44 @@ def grid_token_count(clip: LoadedClip) -> int:
     return pooled_and_grid(clip.model.visual, blank)[1].shape[1]
 
 
+def decoder(settings: FeatureSettings, device: torch.device, clip: LoadedClip) -> str:
+    """The image decoder clip.features.decode resolves to (distinctcap.features.decode)."""
+    return resolve_decode(settings.decode, device, byte_transform(clip.preprocess)[0])
+
+
+def image_loader(
+    files: list[str],
+    clip: LoadedClip,
+    shards: list[Shard],
+    settings: FeatureSettings,
+    device: torch.device,
+    threads: int | None,
+) -> Iterator[torch.Tensor]:
+    """uint8 batches (B, 3, H, W) of the shards' images through the CLIP's resize/crop, decoded
+    by PIL in DataLoader workers or, for `decode` tensor, on `device` from the bytes they read."""
+    to_bytes = byte_transform(clip.preprocess)[0]
+    pil_path = ImageFiles(files, to_bytes, clip.preprocess_cfg()["size"])
+    tensor = decoder(settings, device, clip) == "tensor"
+    workers = loader_workers(settings.workers, device, threads)
+    if workers:
+        workers = workers_fitting_shm(workers, settings.batch_size * image_bytes(clip))
+    log.info(
+        "images: %d DataLoader workers, pinned memory %s, decoded by %s",
+        workers, device.type == "cuda", "the device" if tensor else "PIL",
+    )
+    loader = DataLoader(
+        ImageBytes(files, pil_path) if tensor else pil_path,
+        batch_sampler=image_batches(shards, settings.batch_size),
+        num_workers=workers,
+        pin_memory=device.type == "cuda",
+        prefetch_factor=LOADER_PREFETCH if workers else None,
+        collate_fn=as_list if tensor else None,
+    )
+    if tensor:
+        return device_batches(own_errors(loader), tensor_steps(to_bytes), pil_path, device)
+    return own_errors(loader)
+
+
 def extract_images(
     images: pd.DataFrame,
     clip: LoadedClip,
@@ -215,19 +266,9 @@ def extract_images(
         raise DistinctcapError(
             f"clip.arch = {clip.arch!r} gives no grid tokens; use a ViT or a conv tower"
         )
-    to_bytes, mean, std = byte_transform(clip.preprocess)
-    workers = loader_workers(settings.workers, device, threads)
-    if workers:
-        workers = workers_fitting_shm(workers, settings.batch_size * image_bytes(clip))
-    log.info("images: %d DataLoader workers, pinned memory %s", workers, device.type == "cuda")
-    loader = DataLoader(
-        ImageFiles(images.file.tolist(), to_bytes, clip.preprocess_cfg()["size"]),
-        batch_sampler=image_batches(shards, settings.batch_size),
-        num_workers=workers,
-        pin_memory=device.type == "cuda",
-        prefetch_factor=LOADER_PREFETCH if workers else None,
-    )
-    batches = encode_images(clip, loader, device, dtype, mean, std)
+    mean, std = byte_transform(clip.preprocess)[1:]
+    pixels = image_loader(images.file.tolist(), clip, shards, settings, device, threads)
+    batches = encode_images(clip, pixels, device, dtype, mean, std)
     ids = images.image_id.to_numpy()
     total = sum(len(s.rows) for s in shards)
     bar = tqdm(total=total, desc="image features", unit="images", smoothing=0.1)
@@ -258,6 +299,28 @@ def extract_images(
             )
 
 
+class CaptionTokens(Dataset):
+    """Batches of captions (rows of `texts`) -> their token ids, so DataLoader workers
+    tokenise while the device encodes."""
+
+    def __init__(self, texts: list[str], batches: list[list[int]], tokenizer):
+        self.texts, self.batches, self.tokenizer = texts, batches, tokenizer
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, b: int) -> torch.Tensor:
+        return self.tokenizer([self.texts[r] for r in self.batches[b]])
+
+
+def text_batch_size(settings: FeatureSettings, device: torch.device) -> int:
+    """Captions per text forward (clip.features.text_batch_size; auto: batch_size on the CPU,
+    whose numbers stay as they were, 4 x batch_size on a GPU)."""
+    if settings.text_batch_size != "auto":
+        return int(settings.text_batch_size)
+    return settings.batch_size * (4 if device.type == "cuda" else 1)
+
+
 def extract_texts(
     captions: pd.DataFrame,
     clip: LoadedClip,
@@ -266,21 +329,32 @@ def extract_texts(
     device: torch.device,
     dtype: torch.dtype,
     on_shard: Callable[[Shard], None] | None = None,
+    threads: int | None = None,
 ) -> None:
+    """Compute and write the given text shards; tokenised by `settings.workers` DataLoader
+    workers (auto: see FeatureSettings; `threads` the job's CPUs)."""
     ids, texts = captions.caption_id.to_numpy(), captions.text.tolist()
+    batches = image_batches(shards, text_batch_size(settings, device))
+    workers = loader_workers(settings.workers, device, threads)
+    loader = DataLoader(
+        CaptionTokens(texts, batches, clip.tokenizer),
+        batch_size=None,
+        num_workers=workers,
+        pin_memory=device.type == "cuda",
+        prefetch_factor=LOADER_PREFETCH if workers else None,
+    )
+    tokens_of = iter(loader)
     amp = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
     bar = tqdm(total=sum(len(s.rows) for s in shards), desc="text features", unit="captions")
     with bar, ShardWriter(on_shard) as writer, torch.inference_mode(), amp:
         for shard in shards:
-            out = []
-            for b in range(0, len(shard.rows), settings.batch_size):
-                rows = shard.rows[b : b + settings.batch_size]
-                tokens = clip.tokenizer([texts[r] for r in rows])
-                if device.type == "cuda":  # an asynchronous copy from pinned memory
-                    tokens = tokens.pin_memory().to(device, non_blocking=True)
-                out.append(F.normalize(encode_text(clip.model, tokens).float(), dim=-1).cpu())
-                bar.update(len(rows))
-            emb = torch.cat(out)
+            out, done = [], 0
+            while done < len(shard.rows):
+                tokens = next(tokens_of).to(device, non_blocking=True)
+                out.append(F.normalize(encode_text(clip.model, tokens).float(), dim=-1))
+                done += len(tokens)
+                bar.update(len(tokens))
+            emb = torch.cat(out).cpu()
             check_finite(ids[shard.rows], "caption", emb)
             writer.submit(
                 shard,
@@ -311,7 +385,7 @@ def extract_features(
     dtype = compute_dtype(settings.precision, device)
     clip.model.to(device).eval()
     cache = Path(cache_dir)
-    info = manifest(clip, dtype)
+    info = manifest(clip, dtype, decoder(settings, device, clip))
     # where the weights were read from is recorded, not hashed: their content is
     fingerprint = digest({k: v for k, v in info.items() if k not in ("pretrained", "weight_files")})
     images = images.sort_values("image_id").reset_index(drop=True)
@@ -328,7 +402,7 @@ def extract_features(
     extract_images(images, clip, todo, settings, device, dtype, on_shard, threads)
     todo = [s for s in txt_shards if not s.is_done()]
     log.info("text shards: %d reused, %d to compute", len(txt_shards) - len(todo), len(todo))
-    extract_texts(captions, clip, todo, settings, device, dtype, on_shard)
+    extract_texts(captions, clip, todo, settings, device, dtype, on_shard, threads)
     index = build_index(info, fingerprint, clip, img_shards, txt_shards, Path(index_path).parent)
     write_json(index, index_path)
     return index

@@ -1,0 +1,139 @@
+"""Images for CLIP features decoded where the model runs (`clip.features.decode`).
+
+`pil` (the CPU's default): DataLoader workers decode each file with PIL and apply open_clip's
+resize/crop (distinctcap.features.extract.ImageFiles). `tensor` (auto on a GPU): workers only
+read the bytes; the main process decodes the batch's JPEGs with `torchvision.io.decode_jpeg`
+on the model's device (nvjpeg on CUDA, in one batched call) and applies the same open_clip
+Resize/CenterCrop objects to uint8 tensors (bicubic with antialias, as PIL's resampling).
+Files PIL would see as anything but an RGB JPEG (PNG, grayscale, CMYK, ...) take the PIL path
+in the worker, as does a batch nvjpeg refuses (image by image); a file neither reads stops the
+stage naming it (distinctcap.data.quality.decoding). The pixels differ from PIL's by the
+decoder's rounding and the resampling's (tests/test_decode.py states the bound), so the choice
+is part of the features fingerprint (extract.manifest)."""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections.abc import Iterable, Iterator, Sequence
+
+import torch
+from open_clip.transform import CenterCropOrPad, MaybeConvertMode
+from PIL import Image
+from torch.utils.data import Dataset
+from torchvision.io import ImageReadMode, decode_jpeg
+from torchvision.transforms import CenterCrop, Compose, PILToTensor, Resize
+
+from distinctcap.core.errors import DistinctcapError
+from distinctcap.data.quality import decoding
+
+log = logging.getLogger(__name__)
+
+DECODERS = ("auto", "pil", "tensor")
+TENSOR_STEPS = (Resize, CenterCrop, CenterCropOrPad)  # take uint8 (..., 3, H, W) tensors too
+
+
+def tensor_steps(to_bytes: Compose) -> Compose | None:
+    """The resize/crop steps of the PIL -> uint8 transform (clip.load.byte_transform) as a
+    transform of uint8 tensors, or None where a step has no tensor form (e.g. open_clip's
+    ResizeKeepRatio of a non-square input)."""
+    steps = [s for s in to_bytes.transforms if not isinstance(s, MaybeConvertMode | PILToTensor)]
+    if not all(isinstance(s, TENSOR_STEPS) for s in steps):
+        return None
+    return Compose(steps)
+
+
+def resolve_decode(choice: str, device: torch.device, to_bytes: Compose) -> str:
+    """`pil` or `tensor` for clip.features.decode (auto: tensor on CUDA where the CLIP's
+    transform has a tensor form, else pil: the CPU's features stay PIL's)."""
+    if choice not in DECODERS:
+        raise DistinctcapError(f"clip.features.decode = {choice!r}: use one of {DECODERS}")
+    if choice == "auto":
+        return "tensor" if device.type == "cuda" and tensor_steps(to_bytes) else "pil"
+    if choice == "tensor" and tensor_steps(to_bytes) is None:
+        names = [type(s).__name__ for s in to_bytes.transforms]
+        raise DistinctcapError(
+            f"clip.features.decode = tensor: the CLIP's transform ({', '.join(names)}) has a "
+            "step with no tensor form; use pil"
+        )
+    return choice
+
+
+class ImageBytes(Dataset):
+    """Image files -> (row, True, the file's bytes (uint8 1-D)) for an RGB JPEG that ends with
+    its end-of-image marker, else (row, False, the PIL path's uint8 pixels (3, H, W)). Only
+    the header is parsed here."""
+
+    def __init__(self, files: Sequence[str], pil_path: Dataset):
+        self.files, self.pil_path = list(files), pil_path
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> tuple[int, bool, torch.Tensor]:
+        with decoding(self.files[i]), open(self.files[i], "rb") as f:
+            data = f.read()
+            with Image.open(io.BytesIO(data)) as image:
+                jpeg = image.format == "JPEG" and image.mode == "RGB"
+        # a truncated file without its end marker goes where PIL names it (nvjpeg may not)
+        jpeg = jpeg and data.endswith(b"\xff\xd9")
+        if not jpeg:
+            return i, False, self.pil_path[i]
+        return i, True, torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+def as_list(items: list) -> list:
+    """The DataLoader's collate for ImageBytes: the items as they are (sizes differ)."""
+    return items
+
+
+def decode_jpegs(data: list[torch.Tensor], device: torch.device) -> list[torch.Tensor | None]:
+    """uint8 (3, H, W) of each JPEG on `device`, in one call; image by image if the batch
+    fails, None for an image the decoder refuses."""
+    if not data:
+        return []
+    try:
+        return list(decode_jpeg(data, mode=ImageReadMode.RGB, device=device))
+    except RuntimeError as error:
+        log.info("batched JPEG decode failed (%s); decoding image by image", error)
+    out = []
+    for one in data:
+        try:
+            out.append(decode_jpeg(one, mode=ImageReadMode.RGB, device=device))
+        except RuntimeError:
+            out.append(None)
+    return out
+
+
+def resized(images: list[torch.Tensor], steps: Compose) -> list[torch.Tensor]:
+    """`steps` applied to each image, images of one size as one batch."""
+    out: list[torch.Tensor | None] = [None] * len(images)
+    by_shape: dict[tuple, list[int]] = {}
+    for i, image in enumerate(images):
+        by_shape.setdefault(tuple(image.shape), []).append(i)
+    for rows in by_shape.values():
+        for i, image in zip(rows, steps(torch.stack([images[i] for i in rows])), strict=True):
+            out[i] = image
+    return out
+
+
+def device_batches(
+    batches: Iterable[list[tuple[int, bool, torch.Tensor]]],
+    steps: Compose,
+    pil_path: Dataset,
+    device: torch.device,
+) -> Iterator[torch.Tensor]:
+    """uint8 (B, 3, H, W) batches on `device` from ImageBytes items: JPEGs decoded and resized
+    there, the rest (decoded by PIL in the worker, or here if the decoder refused) copied."""
+    for items in batches:
+        jpegs = [k for k, (_, jpeg, _) in enumerate(items) if jpeg]
+        decoded = decode_jpegs([items[k][2] for k in jpegs], device)
+        pixels = [item[2] for item in items]
+        ok = [k for k, image in zip(jpegs, decoded, strict=True) if image is not None]
+        good = resized([image for image in decoded if image is not None], steps)
+        for k, image in zip(ok, good, strict=True):
+            pixels[k] = image
+        for k, image in zip(jpegs, decoded, strict=True):
+            if image is None:
+                pixels[k] = pil_path[items[k][0]]
+        yield torch.stack([p.to(device, non_blocking=True) for p in pixels])

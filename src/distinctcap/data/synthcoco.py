@@ -191,16 +191,19 @@ def _encoded(ids: list[int]) -> list[bytes]:
 
 
 def encode_all(ids: list[int], workers: int, chunk: int = 64):
-    """(id, JPEG bytes) in id order, encoded by `workers` processes (0: in this process)."""
+    """(id, JPEG bytes) in id order, encoded by `workers` processes (0: in this process), at
+    most 4 batches per worker in flight so memory stays bounded however slow the writer."""
     batches = [ids[i : i + chunk] for i in range(0, len(ids), chunk)]
     if workers <= 0:
-        results = map(_encoded, batches)
-        for batch, data in zip(batches, results, strict=True):
-            yield from zip(batch, data, strict=True)
+        for batch in batches:
+            yield from zip(batch, _encoded(batch), strict=True)
         return
+    window = 4 * workers
     with ProcessPoolExecutor(workers) as pool:
-        for batch, data in zip(batches, pool.map(_encoded, batches), strict=True):
-            yield from zip(batch, data, strict=True)
+        for start in range(0, len(batches), window):
+            part = batches[start : start + window]
+            for batch, data in zip(part, pool.map(_encoded, part), strict=True):
+                yield from zip(batch, data, strict=True)
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,8 @@ def hours(seconds: float) -> str:
 def rate(row: dict | None) -> str:
     if row is None:
         return "not run"
-    return "-" if not row["unit"] or math.isnan(row["rate"]) else f"{row['rate']:.3g} {row['unit']}"
+    known = row["unit"] and row["rate"] is not None and not math.isnan(row["rate"])
+    return f"{row['rate']:.3g} {row['unit']}" if known else "-"
 
 
 def table(results: dict[str, dict], config: dict) -> str:

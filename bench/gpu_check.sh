@@ -14,18 +14,22 @@
 #   OUT=DIR bash bench/gpu_check.sh [--parts a,b,c,d] [--dag] [--cpu] [--keep DIR]
 #
 # --cpu runs the parts on the CPU at tiny sizes with short limits (the test of this script).
-# Environment: OUT (default: a temp folder), PYTHON (default python3), SNAKEMAKE (for --dag).
+# Environment: OUT (default: a temp folder), PYTHON (default: .venv/bin/python if there, else
+# python3), SNAKEMAKE (for --dag).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-PYTHON=${PYTHON:-python3}
+if [[ -z "${PYTHON:-}" ]]; then
+    PYTHON=python3
+    [[ -x "$ROOT/.venv/bin/python" ]] && PYTHON="$ROOT/.venv/bin/python"
+fi
 OUT=${OUT:-$(mktemp -d -t distinctcap-gpu-out.XXXXXX)}
 PARTS=a,b,c,d
 KEEP=""
 CPU=0
 RUN_DAG=0
 
-usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "gpu_check: $*" >&2; exit 2; }
 
 while [[ $# -gt 0 ]]; do
@@ -102,7 +106,16 @@ part() {
 }
 
 # -- a usable GPU, or one line why not ----------------------------------------------------------
+no_gpu() {  # the reason is the last line of $WORK/gpu.log
+    record gpu 1 "$((SECONDS - START))" 0 "$WORK/gpu.log" "no usable GPU" "" "$1"
+    echo "gpu_check: $(tail -n 1 "$WORK/gpu.log") (written to $JSONL)" >&2
+    exit 1
+}
 if [[ $CPU == 0 ]]; then
+    if ! command -v nvidia-smi > /dev/null; then  # no driver: say so without importing torch
+        echo "no usable GPU: no nvidia-smi on PATH (no NVIDIA driver)" > "$WORK/gpu.log"
+        no_gpu "command -v nvidia-smi"
+    fi
     if ! "$PYTHON" - > "$WORK/gpu.log" 2>&1 <<'EOF'
 import sys
 from distinctcap.core.devices import cuda_problem, gpu_requirement
@@ -111,9 +124,7 @@ if problem:
     sys.exit(f"no usable GPU: {problem}; {gpu_requirement()}")
 EOF
     then
-        record gpu 1 "$((SECONDS - START))" 0 "$WORK/gpu.log" "no usable GPU" "" "cuda_problem"
-        echo "gpu_check: $(tail -n 1 "$WORK/gpu.log") (written to $JSONL)" >&2
-        exit 1
+        no_gpu "distinctcap.core.devices.cuda_problem"
     fi
     DEVICE=cuda
 else
@@ -121,7 +132,7 @@ else
 fi
 echo "gpu_check: $CARD; device $DEVICE; results to $JSONL"
 
-RATES='ratio|rate|/s|peak RSS|store|total|GiB'
+RATES='ratio|rate|/s\b|peak RSS|GiB|total'
 if [[ $CPU == 0 ]]; then
     part a 60 "$RATES" "bench/bench_features.py --coco-jpegs" -- \
         "$PYTHON" bench/bench_features.py --coco-jpegs 2048 --device cuda
@@ -132,18 +143,18 @@ if [[ $CPU == 0 ]]; then
         --train-steps 20 --max-len 20 --device cuda --root "$WORK/scale"
     rm -rf "$WORK/scale"  # ~20 GB, left behind when its limit stopped it
     part d 90 "$RATES|rehearsal" "bench/rehearsal.py --budget" -- \
-        "$PYTHON" bench/rehearsal.py --images 2000 --steps 50 --device cuda --budget 70 \
+        "$PYTHON" bench/rehearsal.py --images 2000 --steps 50 --device cuda --budget 60 \
         --work "$WORK/rehearsal" --out "$OUT/rehearsal.json"
 else  # the same parts, CPU-sized
     part a 30 "$RATES" "bench/bench_features.py --coco-jpegs" -- \
         "$PYTHON" bench/bench_features.py --coco-jpegs 8 --device cpu
     part b 30 "$RATES" "bench/bench_steps.py --coco" -- \
         "$PYTHON" bench/bench_steps.py --coco --device cpu
-    part c 60 "$RATES" "bench/bench_scale.py --sizes --stages" -- \
-        "$PYTHON" bench/bench_scale.py --sizes 300 --stages decode,train --train-steps 1 \
-        --max-len 3 --device cpu --root "$WORK/scale"
-    part d 60 "$RATES|rehearsal" "bench/rehearsal.py --budget" -- \
-        "$PYTHON" bench/rehearsal.py --images 8 --steps 1 --device cpu --budget 45 \
+    part c 90 "$RATES" "bench/bench_scale.py --sizes --stages" -- \
+        "$PYTHON" bench/bench_scale.py --sizes 1200 --stages train --train-steps 1 \
+        --device cpu --root "$WORK/scale"
+    part d 120 "$RATES|rehearsal" "bench/rehearsal.py --budget" -- \
+        "$PYTHON" bench/rehearsal.py --images 8 --steps 1 --device cpu --budget 60 \
         --work "$WORK/rehearsal" --out "$OUT/rehearsal.json" --workers 0 --target \
         results/data/images.parquet
 fi

@@ -29,7 +29,8 @@ the full schedule would take at COCO's size.
 
 Prints one line per stage and writes the same as JSON (`--out`). `--target` limits the DAG to
 files' jobs (e.g. results/runs/teacher_neg/model.pt: data, features, entropy, one run);
-`--budget` stops Snakemake after that many seconds and reports the jobs that finished.
+`--budget` stops Snakemake in time for the rehearsal to end within that many seconds and reports
+the jobs that finished.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ SCALING = {  # rule -> what its work grows with
 }
 GPU_RULES = ("extract_features", "retrieval_entropy", "train_run", "decode", "evaluate_gpu")
 TAG, ARCH = "openai", "ViT-B-32"
+REPORT_S = 15  # of --budget kept for the report after Snakemake (a job start is measured)
 
 
 # ------------------------------------------------------------------------------ the inputs
@@ -232,6 +234,14 @@ def job_startup() -> float:
     return time.perf_counter() - start
 
 
+def measured_startup(run_dir: Path, again: bool) -> float:
+    """job_startup() measured after a run, kept beside it for --no-run reports of that run."""
+    kept = run_dir / "job_startup.json"
+    if again or not kept.is_file():
+        kept.write_text(json.dumps(job_startup()))
+    return json.loads(kept.read_text())
+
+
 def stage_rows(
     run_dir: Path, n_images: int, test_images: int, steps_full: dict, startup: float
 ) -> list[dict]:
@@ -322,12 +332,13 @@ def list_schedule(durations: dict[str, float], deps: dict[str, list[str]], devic
 
 
 def card() -> str:
+    """nvidia-smi's name of GPU 0 (no torch import), else the CPU."""
     try:
-        import torch
-
-        if torch.cuda.is_available():
-            return torch.cuda.get_device_name(0)
-    except ImportError:
+        query = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
+        names = subprocess.run(query, capture_output=True, text=True, timeout=30).stdout.split("\n")
+        if names[0].strip():
+            return names[0].strip()
+    except (OSError, subprocess.TimeoutExpired):
         pass
     return f"CPU only ({os.cpu_count()} cores, {platform.processor() or platform.machine()})"
 
@@ -342,13 +353,22 @@ def totals(rows: list[dict], config: dict, devices: int) -> dict:
     }
 
 
+def no_nan(value):
+    """`value` with every NaN as None (strict JSON)."""
+    if isinstance(value, dict):
+        return {k: no_nan(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [no_nan(v) for v in value]
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
 def print_rows(result: dict) -> None:
     print(
         f"rehearsal: {result['images']} images, {result['steps']} steps per run, "
         f"{result['device']} ({result['card']}), snakemake rc {result['snakemake_rc']}"
     )
     for row in result["stages"]:
-        rate = f"{row['rate']:.3g} {row['unit']}" if row["unit"] else "-"
+        rate = f"{row['rate']:.3g} {row['unit']}" if row["unit"] and row["rate"] else "-"
         print(
             f"  {row['job']:<32} {row['wall_s']:9.1f} s  {rate:<22} -> "
             f"{row['extrapolated_s'] / 3600:8.2f} h ({row['scaling']})"
@@ -373,12 +393,12 @@ def main() -> None:
     parser.add_argument("--cores", type=int, default=os.cpu_count())
     parser.add_argument("--workers", type=int, default=os.cpu_count(), help="JPEG encoders")
     parser.add_argument("--gpus", type=int, default=4, help="devices of the side-by-side total")
-    parser.add_argument("--budget", type=float, help="seconds Snakemake may run")
+    parser.add_argument("--budget", type=float, help="seconds the whole rehearsal may take")
     parser.add_argument("--target", action="append", default=[], help="a file to make")
     parser.add_argument("--no-run", action="store_true", help="report WORK's finished jobs only")
     args = parser.parse_args()
 
-    work = args.work.resolve()
+    started, work = time.perf_counter(), args.work.resolve()
     run_dir, hub = work / "run", work / "hf" / "hub"
     run_dir.mkdir(parents=True, exist_ok=True)
     mirror = make_mirror(work, args.images, args.workers)
@@ -388,7 +408,7 @@ def main() -> None:
     )
     make_random_clip(hub)
     config = load_coco()
-    rc, seconds = 0, float("nan")
+    rc, seconds = None, None  # --no-run: the run's own are not known
     if not args.no_run:
         with MirrorServer(work / "mirror") as server:
             overlay_file = run_dir / "rehearsal.yaml"
@@ -400,10 +420,10 @@ def main() -> None:
                 args.cores,
                 hub,
                 args.target,
-                args.budget,
+                args.budget and args.budget - (time.perf_counter() - started) - REPORT_S,
                 gpu=args.device.startswith("cuda"),
             )
-    counts, startup = mirror["counts"], job_startup()
+    counts, startup = mirror["counts"], measured_startup(run_dir, again=not args.no_run)
     rows = stage_rows(
         run_dir,
         args.images,
@@ -428,11 +448,11 @@ def main() -> None:
     }
     out = args.out or work / "rehearsal.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    out.write_text(json.dumps(no_nan(result), indent=1, allow_nan=False))
     print_rows(result)
     if rc:
         print(f"rehearsal: snakemake stopped (rc {rc}); log: {run_dir / 'snakemake.log'}")
-    sys.exit(0 if rc == 0 else 1)
+    sys.exit(1 if rc else 0)
 
 
 if __name__ == "__main__":

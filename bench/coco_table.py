@@ -22,8 +22,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import rehearsal  # noqa: E402  (bench/ is scripts, not a package)
 
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+DOCS_INPUTS = {"2-core CPU, 16 images": DOCS / "rehearsal/cpu-2core-16-images.json"}  # the table's
 BEGIN, END = "<!-- coco-table:begin -->", "<!-- coco-table:end -->"
-UPSTREAM = ("prepare_data", "extract_features", "retrieval_entropy", "split_entropy")
+UPSTREAM = (
+    "prepare_data",
+    "extract_features",
+    "retrieval_entropy",
+    "split_entropy",
+    "entropy_report",
+    "neighbours",
+)
 PER_RUN = ("train_run", "decode", "evaluate_gpu", "evaluate")
 
 
@@ -31,6 +40,11 @@ def expected_jobs(config: dict) -> list[str]:
     """Every job of the schedule the table has a row for, in the DAG's order."""
     runs = list(config["runs"])
     return [*UPSTREAM, *(f"{rule}/{run}" for rule in PER_RUN for run in runs)]
+
+
+def stage(row: dict) -> str:
+    """A row's name in the table: rule/run for a run's jobs, else the rule (one job each)."""
+    return row["job"] if row["rule"] in PER_RUN else row["rule"]
 
 
 def hours(seconds: float) -> str:
@@ -53,7 +67,7 @@ def table(results: dict[str, dict], config: dict) -> str:
     for label, r in results.items():
         lines.append(
             f"| {label} | {r['card']}; {r['machine']} | {r['images']:,} | "
-            f"{r['steps']} | {r['snakemake_rc']} |"
+            f"{r['steps']} | {'-' if r['snakemake_rc'] is None else r['snakemake_rc']} |"
         )
     lines += [
         "",
@@ -62,7 +76,7 @@ def table(results: dict[str, dict], config: dict) -> str:
         + " |",
     ]
     lines.append("|---|---|" + "---|---|" * len(results))
-    by_job = {label: {row["job"]: row for row in r["stages"]} for label, r in results.items()}
+    by_job = {label: {stage(row): row for row in r["stages"]} for label, r in results.items()}
     for job in expected_jobs(config):
         scaling = rehearsal.SCALING.get(job.split("/")[0], "fixed")
         cells = []

@@ -189,3 +189,16 @@ def test_rehearsal_runs_the_pipeline_through_one_training_run(tmp_path):
     assert train["steps"] == 1 and train["full_steps"] == 88_770
     assert all(row["extrapolated_s"] > 0 for row in result["stages"])
     assert result["totals"]["one_device_s"] >= result["totals"]["devices_s"] > 0
+
+
+def test_the_docs_coco_table_is_the_scripts_output():
+    """docs/performance.md's "COCO on one GPU" table is bench/coco_table.py's rendering of the
+    rehearsal JSON it names (regenerate: coco_table.py LABEL=FILE ... --write), never typed."""
+    import coco_table
+
+    inputs = coco_table.DOCS_INPUTS
+    results = {label: json.loads(path.read_text()) for label, path in inputs.items()}
+    doc = (REPO / "docs/performance.md").read_text()
+    block = doc.split(coco_table.BEGIN + "\n")[1].split(coco_table.END)[0]
+    assert block == coco_table.table(results, rehearsal.load_coco())
+    assert block.count("\n| train_run/") == len(rehearsal.load_coco()["runs"])

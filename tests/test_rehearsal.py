@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from distinctcap.core.config import effective_run_config, validate
+from distinctcap.core.config import effective_run_config, merge_configs, validate
 from distinctcap.core.schema import load_schema
 from distinctcap.data import coco
 from distinctcap.data.mirror import MirrorServer
@@ -87,7 +87,7 @@ def test_the_overlay_gives_every_run_the_rehearsal_steps():
     mirror = {"md5": {"train2017.zip": "0" * 32}, "counts": {"mrnn_val_images": 3}}
     extra = rehearsal.overlay(config, "http://127.0.0.1:1", mirror, 20, "cpu", Path("/w"))
     merged = validate(
-        deep_merge(yaml.safe_load((REPO / "config.coco.yaml").read_text()), extra),
+        merge_configs(yaml.safe_load((REPO / "config.coco.yaml").read_text()), extra),
         load_schema(REPO / "workflow/schemas/config.schema.yaml"),
     )
     full = rehearsal.full_steps(config)
@@ -98,14 +98,6 @@ def test_the_overlay_gives_every_run_the_rehearsal_steps():
         assert (train["steps"], train["epochs"], train["patience"]) == (20, None, 0)
     reference = effective_run_config(merged, "reference")["train"]["val_every"]
     assert reference == round(2000 * 20 / full["reference"]) or reference == 1
-
-
-def deep_merge(base: dict, extra: dict) -> dict:
-    out = dict(base)
-    for key, value in extra.items():
-        both = isinstance(value, dict) and isinstance(out.get(key), dict)
-        out[key] = deep_merge(out[key], value) if both else value
-    return out
 
 
 def test_list_schedule_runs_independent_chains_side_by_side():

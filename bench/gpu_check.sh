@@ -3,10 +3,11 @@
 # 8 minutes of device time, one JSON line per part written to $OUT/gpu_check.jsonl as each part
 # ends (part, command, rc, seconds, limit_s, card, the part's ratio/rate lines, its output tail,
 # or skipped with the reason), so a lease cut short still returns what finished:
-#   a  features on COCO-sized JPEGs, end to end vs model only      (bench_features.py, 60 s)
-#   b  every method's step rate at COCO size, eager vs compiled    (bench_steps.py, 140 s)
-#   c  bench_scale.py at 118,287 images: decode, evaluate, train   (peak RSS and s, 130 s)
-#   d  the rehearsal of config.coco.yaml: per-stage rates          (bench/rehearsal.py, 90 s)
+#   a  features on COCO-sized JPEGs, end to end vs model only      (bench_features.py, 50 s)
+#   b  every method's step rate at COCO size, eager vs compiled    (bench_steps.py, 130 s)
+#   c  bench_scale.py at 118,287 images: train, decode, evaluate   (peak RSS and s, 180 s; its
+#      store takes ~2 min to write on an H100, so the later stages' rows may miss the limit)
+#   d  the rehearsal of config.coco.yaml: per-stage rates          (bench/rehearsal.py, 80 s)
 #   dag  the tiny DAG on the GPU, every GPU job's log on CUDA      (only with --dag; ~350 s)
 # Each part runs under `timeout` (its limit); a part whose script or flag is missing is recorded
 # as skipped. No usable GPU: one JSON line saying why, exit 1 (unless --cpu).
@@ -29,7 +30,7 @@ KEEP=""
 CPU=0
 RUN_DAG=0
 
-usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "gpu_check: $*" >&2; exit 2; }
 
 while [[ $# -gt 0 ]]; do
@@ -134,16 +135,16 @@ echo "gpu_check: $CARD; device $DEVICE; results to $JSONL"
 
 RATES='ratio|rate|/s\b|peak RSS|GiB|total'
 if [[ $CPU == 0 ]]; then
-    part a 60 "$RATES" "bench/bench_features.py --coco-jpegs" -- \
+    part a 50 "$RATES" "bench/bench_features.py --coco-jpegs" -- \
         "$PYTHON" bench/bench_features.py --coco-jpegs 2048 --device cuda
-    part b 140 "$RATES" "bench/bench_steps.py --coco" -- \
+    part b 130 "$RATES" "bench/bench_steps.py --coco" -- \
         "$PYTHON" bench/bench_steps.py --coco --device cuda
-    part c 130 "$RATES" "bench/bench_scale.py --sizes --stages" -- \
-        "$PYTHON" bench/bench_scale.py --sizes 118287 --stages decode,evaluate,train \
-        --train-steps 20 --max-len 20 --device cuda --root "$WORK/scale"
+    part c 180 "$RATES" "bench/bench_scale.py --sizes --stages" -- \
+        "$PYTHON" bench/bench_scale.py --sizes 118287 --stages train,decode,evaluate \
+        --train-steps 20 --max-len 5 --device cuda --root "$WORK/scale"
     rm -rf "$WORK/scale"  # ~20 GB, left behind when its limit stopped it
-    part d 90 "$RATES|rehearsal" "bench/rehearsal.py --budget" -- \
-        "$PYTHON" bench/rehearsal.py --images 2000 --steps 50 --device cuda --budget 60 \
+    part d 80 "$RATES|rehearsal" "bench/rehearsal.py --budget" -- \
+        "$PYTHON" bench/rehearsal.py --images 2000 --steps 50 --device cuda --budget 65 \
         --work "$WORK/rehearsal" --out "$OUT/rehearsal.json"
 else  # the same parts, CPU-sized
     part a 30 "$RATES" "bench/bench_features.py --coco-jpegs" -- \

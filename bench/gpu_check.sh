@@ -1,36 +1,44 @@
 #!/usr/bin/env bash
-# GPU check, under 8 minutes on one GPU:
-#  1. the tiny DAG (tests/tiny_config.yaml) with `device: cuda` and the local-gpu profile in a
-#     temp folder; every GPU rule's log must say `device: cuda:<i> (<GPU name>)` (the line
-#     distinctcap.core.devices.job_device writes at a job's start); without Java the DAG stops
-#     after decode (the evaluation's text metrics need Java);
-#  2. the trainer, entropy and feature benchmarks on the GPU, at COCO sizes where they have
-#     them; their ratio lines are printed at the end.
-# No usable GPU: exits 1 at once with one line saying why.
+# The prepared device check (issue 30): the measurements that matter for COCO on one GPU, inside
+# 8 minutes of device time, one JSON line per part written to $OUT/gpu_check.jsonl as each part
+# ends (part, command, rc, seconds, limit_s, card, the part's ratio/rate lines, its output tail,
+# or skipped with the reason), so a lease cut short still returns what finished:
+#   a  features on COCO-sized JPEGs, end to end vs model only      (bench_features.py, 50 s)
+#   b  every method's step rate at COCO size, eager vs compiled    (bench_steps.py, 130 s)
+#   c  bench_scale.py at 118,287 images: train, decode, evaluate   (peak RSS and s, 180 s; its
+#      store takes ~2 min to write on an H100, so the later stages' rows may miss the limit)
+#   d  the rehearsal of config.coco.yaml: per-stage rates          (bench/rehearsal.py, 80 s)
+#   dag  the tiny DAG on the GPU, every GPU job's log on CUDA      (only with --dag; ~350 s)
+# Each part runs under `timeout` (its limit); a part whose script or flag is missing is recorded
+# as skipped. No usable GPU: one JSON line saying why, exit 1 (unless --cpu).
 #
-#   bench/gpu_check.sh [--cores N] [--keep DIR] [--no-dag] [--no-bench]
+#   OUT=DIR bash bench/gpu_check.sh [--parts a,b,c,d] [--dag] [--cpu] [--keep DIR]
 #
-# Environment: PYTHON (default python3), SNAKEMAKE (default: the snakemake beside PYTHON, else
-# on PATH).
-set -euo pipefail
+# --cpu runs the parts on the CPU at tiny sizes with short limits (the test of this script).
+# Environment: OUT (default: a temp folder), PYTHON (default: .venv/bin/python if there, else
+# python3), SNAKEMAKE (for --dag).
+set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-PYTHON=${PYTHON:-python3}
-CORES=$(nproc)
+if [[ -z "${PYTHON:-}" ]]; then
+    PYTHON=python3
+    [[ -x "$ROOT/.venv/bin/python" ]] && PYTHON="$ROOT/.venv/bin/python"
+fi
+OUT=${OUT:-$(mktemp -d -t distinctcap-gpu-out.XXXXXX)}
+PARTS=a,b,c,d
 KEEP=""
-RUN_DAG=1
-RUN_BENCH=1
+CPU=0
+RUN_DAG=0
 
-usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; }
-die() { echo "gpu_check: $*" >&2; exit 1; }
+usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; }
+die() { echo "gpu_check: $*" >&2; exit 2; }
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        --cores) [[ $# -ge 2 && "$2" =~ ^[1-9][0-9]*$ ]] || die "--cores needs a number"
-                 CORES=$2; shift 2 ;;
+        --parts) [[ $# -ge 2 ]] || die "--parts needs a list"; PARTS=$2; shift 2 ;;
+        --dag) RUN_DAG=1; shift ;;
+        --cpu) CPU=1; shift ;;
         --keep) [[ $# -ge 2 ]] || die "--keep needs a folder"; KEEP=$2; shift 2 ;;
-        --no-dag) RUN_DAG=0; shift ;;
-        --no-bench) RUN_BENCH=0; shift ;;
         -h|--help) usage; exit 0 ;;
         *) usage >&2; die "unknown argument: $1" ;;
     esac
@@ -38,83 +46,144 @@ done
 
 export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
 export HF_HUB_OFFLINE=1 MPLBACKEND=Agg PYTHONUNBUFFERED=1
+mkdir -p "$OUT"
+JSONL="$OUT/gpu_check.jsonl"
+WORK=${KEEP:-$(mktemp -d -t distinctcap-gpu-check.XXXXXX)}  # outside $OUT: stores are GBs
+mkdir -p "$WORK"
+if [[ -z "$KEEP" ]]; then trap 'rm -rf "$WORK"' EXIT; fi
+START=$SECONDS
 
-# -- 0. a usable GPU, or one line why not -------------------------------------------------------
-"$PYTHON" - <<'EOF' || exit 1
+card() {  # nvidia-smi's name of GPU 0 (no torch import: seconds on a busy box)
+    nvidia-smi --query-gpu=name --format=csv,noheader 2> /dev/null | head -n 1 | grep . \
+        || echo "no GPU ($(nproc) CPU cores)"
+}
+CARD=$(card)
+
+# One JSON line: part, command, rc, seconds, limit, card, the matching lines and the log's tail.
+record() {  # part, rc, seconds, limit, log file, pattern, skipped reason, command...
+    local part=$1 rc=$2 seconds=$3 limit=$4 log=$5 pattern=$6 skipped=$7
+    shift 7
+    PART=$part RC=$rc SECS=$seconds LIMIT=$limit LOG=$log PATTERN=$pattern SKIPPED=$skipped \
+    CARD=$CARD COMMAND="$*" "$PYTHON" - >> "$JSONL" <<'EOF'
+import json, os, re
+log = os.environ["LOG"]
+text = open(log, errors="replace").read() if log and os.path.isfile(log) else ""
+pattern = re.compile(os.environ["PATTERN"], re.I) if os.environ["PATTERN"] else None
+rc = os.environ["RC"]
+print(json.dumps({
+    "part": os.environ["PART"], "command": os.environ["COMMAND"],
+    "rc": int(rc) if rc else None, "seconds": float(os.environ["SECS"]),
+    "limit_s": int(os.environ["LIMIT"]), "card": os.environ["CARD"],
+    "timed_out": rc in ("124", "137"), "skipped": os.environ["SKIPPED"] or None,
+    "lines": [l for l in text.splitlines() if pattern and pattern.search(l)],
+    "tail": text[-3000:],
+}))
+EOF
+}
+
+# part NAME LIMIT PATTERN NEEDS -- COMMAND...: NEEDS is "script flag..." that must exist.
+part() {
+    local name=$1 limit=$2 pattern=$3 needs=$4 log="$WORK/$1.log" started rc
+    shift 5
+    [[ ",$PARTS," == *",$name,"* ]] || return 0
+    read -r -a need <<< "$needs"
+    if [[ ! -f "$ROOT/${need[0]}" ]]; then
+        record "$name" "" 0 "$limit" "" "" "${need[0]} is missing" "$@"
+        echo "gpu_check: $name skipped: ${need[0]} is missing"; return 0
+    fi
+    for flag in "${need[@]:1}"; do
+        if ! grep -q -e "\"$flag\"" -e "'$flag'" "$ROOT/${need[0]}"; then
+            record "$name" "" 0 "$limit" "" "" "${need[0]} has no $flag" "$@"
+            echo "gpu_check: $name skipped: ${need[0]} has no $flag"; return 0
+        fi
+    done
+    echo "gpu_check: $name (limit ${limit} s): $*"
+    started=$SECONDS
+    (cd "$ROOT" && timeout -k 10 "$limit" "$@") > "$log" 2>&1
+    rc=$?
+    record "$name" "$rc" "$((SECONDS - started))" "$limit" "$log" "$pattern" "" "$@"
+    grep -i -E "$pattern" "$log" | sed "s/^/  $name: /"
+    [[ $rc == 0 ]] || { echo "gpu_check: $name rc $rc; its tail:"; tail -n 5 "$log"; }
+}
+
+# -- a usable GPU, or one line why not ----------------------------------------------------------
+no_gpu() {  # the reason is the last line of $WORK/gpu.log
+    record gpu 1 "$((SECONDS - START))" 0 "$WORK/gpu.log" "no usable GPU" "" "$1"
+    echo "gpu_check: $(tail -n 1 "$WORK/gpu.log") (written to $JSONL)" >&2
+    exit 1
+}
+if [[ $CPU == 0 ]]; then
+    if ! command -v nvidia-smi > /dev/null; then  # no driver: say so without importing torch
+        echo "no usable GPU: no nvidia-smi on PATH (no NVIDIA driver)" > "$WORK/gpu.log"
+        no_gpu "command -v nvidia-smi"
+    fi
+    if ! "$PYTHON" - > "$WORK/gpu.log" 2>&1 <<'EOF'
 import sys
 from distinctcap.core.devices import cuda_problem, gpu_requirement
 problem = cuda_problem()
 if problem:
-    sys.exit(f"gpu_check: no usable GPU: {problem}; {gpu_requirement()}")
-import torch
-print(f"gpu_check: {torch.cuda.device_count()} GPU(s), cuda:0 = "
-      f"{torch.cuda.get_device_name(0)}, {gpu_requirement()}")
+    sys.exit(f"no usable GPU: {problem}; {gpu_requirement()}")
 EOF
+    then
+        no_gpu "distinctcap.core.devices.cuda_problem"
+    fi
+    DEVICE=cuda
+else
+    DEVICE=cpu
+fi
+echo "gpu_check: $CARD; device $DEVICE; results to $JSONL"
 
-SNAKEMAKE=${SNAKEMAKE:-$(dirname "$(command -v "$PYTHON")")/snakemake}
-[[ -x "$SNAKEMAKE" ]] || SNAKEMAKE=$(command -v snakemake || true)
+RATES='ratio|rate|/s\b|peak RSS|GiB|total'
+if [[ $CPU == 0 ]]; then
+    part a 50 "$RATES" "bench/bench_features.py --coco-jpegs" -- \
+        "$PYTHON" bench/bench_features.py --coco-jpegs 2048 --device cuda
+    part b 130 "$RATES" "bench/bench_steps.py --coco" -- \
+        "$PYTHON" bench/bench_steps.py --coco --device cuda
+    part c 180 "$RATES" "bench/bench_scale.py --sizes --stages" -- \
+        "$PYTHON" bench/bench_scale.py --sizes 118287 --stages train,decode,evaluate \
+        --train-steps 20 --max-len 5 --device cuda --root "$WORK/scale"
+    rm -rf "$WORK/scale"  # ~20 GB, left behind when its limit stopped it
+    part d 80 "$RATES|rehearsal" "bench/rehearsal.py --budget" -- \
+        "$PYTHON" bench/rehearsal.py --images 2000 --steps 50 --device cuda --budget 65 \
+        --work "$WORK/rehearsal" --out "$OUT/rehearsal.json"
+else  # the same parts, CPU-sized
+    part a 30 "$RATES" "bench/bench_features.py --coco-jpegs" -- \
+        "$PYTHON" bench/bench_features.py --coco-jpegs 8 --device cpu
+    part b 30 "$RATES" "bench/bench_steps.py --coco" -- \
+        "$PYTHON" bench/bench_steps.py --coco --device cpu
+    part c 90 "$RATES" "bench/bench_scale.py --sizes --stages" -- \
+        "$PYTHON" bench/bench_scale.py --sizes 1200 --stages train --train-steps 1 \
+        --device cpu --root "$WORK/scale"
+    part d 120 "$RATES|rehearsal" "bench/rehearsal.py --budget" -- \
+        "$PYTHON" bench/rehearsal.py --images 8 --steps 1 --device cpu --budget 60 \
+        --work "$WORK/rehearsal" --out "$OUT/rehearsal.json" --workers 0 --target \
+        results/data/images.parquet
+fi
 
-WORK=${KEEP:-$(mktemp -d -t distinctcap-gpu-check.XXXXXX)}
-mkdir -p "$WORK"
-if [[ -z "$KEEP" ]]; then trap 'rm -rf "$WORK"' EXIT; fi
-RESULTS=()
-START=$SECONDS
-
-# -- 1. the tiny DAG on the GPU ---------------------------------------------------------------
+# -- the tiny DAG on the GPU (only with --dag) --------------------------------------------------
 if [[ $RUN_DAG == 1 ]]; then
-    [[ -n "$SNAKEMAKE" ]] || die "snakemake not found (set SNAKEMAKE)"
-    cp -r "$ROOT/Snakefile" "$ROOT/workflow" "$ROOT/envs" "$WORK/"
-    sed -e '/^device:/d' "$ROOT/tests/tiny_config.yaml" > "$WORK/config.yaml"
-    echo "device: cuda" >> "$WORK/config.yaml"
+    SNAKEMAKE=${SNAKEMAKE:-$(dirname "$(command -v "$PYTHON")")/snakemake}
+    [[ -x "$SNAKEMAKE" ]] || SNAKEMAKE=$(command -v snakemake || true)
+    dag="$WORK/dag"
+    mkdir -p "$dag"
+    cp -r "$ROOT/Snakefile" "$ROOT/workflow" "$ROOT/envs" "$dag/"
+    sed -e '/^device:/d' "$ROOT/tests/tiny_config.yaml" > "$dag/config.yaml"
+    echo "device: $DEVICE" >> "$dag/config.yaml"
     until=()
-    if ! command -v java > /dev/null; then
-        echo "gpu_check: no java on PATH: the DAG stops after decode (no evaluation)"
-        until=(--until decode)
-    fi
-    echo "gpu_check: tiny DAG in $WORK ($CORES cores)"
-    if ! (cd "$WORK" && "$SNAKEMAKE" --workflow-profile "$ROOT/workflow/profiles/local-gpu" \
-            --cores "$CORES" --printshellcmds "${until[@]}" > snakemake.log 2>&1); then
-        tail -n 40 "$WORK/snakemake.log" >&2
-        die "the tiny DAG failed (log: $WORK/snakemake.log; --keep DIR keeps it)"
-    fi
-    # Every job of a rule that takes the config's device must have run on the GPU.
-    mapfile -t logs < <(cd "$WORK" && find logs/features logs/train logs/decode logs/entropy \
-        logs/neighbours logs/evaluate -name '*.log' 2> /dev/null \
-        | grep -v -e split_entropy -e entropy_report -e summarize -e report_ | sort)
-    [[ ${#logs[@]} -gt 0 ]] || die "no GPU rule logs under $WORK/logs"
-    bad=()
-    for log in "${logs[@]}"; do
-        grep -q -E 'INFO distinctcap\.devices: device: cuda:[0-9]+ \(.+\)' "$WORK/$log" \
-            || bad+=("$log")
-    done
-    if [[ ${#bad[@]} -gt 0 ]]; then
-        die "${#bad[@]} of ${#logs[@]} GPU jobs did not run on CUDA: ${bad[*]}"
-    fi
-    line=$(grep -h -o -E 'device: cuda:[0-9]+ \(.+\)' "$WORK/${logs[0]}" | head -n 1)
-    RESULTS+=("tiny DAG: ${#logs[@]} GPU jobs, each on CUDA ($line), $((SECONDS - START)) s")
+    command -v java > /dev/null || until=(--until decode)  # the text metrics need Java
+    cat > "$WORK/dag.sh" <<EOF
+cd "$dag" && "$SNAKEMAKE" --workflow-profile "$ROOT/workflow/profiles/local-gpu" \
+    --cores "$(nproc)" ${until[*]} || exit \$?
+bad=0
+for log in \$(find logs/features logs/train logs/decode logs/entropy logs/neighbours \
+        logs/evaluate -name '*.log' 2> /dev/null | grep -v -e split_entropy -e entropy_report \
+        -e summarize -e report_); do
+    grep -q -E 'device: cuda:[0-9]+ \(.+\)' "\$log" && echo "on CUDA: \$log" \
+        || { echo "NOT on CUDA: \$log"; bad=1; }
+done
+exit \$bad
+EOF
+    part dag 420 "on CUDA|NOT on CUDA" "Snakefile" -- bash "$WORK/dag.sh"
 fi
 
-# -- 2. benchmarks on the GPU -----------------------------------------------------------------
-bench() {  # name, then the command; its ratio lines go to RESULTS
-    local name=$1 out
-    shift
-    echo "gpu_check: $name: $*"
-    out=$("$@" 2>&1) || { echo "$out" >&2; die "$name failed"; }
-    echo "$out"
-    while IFS= read -r line; do RESULTS+=("$name: $line"); done \
-        < <(grep -i 'ratio' <<< "$out")
-}
-if [[ $RUN_BENCH == 1 ]]; then
-    threads=$((CORES < 8 ? CORES : 8))
-    bench "trainer (shapes size)" "$PYTHON" "$ROOT/bench/bench_trainer.py" --device cuda \
-        --steps 60 --reps 3 --threads "$threads"
-    bench "trainer (COCO size)" "$PYTHON" "$ROOT/bench/bench_trainer.py" --device cuda --coco \
-        --steps 40 --reps 2 --threads "$threads"
-    bench "entropy" "$PYTHON" "$ROOT/bench/bench_entropy.py" --device cuda --reps 3
-    bench "features (COCO size)" "$PYTHON" "$ROOT/bench/bench_features.py" --device cuda \
-        --coco --images 2048 --workers 0 4 "$((CORES > 2 ? CORES - 1 : 1))"
-fi
-
-echo
-echo "gpu_check: passed in $((SECONDS - START)) s"
-for line in "${RESULTS[@]}"; do echo "  $line"; done
+echo "gpu_check: done in $((SECONDS - START)) s; $(wc -l < "$JSONL") lines in $JSONL"

@@ -9,17 +9,7 @@ from pathlib import Path
 import pytest
 from huggingface_hub import constants
 
-REVISION = "0123456789abcdef0123456789abcdef01234567"
-
-
-def snapshot_folder(cache: Path, repo_id: str) -> Path:
-    """The snapshot folder of `repo_id` in `cache`, with refs/main pointing at it."""
-    repo = Path(cache) / ("models--" + repo_id.replace("/", "--"))
-    (repo / "refs").mkdir(parents=True, exist_ok=True)
-    (repo / "refs" / "main").write_text(REVISION)
-    folder = repo / "snapshots" / REVISION
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
+from distinctcap.core.hub import snapshot_folder
 
 
 def copy_into_hub(cache: Path, repo_id: str, folder: Path) -> Path:

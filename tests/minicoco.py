@@ -12,25 +12,22 @@ Splits: 2014 has 12 train and 8 val images; Karpathy's file puts train2014 plus 
 train (14), then 3 val and 3 test. 2017's val holds 5 of the images and train the other 15.
 `defects` plants one bad input of each named kind (see DEFECTS).
 
-`MiniServer(directory)` serves files on 127.0.0.1 with Range support; it logs every request
-and can drop a connection after N body bytes once, answer an error status once, or ignore
-Range headers.
+`MiniServer` is the package's mirror server (distinctcap.data.mirror.MirrorServer).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import re
-import socket
-import threading
 import zipfile
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
+
+from distinctcap.data.mirror import ARCHIVE_MEMBERS, archive_path
+from distinctcap.data.mirror import MirrorServer as MiniServer  # noqa: F401 (the tests' name)
 
 IDS = [7 * i + 3 for i in range(20)]  # COCO-like sparse image ids
 TRAIN2014, VAL2014 = IDS[:12], IDS[12:]
@@ -213,21 +210,7 @@ def _plant_file_defects(tree: Path, defects) -> None:
 
 
 def _write_zips(tree: Path, serve: Path) -> dict[str, str]:
-    layout = {
-        "zips/train2014.zip": ["train2014"],
-        "zips/val2014.zip": ["val2014"],
-        "zips/train2017.zip": ["train2017"],
-        "zips/val2017.zip": ["val2017"],
-        "annotations/annotations_trainval2014.zip": [
-            "annotations/captions_train2014.json",
-            "annotations/captions_val2014.json",
-        ],
-        "annotations/annotations_trainval2017.zip": [
-            "annotations/captions_train2017.json",
-            "annotations/captions_val2017.json",
-        ],
-        "people/karpathy/deepimagesent/caption_datasets.zip": ["dataset_coco.json"],
-    }
+    layout = {archive_path(name): members for name, members in ARCHIVE_MEMBERS.items()}
     md5 = {}
     for rel, members in layout.items():
         path = serve / rel
@@ -242,103 +225,3 @@ def _write_zips(tree: Path, serve: Path) -> dict[str, str]:
                     zf.write(f, f.relative_to(tree).as_posix())
         md5[path.name] = hashlib.md5(path.read_bytes()).hexdigest()
     return md5
-
-
-# ---------------------------------------------------------------------------------------------
-# HTTP server
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-
-    def log_message(self, *args) -> None:  # keep test output quiet
-        pass
-
-    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-        state = self.server.state
-        path = self.path.split("?")[0]
-        file = state.directory / path.lstrip("/")
-        header = self.headers.get("Range")
-        with state.lock:
-            status = state.fail_once.pop(path, None)
-            drop = state.drop_after.pop(path, None)
-        if status is None and not file.is_file():
-            status = 404
-        if status is not None:
-            state.log(path, header, status)
-            self.send_error(status)
-            return
-        data = file.read_bytes()
-        start, code = 0, 200
-        match = re.fullmatch(r"bytes=(\d+)-", header or "")
-        if match and not state.ignore_range:
-            start, code = int(match.group(1)), 206
-            if start >= len(data):
-                state.log(path, header, 416)
-                self.send_response(416)
-                self.send_header("Content-Range", f"bytes */{len(data)}")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-                return
-        state.log(path, header, code)
-        self.send_response(code)
-        if code == 206:
-            self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
-        body = data[start:]
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Accept-Ranges", "bytes")
-        self.end_headers()
-        if drop is not None:
-            self.wfile.write(body[:drop])
-            self.wfile.flush()
-            self.connection.shutdown(socket.SHUT_RDWR)  # the client sees a short body
-            self.close_connection = True
-            return
-        self.wfile.write(body)
-
-
-class _State:
-    def __init__(self, directory: Path):
-        self.directory = directory
-        self.lock = threading.Lock()
-        self.requests: list[dict] = []
-        self.fail_once: dict[str, int] = {}
-        self.drop_after: dict[str, int] = {}
-        self.ignore_range = False
-
-    def log(self, path: str, range_header: str | None, status: int) -> None:
-        with self.lock:
-            self.requests.append({"path": path, "range": range_header, "status": status})
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    state: _State
-
-
-class MiniServer:
-    """Serve `directory` on 127.0.0.1 (ephemeral port) from a background thread.
-
-    `requests`: [{"path", "range", "status"}]; `drop_after[path] = n`: the next GET of path
-    sends n body bytes and then closes the connection; `fail_once[path] = status`: the next GET
-    answers that status; `ignore_range = True`: answer 200 with the whole file to Range requests.
-    """
-
-    def __init__(self, directory: str | Path):
-        self._httpd = _Server(("127.0.0.1", 0), _Handler)
-        self._httpd.state = self.state = _State(Path(directory))
-        self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
-
-    @property
-    def requests(self) -> list[dict]:
-        return self.state.requests
-
-    def __enter__(self) -> MiniServer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(timeout=10)

@@ -37,3 +37,20 @@ def hub_cache_only() -> Iterator[None]:
         yield
     finally:
         constants.HF_HUB_OFFLINE = before
+
+
+LOCAL_REVISION = "0123456789abcdef0123456789abcdef01234567"  # of folders put in by hand
+
+
+def snapshot_folder(cache, repo_id: str, revision: str = LOCAL_REVISION):
+    """The snapshot folder of `repo_id` in hub cache `cache`, laid out as huggingface_hub writes
+    it (models--org--name/refs/main naming the revision, snapshots/<revision>/), created; files
+    put there are what the libraries find offline (tests; bench/rehearsal.py's random CLIP)."""
+    from pathlib import Path
+
+    repo = Path(cache) / ("models--" + repo_id.replace("/", "--"))
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text(revision)
+    folder = repo / "snapshots" / revision
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder

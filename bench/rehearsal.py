@@ -1,0 +1,459 @@
+"""Full-shape rehearsal of config.coco.yaml: every stage of the real pipeline on a synthetic COCO
+with each training run's steps scaled down, and per stage its measured rate and the wall time
+the full schedule would take at COCO's size.
+
+    PYTHONPATH=src python bench/rehearsal.py [--images 123287] [--steps 200] [--device cuda]
+        [--work rehearsal] [--out rehearsal.json] [--cores N] [--gpus 4] [--budget SECONDS]
+        [--target FILE ...]
+
+1. A synthetic COCO of `--images` images (distinctcap.data.synthcoco: real JPEGs at COCO's
+   sizes, captions and splits in COCO's formats), served on 127.0.0.1 by the mirror server the
+   download tests use (distinctcap.data.mirror); reused when `--work` already holds it.
+2. A randomly initialised ViT-B-32 saved where open_clip finds the `openai` tag offline (the
+   hub cache's snapshot of the tag's hf_hub repo), so `clip.pretrained: openai` resolves as on a
+   real install.
+3. Snakemake on the real Snakefile with `--configfile config.coco.yaml <overlay>`: the overlay
+   points data.coco at the mirror (its md5s as checksums), sets the device, and gives every
+   run `steps: --steps` (epochs off, patience off) with val_every scaled so that each run
+   validates as often as its full schedule does.
+4. From the per-job benchmark files Snakemake writes (distinctcap.report.times.read_benchmarks)
+   and each run's summary.json (steps, train_seconds): per stage the rate and the
+   extrapolated wall seconds at COCO's size. Scaling per stage (SCALING): training by steps
+   (setup and validations once, train_seconds x full steps / steps); data and entropy stages
+   by images; decode and evaluation by test images; the rest as measured. A job's start
+   (Python with torch imported, measured once) is not scaled; whatever else is fixed in a job
+   is, so small sizes overestimate; validations read min(val_captions, the split's) captions,
+   so small sizes underestimate them. At COCO's size (on a GPU) nothing is scaled but steps.
+5. The total on one device (jobs one after another) and on `--gpus` devices (jobs side by side
+   as the DAG allows: list scheduling, longest chain first, as run_priorities orders them).
+
+Prints one line per stage and writes the same as JSON (`--out`). `--target` limits the DAG to
+files' jobs (e.g. results/runs/teacher_neg/model.pt: data, features, entropy, one run);
+`--budget` stops Snakemake in time for the rehearsal to end within that many seconds and reports
+the jobs that finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+COCO_CONFIG = REPO / "config.coco.yaml"
+SCHEMA = REPO / "workflow/schemas/config.schema.yaml"
+COCO_TRAIN_CAPTIONS = 591_753  # captions_train2017.json's annotations
+COCO_TEST_IMAGES = 1_000  # mrnn: val2017 after UNKT's 4,000 val images
+SCALING = {  # rule -> what its work grows with
+    "prepare_data": "images",
+    "extract_features": "images",
+    "extract_captioner_features": "images",
+    "retrieval_entropy": "images",  # its captions x images products are ~1e13 FLOP at COCO's
+    "neighbours": "images",  # size (seconds on a GPU): at small sizes their cost is linear
+    "split_entropy": "images",
+    "entropy_report": "images",
+    "train_run": "steps",
+    "decode": "test images",
+    "evaluate_gpu": "test images",
+    "evaluate": "test images",
+}
+GPU_RULES = ("extract_features", "retrieval_entropy", "train_run", "decode", "evaluate_gpu")
+TAG, ARCH = "openai", "ViT-B-32"
+REPORT_S = 15  # of --budget kept for the report after Snakemake (a job start is measured)
+
+
+# ------------------------------------------------------------------------------ the inputs
+
+
+def make_mirror(work: Path, n_images: int, workers: int) -> dict:
+    """The synthetic COCO under work/mirror (reused when its stamp says the same size)."""
+    from distinctcap.data.synthcoco import write_synthetic_coco
+
+    mirror, stamp = work / "mirror", work / "mirror" / "stamp.json"
+    if stamp.is_file() and json.loads(stamp.read_text())["images"] == n_images:
+        return json.loads(stamp.read_text())
+    shutil.rmtree(mirror, ignore_errors=True)
+    start = time.perf_counter()
+    md5, counts = write_synthetic_coco(mirror, n_images, ("mrnn",), workers)
+    seconds = time.perf_counter() - start
+    made = {
+        "images": n_images,
+        "md5": md5,
+        "counts": counts.__dict__,
+        "seconds": seconds,
+        "workers": workers,
+    }
+    stamp.write_text(json.dumps(made))
+    return made
+
+
+def make_random_clip(hub: Path) -> Path:
+    """A random ViT-B-32 (the tag's QuickGELU) as the `openai` tag's weights in hub cache `hub`."""
+    import open_clip
+    import torch
+    from safetensors.torch import save_file
+
+    from distinctcap.core.hub import snapshot_folder
+
+    repo = open_clip.get_pretrained_cfg(ARCH, TAG)["hf_hub"].rstrip("/")
+    weights = snapshot_folder(hub, repo) / "open_clip_model.safetensors"
+    if not weights.is_file():
+        torch.manual_seed(0)
+        model = open_clip.create_model(ARCH, force_quick_gelu=True)
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, weights)
+    return weights
+
+
+def load_coco() -> dict:
+    """config.coco.yaml, validated (its defaults filled in)."""
+    from distinctcap.core.config import load
+
+    return load(COCO_CONFIG, SCHEMA)
+
+
+def full_steps(config: dict) -> dict[str, int]:
+    """Each run's optimiser steps in config.coco.yaml's schedule at COCO's size."""
+    from distinctcap.core.config import effective_run_config
+
+    fraction = config["entropy"]["fraction"]
+    captions = {
+        "all": COCO_TRAIN_CAPTIONS,
+        "D-": COCO_TRAIN_CAPTIONS * fraction,
+        "D+": COCO_TRAIN_CAPTIONS * (1 - fraction),
+    }
+    steps = {}
+    for name in config["runs"]:
+        run = effective_run_config(config, name)
+        train = run["train"]
+        per_epoch = math.ceil(captions[run.get("data", "all")] / train["batch_size"])
+        steps[name] = train["epochs"] * per_epoch if train.get("epochs") else train["steps"]
+    return steps
+
+
+def overlay(config: dict, url: str, mirror: dict, steps: int, device: str, work: Path) -> dict:
+    """config.coco.yaml's changes for the rehearsal (see the module doc, 3)."""
+    runs = {}
+    for name, full in full_steps(config).items():
+        every = config["runs"][name].get("train", {}).get("val_every", config["train"]["val_every"])
+        val_every = max(1, round(every * steps / full)) if every else 0
+        runs[name] = {
+            "train": {
+                "steps": steps,
+                "epochs": None,
+                "patience": 0,
+                "val_every": val_every,
+                "warmup_steps": min(steps // 10, 100),
+            }
+        }
+    return {
+        "device": device,
+        "data": {
+            "coco": {
+                "download_dir": str(work / "resources/coco"),
+                "base_url": url,
+                "checksums": mirror["md5"],
+                "keep_zips": False,
+                "mrnn_val_images": mirror["counts"]["mrnn_val_images"],
+            }
+        },
+        "runs": runs,
+    }
+
+
+# ------------------------------------------------------------------------------ the run
+
+
+def run_snakemake(
+    run_dir: Path,
+    overlay_file: Path,
+    cores: int,
+    hub: Path,
+    targets: list[str],
+    budget: float | None,
+    gpu: bool = False,
+) -> tuple[int, float]:
+    """Snakemake on the real Snakefile (with the local-gpu profile on a GPU: GPU jobs take
+    turns on the card); (return code, seconds). On `budget` it is stopped."""
+    env = {
+        **os.environ,
+        "HF_HUB_CACHE": str(hub),
+        "HF_HUB_OFFLINE": "1",
+        "MPLBACKEND": "Agg",
+        "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+    }
+    snakemake = Path(sys.executable).parent / "snakemake"
+    command = [
+        str(snakemake) if snakemake.exists() else "snakemake",
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(run_dir),
+        "--cores",
+        str(cores),
+        "--configfile",
+        str(COCO_CONFIG),
+        str(overlay_file),
+        "--rerun-incomplete",
+        *(["--workflow-profile", str(REPO / "workflow/profiles/local-gpu")] if gpu else []),
+        *targets,
+    ]
+    log = (run_dir / "snakemake.log").open("w")
+    start = time.perf_counter()
+    process = subprocess.Popen(
+        command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    try:
+        rc = process.wait(timeout=budget)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, 15)
+        rc = process.wait()
+    return rc, time.perf_counter() - start
+
+
+# ------------------------------------------------------------------------------ the numbers
+
+
+def job_startup() -> float:
+    """Seconds a job spends before its work: a Python with torch and the package imported
+    (measured once, subtracted before scaling and added back unscaled)."""
+    start = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-c", "import torch, distinctcap.core.jobs"],
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+    )
+    return time.perf_counter() - start
+
+
+def measured_startup(run_dir: Path, again: bool) -> float:
+    """job_startup() measured after a run, kept beside it for --no-run reports of that run."""
+    kept = run_dir / "job_startup.json"
+    if again or not kept.is_file():
+        kept.write_text(json.dumps(job_startup()))
+    return json.loads(kept.read_text())
+
+
+def stage_rows(
+    run_dir: Path, n_images: int, test_images: int, steps_full: dict, startup: float
+) -> list[dict]:
+    """One row per finished job: rule, job, wall_s, its scaling, rate and extrapolated_s."""
+    from distinctcap.report.times import read_benchmarks
+
+    jobs = read_benchmarks(run_dir / "benchmarks")
+    rows = []
+    for job in jobs.itertuples(index=False):
+        scaling = SCALING.get(job.rule, "fixed")
+        row = {"rule": job.rule, "job": job.job, "wall_s": job.wall_s, "scaling": scaling}
+        if scaling == "steps":
+            row.update(train_row(run_dir, job.job.split("/", 1)[1], job.wall_s, steps_full))
+        else:
+            row.update(scaled_row(scaling, job.wall_s, n_images, test_images, startup))
+        rows.append(row)
+    return rows
+
+
+def train_row(run_dir: Path, run: str, wall: float, steps_full: dict) -> dict:
+    summary = json.loads((run_dir / "results/runs" / run / "summary.json").read_text())
+    steps, seconds = summary["steps"], summary["train_seconds"]
+    per_step = seconds / max(steps, 1)
+    return {
+        "run": run,
+        "steps": steps,
+        "full_steps": steps_full[run],
+        "rate": steps / seconds if seconds else float("nan"),
+        "unit": "steps/s",
+        "extrapolated_s": (wall - seconds) + per_step * steps_full[run],
+    }
+
+
+def scaled_row(scaling: str, wall: float, n_images: int, test_images: int, startup: float) -> dict:
+    """The rate of the job's work (its wall less `startup`) and that work scaled to COCO."""
+    from distinctcap.data.synthcoco import COCO_IMAGES
+
+    work = max(wall - startup, 1e-3)
+    if scaling == "images":
+        factor, rate, unit = COCO_IMAGES / n_images, n_images / work, "images/s"
+    elif scaling == "test images":
+        factor, rate, unit = COCO_TEST_IMAGES / test_images, test_images / work, "test images/s"
+    else:
+        return {"rate": float("nan"), "unit": "", "extrapolated_s": wall}
+    return {"rate": rate, "unit": unit, "extrapolated_s": min(wall, startup) + work * factor}
+
+
+def schedule(rows: list[dict], config: dict, devices: int) -> float:
+    """Wall seconds on `devices` devices side by side: the stages before training one after
+    another, then each run's chain (train_run, decode, evaluate_gpu, evaluate: counted on its
+    device, conservatively) list-scheduled in the DAG's order (a run after its init, teacher
+    or reference), the longest remaining chain first, as run_priorities orders them."""
+    from distinctcap.core.config import effective_run_config, run_dependencies
+
+    per_run, upstream = {}, 0.0
+    for row in rows:
+        if row["rule"] in ("train_run", "decode", "evaluate_gpu", "evaluate", "run_card"):
+            run = row["job"].split("/", 1)[1]
+            per_run[run] = per_run.get(run, 0.0) + row["extrapolated_s"]
+        else:
+            upstream += row["extrapolated_s"]
+    deps = {
+        n: [d for d in run_dependencies(effective_run_config(config, n)) if d in per_run]
+        for n in per_run
+    }
+    return upstream + list_schedule(per_run, deps, devices)
+
+
+def list_schedule(durations: dict[str, float], deps: dict[str, list[str]], devices: int) -> float:
+    """Makespan of jobs with dependencies (a DAG) on `devices` identical devices: greedy, the
+    ready job with the longest chain of jobs waiting on it first."""
+    chain: dict[str, float] = {}
+
+    def tail(name: str) -> float:  # the job plus its longest chain of waiting jobs
+        if name not in chain:
+            waiting = [m for m in durations if name in deps[m]]
+            chain[name] = durations[name] + max((tail(m) for m in waiting), default=0.0)
+        return chain[name]
+
+    free, finish, pending = [0.0] * devices, {}, set(durations)
+    while pending:
+        name = max((n for n in pending if all(d in finish for d in deps[n])), key=tail)
+        slot = min(range(devices), key=free.__getitem__)
+        start = max([free[slot], *(finish[d] for d in deps[name])])
+        finish[name] = free[slot] = start + durations[name]
+        pending.remove(name)
+    return max(finish.values(), default=0.0)
+
+
+def card() -> str:
+    """nvidia-smi's name of GPU 0 (no torch import), else the CPU."""
+    try:
+        query = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
+        names = subprocess.run(query, capture_output=True, text=True, timeout=30).stdout.split("\n")
+        if names[0].strip():
+            return names[0].strip()
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return f"CPU only ({os.cpu_count()} cores, {platform.processor() or platform.machine()})"
+
+
+def totals(rows: list[dict], config: dict, devices: int) -> dict:
+    """Extrapolated wall seconds of the whole schedule: one device (every job after the
+    other) and `devices` side by side."""
+    return {
+        "one_device_s": sum(r["extrapolated_s"] for r in rows),
+        "devices": devices,
+        "devices_s": schedule(rows, config, devices),
+    }
+
+
+def no_nan(value):
+    """`value` with every NaN as None (strict JSON)."""
+    if isinstance(value, dict):
+        return {k: no_nan(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [no_nan(v) for v in value]
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
+def print_rows(result: dict) -> None:
+    print(
+        f"rehearsal: {result['images']} images, {result['steps']} steps per run, "
+        f"{result['device']} ({result['card']}), snakemake rc {result['snakemake_rc']}"
+    )
+    for row in result["stages"]:
+        rate = f"{row['rate']:.3g} {row['unit']}" if row["unit"] and row["rate"] else "-"
+        print(
+            f"  {row['job']:<32} {row['wall_s']:9.1f} s  {rate:<22} -> "
+            f"{row['extrapolated_s'] / 3600:8.2f} h ({row['scaling']})"
+        )
+    total = result["totals"]
+    print(
+        f"rehearsal: total on one device {total['one_device_s'] / 3600:.2f} h, on "
+        f"{total['devices']} side by side {total['devices_s'] / 3600:.2f} h"
+    )
+
+
+def main() -> None:
+    from distinctcap.data.mirror import MirrorServer
+    from distinctcap.data.synthcoco import COCO_IMAGES
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--images", type=int, default=COCO_IMAGES)
+    parser.add_argument("--steps", type=int, default=200, help="optimiser steps of each run")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--work", type=Path, default=Path("rehearsal"))
+    parser.add_argument("--out", type=Path, help="the JSON (default: WORK/rehearsal.json)")
+    parser.add_argument("--cores", type=int, default=os.cpu_count())
+    parser.add_argument("--workers", type=int, default=os.cpu_count(), help="JPEG encoders")
+    parser.add_argument("--gpus", type=int, default=4, help="devices of the side-by-side total")
+    parser.add_argument("--budget", type=float, help="seconds the whole rehearsal may take")
+    parser.add_argument("--target", action="append", default=[], help="a file to make")
+    parser.add_argument("--no-run", action="store_true", help="report WORK's finished jobs only")
+    args = parser.parse_args()
+
+    started, work = time.perf_counter(), args.work.resolve()
+    run_dir, hub = work / "run", work / "hf" / "hub"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    mirror = make_mirror(work, args.images, args.workers)
+    print(
+        f"rehearsal: synthetic COCO of {args.images} images in {mirror['seconds']:.1f} s "
+        f"({args.images / mirror['seconds']:.0f} images/s, {mirror['workers']} workers)"
+    )
+    make_random_clip(hub)
+    config = load_coco()
+    rc, seconds = None, None  # --no-run: the run's own are not known
+    if not args.no_run:
+        with MirrorServer(work / "mirror") as server:
+            overlay_file = run_dir / "rehearsal.yaml"
+            extra = overlay(config, server.url, mirror, args.steps, args.device, work)
+            overlay_file.write_text(yaml.safe_dump(extra))
+            rc, seconds = run_snakemake(
+                run_dir,
+                overlay_file,
+                args.cores,
+                hub,
+                args.target,
+                args.budget and args.budget - (time.perf_counter() - started) - REPORT_S,
+                gpu=args.device.startswith("cuda"),
+            )
+    counts, startup = mirror["counts"], measured_startup(run_dir, again=not args.no_run)
+    rows = stage_rows(
+        run_dir,
+        args.images,
+        counts["val2017"] - counts["mrnn_val_images"],
+        full_steps(config),
+        startup,
+    )
+    result = {
+        "images": args.images,
+        "steps": args.steps,
+        "device": args.device,
+        "card": card(),
+        "machine": f"{platform.node()}, {os.cpu_count()} cores",
+        "snakemake_rc": rc,
+        "snakemake_s": seconds,
+        "job_startup_s": startup,
+        "generate_s": mirror["seconds"],
+        "generate_workers": mirror["workers"],
+        "targets": args.target,
+        "stages": rows,
+        "totals": totals(rows, config, args.gpus),
+    }
+    out = args.out or work / "rehearsal.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(no_nan(result), indent=1, allow_nan=False))
+    print_rows(result)
+    if rc:
+        print(f"rehearsal: snakemake stopped (rc {rc}); log: {run_dir / 'snakemake.log'}")
+    sys.exit(1 if rc else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,196 @@
+"""Issue 30's COCO rehearsal: the synthetic COCO (distinctcap.data.synthcoco) is read by the real
+COCO source in both split styles after a download from the mirror server, the rehearsal's
+overlay is a valid config, its schedule arithmetic, bench/gpu_check.sh's JSON lines, and (slow)
+bench/rehearsal.py through one training run."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from distinctcap.core.config import effective_run_config, merge_configs, validate
+from distinctcap.core.schema import load_schema
+from distinctcap.data import coco
+from distinctcap.data.mirror import MirrorServer
+from distinctcap.data.quality import check_tables
+from distinctcap.data.synthcoco import (
+    COCO_IMAGES,
+    LONG_SIDE,
+    split_counts,
+    write_synthetic_coco,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+import rehearsal  # noqa: E402  (bench/ is scripts, not a package)
+
+N = 40
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory):
+    out = tmp_path_factory.mktemp("synthcoco")
+    md5, counts = write_synthetic_coco(out, N, ("mrnn", "karpathy"), workers=0)
+    return out, md5, counts
+
+
+def test_split_counts_at_cocos_size_are_cocos():
+    counts = split_counts(COCO_IMAGES)
+    assert (counts.train2017, counts.val2017, counts.mrnn_val_images) == (118_287, 5_000, 4_000)
+    karpathy = (
+        counts.train2014 + counts.karpathy_restval,
+        counts.karpathy_val,
+        counts.karpathy_test,
+    )
+    assert karpathy == (113_287, 5_000, 5_000)
+
+
+@pytest.mark.parametrize("split", ["mrnn", "karpathy"])
+def test_the_real_coco_source_downloads_and_reads_the_synthetic_coco(synthetic, split, tmp_path):
+    out, md5, counts = synthetic
+    with MirrorServer(out) as server:
+        cfg = {
+            "split": split,
+            "download_dir": str(tmp_path),
+            "base_url": server.url,
+            "checksums": {n: md5[n] for n in coco.SPLIT_ARCHIVES[split]},
+            "backoff": 0.0,
+            "mrnn_val_images": counts.mrnn_val_images,
+        }
+        images, captions, root = coco.prepare_tables(cfg)
+    images, captions, quarantine = check_tables(images, captions, root, "fail")
+    assert quarantine.empty and len(images) == N and len(captions) == 5 * N
+    assert set(images[["width", "height"]].max(axis=1)) == {LONG_SIDE}
+    test = counts.val2017 - counts.mrnn_val_images
+    expected = (
+        {"train": counts.train2017, "val": counts.mrnn_val_images, "test": test}
+        if split == "mrnn"
+        else {
+            "train": counts.train2014 + counts.karpathy_restval,
+            "val": counts.karpathy_val,
+            "test": counts.karpathy_test,
+        }
+    )
+    assert images.split.value_counts().to_dict() == expected
+    assert captions.text.str.fullmatch(r"[a-z0-9 ]+").all()  # normalised: no case, no stops
+
+
+def test_the_overlay_gives_every_run_the_rehearsal_steps():
+    """config.coco.yaml with the overlay merged (as Snakemake merges --configfile files) is
+    valid, and every run trains `steps` steps with its full schedule's validation count."""
+    config = rehearsal.load_coco()
+    mirror = {"md5": {"train2017.zip": "0" * 32}, "counts": {"mrnn_val_images": 3}}
+    extra = rehearsal.overlay(config, "http://127.0.0.1:1", mirror, 20, "cpu", Path("/w"))
+    merged = validate(
+        merge_configs(yaml.safe_load((REPO / "config.coco.yaml").read_text()), extra),
+        load_schema(REPO / "workflow/schemas/config.schema.yaml"),
+    )
+    full = rehearsal.full_steps(config)
+    assert full["reference"] == 15 * -(-rehearsal.COCO_TRAIN_CAPTIONS // 50)
+    assert full["specificity"] == 190_000
+    for name in config["runs"]:
+        train = effective_run_config(merged, name)["train"]
+        assert (train["steps"], train["epochs"], train["patience"]) == (20, None, 0)
+    reference = effective_run_config(merged, "reference")["train"]["val_every"]
+    assert reference == round(2000 * 20 / full["reference"]) or reference == 1
+
+
+def test_list_schedule_runs_independent_chains_side_by_side():
+    durations = {"reference": 10.0, "cl": 5.0, "smile": 4.0, "teacher_pos": 8.0}
+    deps = {"reference": [], "cl": ["reference"], "smile": ["reference"], "teacher_pos": []}
+    assert rehearsal.list_schedule(durations, deps, 1) == 27.0
+    assert rehearsal.list_schedule(durations, deps, 2) == 15.0  # reference -> cl on one
+    assert rehearsal.list_schedule(durations, deps, 4) == 15.0  # the critical path
+
+
+def gpu_check(tmp_path, *args) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}
+    done = subprocess.run(
+        ["bash", str(REPO / "bench/gpu_check.sh"), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    jsonl = tmp_path / "gpu_check.jsonl"
+    lines = [json.loads(line) for line in jsonl.read_text().splitlines()] if jsonl.exists() else []
+    return done, lines
+
+
+def test_gpu_check_without_a_gpu_says_why_in_one_json_line(tmp_path):
+    if shutil.which("nvidia-smi"):
+        pytest.skip("a GPU may be here")
+    done, lines = gpu_check(tmp_path)
+    assert done.returncode == 1 and "no usable GPU" in done.stderr
+    assert [line["part"] for line in lines] == ["gpu"] and "no usable GPU" in lines[0]["tail"]
+
+
+def test_gpu_check_cpu_mode_writes_a_line_per_part(tmp_path):
+    """Parts a and b belong to other scripts (bench_features --coco-jpegs, bench_steps): a
+    missing one is a skipped line naming it, a present one runs CPU-sized under its limit."""
+    done, lines = gpu_check(tmp_path, "--cpu", "--parts", "a,b")
+    assert done.returncode == 0, done.stderr
+    assert [line["part"] for line in lines] == ["a", "b"]
+    for line in lines:
+        assert line["card"] and line["limit_s"] == 30 and "--device cpu" in line["command"]
+        assert line["skipped"] or line["rc"] is not None
+
+
+@pytest.mark.slow
+def test_rehearsal_runs_the_pipeline_through_one_training_run(tmp_path):
+    """bench/rehearsal.py at 8 images: mirror, download, random ViT-B-32 features, entropy,
+    D-/D+, teacher_neg for 1 step; a rate and an extrapolation per stage in its JSON."""
+    out = tmp_path / "r.json"
+    target = "results/runs/teacher_neg/summary.json"
+    subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench/rehearsal.py"),
+            "--images",
+            "8",
+            "--steps",
+            "1",
+            "--work",
+            str(tmp_path / "w"),
+            "--out",
+            str(out),
+            "--workers",
+            "0",
+            "--target",
+            target,
+        ],
+        check=True,
+        timeout=1200,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+    )
+    result = json.loads(out.read_text())
+    rules = {row["rule"] for row in result["stages"]}
+    assert {
+        "prepare_data",
+        "extract_features",
+        "retrieval_entropy",
+        "split_entropy",
+        "train_run",
+    } <= rules
+    train = next(row for row in result["stages"] if row["rule"] == "train_run")
+    assert train["steps"] == 1 and train["full_steps"] == 88_770
+    assert all(row["extrapolated_s"] > 0 for row in result["stages"])
+    assert result["totals"]["one_device_s"] >= result["totals"]["devices_s"] > 0
+
+
+def test_the_docs_coco_table_is_the_scripts_output():
+    """docs/performance.md's "COCO on one GPU" table is bench/coco_table.py's rendering of the
+    rehearsal JSON it names (regenerate: coco_table.py LABEL=FILE ... --write), never typed."""
+    import coco_table
+
+    inputs = coco_table.DOCS_INPUTS
+    results = {label: json.loads(path.read_text()) for label, path in inputs.items()}
+    doc = (REPO / "docs/performance.md").read_text()
+    block = doc.split(coco_table.BEGIN + "\n")[1].split(coco_table.END)[0]
+    assert block == coco_table.table(results, rehearsal.load_coco())
+    assert block.count("\n| train_run/") == len(rehearsal.load_coco()["runs"])

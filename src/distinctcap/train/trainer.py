@@ -136,6 +136,10 @@ def compile_blocks(model: Captioner, probe: Callable[[], None], backend: str) ->
     blocks = [m for m in model.modules() if isinstance(m, EncoderBlock | DecoderBlock)]
     if not blocks:
         return "the captioner has no native blocks to compile (captioner.kind transformers)"
+    # one block's code serves training, decoding with a cache, internals (UNKT) and the frozen
+    # models, in several precisions: more variants than dynamo's default 8, after which it
+    # would run the block uncompiled without a word
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     try:
         for block in blocks:
             block.compile(backend=backend)

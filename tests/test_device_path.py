@@ -4,6 +4,7 @@ numbers (bit for bit) or, compiled, the same within a stated tolerance."""
 
 from __future__ import annotations
 
+import logging
 import os
 
 import pytest
@@ -37,7 +38,9 @@ def test_compile_setting_auto_means_a_gpu_only():
     assert not compile_wanted(False, torch.device("cuda"))
 
 
-def test_compiled_training_and_its_greedy_captions_equal_eager_within_tolerance(monkeypatch):
+def test_compiled_training_and_its_greedy_captions_equal_eager_within_tolerance(
+    monkeypatch, caplog
+):
     """train.compile: losses within 1e-5 and weights after 4 steps within 1e-4 relative /
     1e-5 absolute of the eager run, and the same greedy captions (decoded through the
     compiled blocks, cache and all). The suite uses dynamo's `eager` backend (graph capture
@@ -48,7 +51,9 @@ def test_compiled_training_and_its_greedy_captions_equal_eager_within_tolerance(
     eager = fit(tiny_cfg(**cfg), tiny_data(equal_len=True))
     backend = os.environ.get("DISTINCTCAP_TEST_COMPILE_BACKEND", "eager")
     monkeypatch.setenv("DISTINCTCAP_COMPILE_BACKEND", backend)
-    compiled = fit(tiny_cfg(**cfg, compile=True), tiny_data(equal_len=True))
+    with caplog.at_level(logging.WARNING, logger="distinctcap"):
+        compiled = fit(tiny_cfg(**cfg, compile=True), tiny_data(equal_len=True))
+    assert not [r for r in caplog.records if "train.compile" in r.getMessage()]  # compiled
     for (name, a), b in zip(eager.model.state_dict().items(),
                             compiled.model.state_dict().values(), strict=True):  # fmt: skip
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=name)

@@ -289,6 +289,7 @@ class Trainer:
         return model.requires_grad_(False)
 
     def _make_objective(self, objective_cls: type) -> object:
+        """The run's objective (a hook: bench/bench_steps.py hands specificity its CLIP)."""
         return objective_cls(self.run_config, self.ctx)
 
     def _selection_metric(self, name: str) -> ValMetric:
@@ -422,8 +423,8 @@ class Trainer:
         mine, whole = my_micro_batches(tc.grad_accum, self.dist)
         for m in mine:
             idx = self.order.indices(s.step * tc.grad_accum + m)
-            mine_idx = idx if whole else shard(idx, self.dist)
-            batch = self.gather(mine_idx)
+            positions = idx if whole else shard(idx, self.dist)
+            batch = self.gather(positions)
             with self.autocast():
                 loss, extra = self.objective.loss(self.model, batch, s.step, tc.steps)
             if not whole:  # the slice's share, so the slice losses sum to the micro-batch's
@@ -435,7 +436,7 @@ class Trainer:
             losses.append(value)
             ids.append(batch.caption_ids)
             extras.append(extra)
-            tokens += self.batches.tokens(mine_idx)
+            tokens += self.batches.tokens(positions)
             if self.dist.active:  # as float(value) / grad_accum summed in float64
                 loss_sum += value.double() / tc.grad_accum
         self.reducer.finish()

@@ -169,7 +169,7 @@ def main() -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--steps", type=int, default=20, help="steps per timed window")
     ap.add_argument("--reps", type=int, default=3, help="timed windows per variant")
-    ap.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    ap.add_argument("--warmup", type=int, default=5, help="untimed steps first (compiles)")
     ap.add_argument("--images", type=int, default=2000)
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--backend", default=None, help="torch.compile backend (default inductor)")

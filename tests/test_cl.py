@@ -91,8 +91,8 @@ def test_loss_is_contrastive_loss_of_hand_scored_pairs(data, nu, in_sigmoid, eff
     pos_r, neg_r = hand_logprobs(reference, batch, tokens, neg)
     expected = contrastive_loss(pos_t, pos_r, neg_t, neg_r, nu=effective_nu)
     assert loss.item() == pytest.approx(expected.item(), abs=1e-5)
-    assert extras["g_pos"] == pytest.approx((pos_t - pos_r).mean().item(), abs=1e-4)
-    assert extras["g_neg"] == pytest.approx((neg_t - neg_r).mean().item(), abs=1e-4)
+    assert float(extras["g_pos"]) == pytest.approx((pos_t - pos_r).mean().item(), abs=1e-4)
+    assert float(extras["g_neg"]) == pytest.approx((neg_t - neg_r).mean().item(), abs=1e-4)
 
 
 @pytest.mark.parametrize(

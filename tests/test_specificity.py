@@ -245,8 +245,8 @@ def test_each_loss_kind_builds(clip, tok, kind, sampling):
     assert math.isfinite(float(loss.detach())) and "mle" in extras
     assert ("cos_contrast" in extras) == (kind in ("cdp", "ccos"))
     if kind in ("cdp", "ccos"):
-        assert float(loss.detach()) - 0.1 * extras["mle"] >= -1e-6  # hinge losses are >= 0
-    expected = 0.1 * extras["mle"] + 0.9 * extras["specificity"]  # SMILE-style eq. 4 mixing
+        assert float(loss.detach()) - 0.1 * float(extras["mle"]) >= -1e-6  # hinges are >= 0
+    expected = 0.1 * float(extras["mle"]) + 0.9 * float(extras["specificity"])  # eq. 4 mixing
     assert float(loss.detach()) == pytest.approx(expected, abs=1e-5)
 
 

@@ -33,6 +33,7 @@ from distinctcap.core.errors import DistinctcapError
 from distinctcap.data.tokenizer import BOS, EOS, PAD
 
 NextToken = Callable[[Tensor], Tensor]  # log-probs (B, V), pad/bos banned -> next ids (B,)
+DONE_CHECK_EVERY = 4  # decoding steps between the reads of "is every caption done?" on a GPU
 
 
 @dataclass
@@ -121,12 +122,17 @@ def _generate(
     group: int,
     max_len: int,
     choose: NextToken,
+    check_every: int = 1,
 ) -> tuple[Tensor, Tensor]:
     """The decoding loop: left to right with the key/value cache, `group` rows per image of
     memory (B, M, W), one token per row and step chosen by the hook `choose(log-probs
     (B*group, V))` (model log-probs in float32, pad and bos at -inf). Rows that emitted eos get
     pad; the loop stops when every row has. Returns ids (B*group, T) (pad after eos) and log p
-    of each row's tokens up to eos (B*group,)."""
+    of each row's tokens up to eos (B*group,).
+
+    Whether every row is done is read (a host sync) every `check_every` steps; the few extra
+    steps only add pad columns, which are cut off, so the result is the same as with 1 as long
+    as `choose` draws no random numbers that a later call would see."""
     b = memory.shape[0] * group
     cache = model.init_cache(memory, group)
     tok = torch.full((b, 1), BOS, dtype=torch.long, device=memory.device)
@@ -140,10 +146,19 @@ def _generate(
         logprob += logp.gather(1, nxt[:, None]).squeeze(1).masked_fill(done, 0.0)
         out.append(nxt)
         done |= nxt == EOS
-        if done.all():
+        if len(out) % check_every == 0 and done.all():
             break
         tok = nxt[:, None]
-    return torch.stack(out, dim=1), logprob
+    seqs = torch.stack(out, dim=1)
+    if check_every > 1:  # the columns after every row's eos hold only pad
+        seqs = seqs[:, : int((seqs != PAD).any(dim=0).nonzero().max()) + 1]
+    return seqs, logprob
+
+
+def done_check_every(device: torch.device) -> int:
+    """`_generate`'s check_every for loops whose hook draws no shared random numbers: on a GPU
+    a host sync per token stalls the queue of kernels, on the CPU extra steps only cost."""
+    return DONE_CHECK_EVERY if device.type == "cuda" else 1
 
 
 def _draw(probs: Tensor, generator: torch.Generator | None) -> Tensor:
@@ -164,10 +179,14 @@ def decode_ids(
 ) -> tuple[Tensor, Tensor]:
     """One caption per image, each token chosen by the hook `choose` (see `_generate`), in
     eval mode without gradient: ids (B, T) with eos, pad after it, and their log p (B,). The
-    entry point for objectives that pick tokens their own way (specificity's Gumbel-max)."""
+    entry point for objectives that pick tokens their own way (specificity's Gumbel-max); on a
+    GPU `choose` may be called for a few steps after the last caption ended
+    (`done_check_every`): a hook that draws random numbers must draw them from a generator of
+    this call only and keep the first T steps' draws."""
     with _inference(model):
         memory = _memory(model, grid, pooled)
-        return _generate(model, memory, 1, _max_len(model, max_len), choose)
+        every = done_check_every(memory.device)
+        return _generate(model, memory, 1, _max_len(model, max_len), choose, every)
 
 
 def greedy(
@@ -182,7 +201,8 @@ def greedy(
     with _inference(model):
         memory = _memory(model, grid, pooled)
         seqs, logprob = _generate(
-            model, memory, 1, _max_len(model, max_len), lambda lp: lp.argmax(-1)
+            model, memory, 1, _max_len(model, max_len), lambda lp: lp.argmax(-1),
+            done_check_every(memory.device),
         )
         return _finish(model, memory, seqs, logprob, no_repeat)
 

@@ -403,7 +403,7 @@ class TrainConfig:
     checkpoint_every: int = from_schema("train", "checkpoint_every")
     checkpoint_minutes: float | None = from_schema("train", "checkpoint_minutes")
     log_every: int = from_schema("train", "log_every")
-    compile: bool = from_schema("train", "compile")
+    compile: bool | str = from_schema("train", "compile")  # true | false | "auto"
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)

@@ -195,9 +195,10 @@ def encode_batch(model: torch.nn.Module, batch: Batch) -> Tensor:
     first, inverse = distinct_images(batch)
     if len(first) == len(inverse):
         return model.encode(batch.grid, batch.pooled)
-    first = first.to(batch.grid.device)
+    # pageable copies without waiting for the device: no host sync inside a step
+    first = first.to(batch.grid.device, non_blocking=True)
     memory = model.encode(batch.grid[first], batch.pooled[first])  # (U, M, W)
-    return memory[inverse.to(memory.device)]
+    return memory[inverse.to(memory.device, non_blocking=True)]
 
 
 def select_captions(

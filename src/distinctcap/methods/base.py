@@ -28,9 +28,11 @@ and, per instance:
                               distinctcap.train.run.RunConfig (name, seed, train, its method's
                               `options`, ...)
     loss(model, batch, step, total_steps) -> (scalar loss of one micro-batch, extras for the
-                              curve, e.g. {"lambda": 0.3}); `step` counts optimiser steps
-                              from 0 to total_steps - 1; the trainer scales the loss for
-                              accumulation and runs backward
+                              curve, e.g. {"lambda": 0.3}: numbers, or detached 0-dim tensors,
+                              which the trainer reads only at log steps, so computing them
+                              costs no host sync); `step` counts optimiser steps from 0 to
+                              total_steps - 1; the trainer scales the loss for accumulation
+                              and runs backward
     val_metric(name, model, val_data, val_batches, autocast) -> float, for `val_metrics`
     state_dict() / load_state_dict(state)   state beyond the model that an exact resume needs
                               (e.g. CL's replaced reference): tensors, numbers, strings, lists

@@ -230,7 +230,7 @@ class ContrastiveLearning(facts.CL):
         loss = contrastive_loss(pos_t, pos_r, neg_t, neg_r, nu=self.nu)
         extras = {}
         if self.use_pos:
-            extras["g_pos"] = float((pos_t - pos_r).detach().mean())
+            extras["g_pos"] = (pos_t - pos_r).detach().mean()
         if self.use_neg:
-            extras["g_neg"] = float((neg_t - neg_r).detach().mean())
+            extras["g_neg"] = (neg_t - neg_r).detach().mean()
         return loss, extras

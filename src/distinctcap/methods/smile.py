@@ -73,11 +73,11 @@ class SMILE(facts.SMILE):
         smile = smile_loss(
             logits, batch.labels, self.pad_id, self.first_token_mle, self.subset, gen
         )
-        extras = {"smile": float(smile.detach())}
+        extras = {"smile": smile.detach()}
         if self.lam == 0.0:  # pure SMILE: no second softmax over the vocabulary
             return smile, extras
         mle = mle_loss(logits, batch.labels, self.pad_id)
-        extras["mle"] = float(mle.detach())
+        extras["mle"] = mle.detach()
         return smile_objective(smile, mle, self.lam), extras
 
     def val_metric(

@@ -85,6 +85,7 @@ def generate_ids(
 
     choose = gumbel_max if sampling == "gumbel" else (lambda logp: logp.argmax(dim=-1))
     seqs, _ = decode_ids(model, grid, pooled, choose, max_len)
+    noise = noise[: seqs.shape[1]]  # steps after the last eos (decode_ids) are dropped
     return seqs, torch.stack(noise, dim=1) if noise else None
 
 
@@ -204,37 +205,38 @@ class Specificity(facts.Specificity):
             first = (
                 torch.full((len(uniq),), len(inverse), dtype=torch.long)
                 .scatter_reduce(0, inverse, torch.arange(len(inverse)), "amin")
-                .to(batch.grid.device)
+                .to(batch.grid.device, non_blocking=True)
             )
         else:
             inverse = torch.arange(len(batch))
-            first = inverse.to(batch.grid.device)
+            first = inverse.to(batch.grid.device, non_blocking=True)
         grid, pooled = batch.grid[first], batch.pooled[first]
         seqs, noise = generate_ids(model, grid, pooled, self.sampling, gen)
         probs = output_probs(model, grid, pooled, seqs, noise, self.temperature)
         # dp/cdp compare CLIP's unnormalised projections (eq. 2, 4); cos/ccos normalise (eq. 3, 5)
-        text = self.encoder(seqs, probs, normalize=self.cosine)[inverse.to(batch.grid.device)]
-        image = self._images(batch.image_rows).to(text.device)
+        at = batch.grid.device
+        text = self.encoder(seqs, probs, normalize=self.cosine)[inverse.to(at, non_blocking=True)]
+        image = self._images(batch.image_rows).to(text.device, non_blocking=True)
         contrast = None
         if self.neighbours is not None:
             cpu_gen = _step_generator(self.seed, step, micro, torch.device("cpu"))
             contrast = self._images(self.neighbours.draw(batch.image_rows, cpu_gen))
-            contrast = contrast.to(text.device)
+            contrast = contrast.to(text.device, non_blocking=True)
         spec = specificity_loss(text, image, contrast, self.kind)
         text = text.detach()
         extras = {
-            "specificity": float(spec.detach()),
-            "cos_true": float(F.cosine_similarity(text, image).mean()),
-            "gen_len": float((seqs != PAD).sum(1).float().mean()),
+            "specificity": spec.detach(),
+            "cos_true": F.cosine_similarity(text, image).mean(),
+            "gen_len": (seqs != PAD).sum(1).float().mean(),
         }
         if contrast is not None:
-            extras["cos_contrast"] = float(F.cosine_similarity(text, contrast).mean())
+            extras["cos_contrast"] = F.cosine_similarity(text, contrast).mean()
         loss = spec
         if self.mle_weight > 0:
             logits = model.decode(encode_batch(model, batch), batch.inputs)  # (B, N, V)
             mle = mle_loss(logits, batch.labels, self.pad_id)
             loss = self.mle_weight * mle + (1 - self.mle_weight) * spec
-            extras["mle"] = float(mle.detach())
+            extras["mle"] = mle.detach()
         return loss, extras
 
     def val_metric(

@@ -113,3 +113,74 @@ def to_device(batch: Batch, device: torch.device) -> Batch:
         inputs=batch.inputs.pin_memory().to(**move),
         labels=batch.labels.pin_memory().to(**move),
     )
+
+
+# The share of the GPU's free memory (measured after the models are loaded) that the resident
+# caption data may take; the rest is left to activations, the optimiser and the allocator
+RESIDENT_SHARE = 0.5
+
+
+def fits_on_device(nbytes: int, device: torch.device) -> bool:
+    """Do `nbytes` fit in RESIDENT_SHARE of `device`'s free memory? (Always on the CPU.)"""
+    if device.type != "cuda":
+        return True
+    free, _ = torch.cuda.mem_get_info(device)
+    return nbytes <= RESIDENT_SHARE * free
+
+
+class DeviceCaptions:
+    """The batches of `data` (a CaptionData) gathered where the step runs: equal to
+    `to_device(data.batch(idx), device)`, without a host sync.
+
+    Resident (the default where the image features and the caption tokens fit,
+    `fits_on_device`; COCO's ViT-B/32 grid is ~9 GB in float16): they are copied to the device
+    once and a batch is a gather there, from the batch's positions copied without waiting.
+    Otherwise each batch is gathered on the host straight into pinned memory and copied
+    asynchronously; either way the host goes on to the next step while the device computes,
+    so the next batch's gather overlaps the current step. On the CPU both are `data.batch`."""
+
+    def __init__(self, data: CaptionData, device: torch.device, resident: bool | None = None):
+        self.data, self.device = data, device
+        f = data.features
+        self.store = {"grid": f.grid, "pooled": f.pooled,
+                      "inputs": data.inputs, "labels": data.labels}  # fmt: skip
+        nbytes = sum(t.numel() * t.element_size() for t in self.store.values())
+        self.resident = fits_on_device(nbytes, device) if resident is None else resident
+        if self.resident:
+            self.store = {k: t.to(device) for k, t in self.store.items()}
+        self.nbytes = nbytes
+
+    def tokens(self, idx: torch.Tensor) -> int:
+        """Label positions that count in the loss of the captions at `idx` (`Batch.n_tokens`,
+        read from the host's copy)."""
+        return int(self.data.lengths[idx].sum())
+
+    def batch(self, idx: torch.Tensor | list[int]) -> Batch:
+        idx = torch.as_tensor(idx, dtype=torch.long)
+        d = self.data
+        n = max(int(d.lengths[idx].max()), 1)
+        rows = d.image_rows[idx]
+        s = self.store
+        if self.resident:
+            rows_at, idx_at = self._to_device(rows), self._to_device(idx)
+            parts = (s["grid"][rows_at], s["pooled"][rows_at],
+                     s["inputs"][idx_at, :n], s["labels"][idx_at, :n])  # fmt: skip
+        else:
+            gather = self._pinned
+            parts = (gather(s["grid"], rows), gather(s["pooled"], rows),
+                     gather(s["inputs"][:, :n], idx), gather(s["labels"][:, :n], idx))  # fmt: skip
+        return Batch(*parts, d.caption_ids[idx], d.image_ids[idx], rows)
+
+    def _to_device(self, index: torch.Tensor) -> torch.Tensor:
+        if self.device.type != "cuda":
+            return index
+        return index.pin_memory().to(self.device, non_blocking=True)
+
+    def _pinned(self, table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """table[index] gathered on the host into pinned memory, then copied without waiting
+        (the caching host allocator keeps the buffer until the copy is done)."""
+        if self.device.type != "cuda":
+            return table[index]
+        out = torch.empty((len(index), *table.shape[1:]), dtype=table.dtype, pin_memory=True)
+        torch.index_select(table, 0, index, out=out)
+        return out.to(self.device, non_blocking=True)

@@ -83,7 +83,7 @@ from distinctcap.train.checkpoints import (
     seed_everything,
     set_rng_state,
 )
-from distinctcap.train.data import RunData, load_run_data, to_device
+from distinctcap.train.data import DeviceCaptions, RunData, load_run_data, to_device
 from distinctcap.train.run import RunConfig, RunPaths
 from distinctcap.train.schedule import autocast_dtype, lr_factor, make_optimizer
 from distinctcap.train.selection import (
@@ -136,6 +136,10 @@ def compile_blocks(model: Captioner, probe: Callable[[], None], backend: str) ->
     blocks = [m for m in model.modules() if isinstance(m, EncoderBlock | DecoderBlock)]
     if not blocks:
         return "the captioner has no native blocks to compile (captioner.kind transformers)"
+    # one block's code serves training, decoding with a cache, internals (UNKT) and the frozen
+    # models, in several precisions: more variants than dynamo's default 8, after which it
+    # would run the block uncompiled without a word
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     try:
         for block in blocks:
             block.compile(backend=backend)
@@ -146,6 +150,11 @@ def compile_blocks(model: Captioner, probe: Callable[[], None], backend: str) ->
         lines = str(error).strip().splitlines()
         return f"{type(error).__name__}: {lines[0][:200] if lines else ''}"
     return None
+
+
+def compile_wanted(setting: bool | str, device: torch.device) -> bool:
+    """train.compile: true, false, or auto (on a GPU only)."""
+    return device.type == "cuda" if setting == "auto" else bool(setting)
 
 
 @dataclass
@@ -192,7 +201,9 @@ class Trainer:
         objective_cls = METHODS[method]
         frozen = {edge: self._load_frozen(edge) for edge in objective_cls.needs}
         self.ctx = TrainContext(self.device, data.train, frozen, data.tokenizer, PAD, paths.inputs)
-        self.objective = objective_cls(run, self.ctx)
+        self.objective = self._make_objective(objective_cls)
+        # after the models, so the memory check sees what they take
+        self.batches = DeviceCaptions(data.train, self.device)
         self.mean_over = self.objective.mean_over  # for shard weights
         self.selection = self._selection_metric(self.tc.select_metric)
         self.optimizer = make_optimizer(self.model, self.tc, self.device)
@@ -225,7 +236,7 @@ class Trainer:
         self.stats = DeferredStats(self.tc.steps, self.tc.grad_accum, not self.scaler.is_enabled())
         self.window_start: float | None = None
         self.train_seconds, self.total_tokens = 0.0, 0
-        if self.tc.compile:
+        if compile_wanted(self.tc.compile, self.device):
             self._compile()
 
     # -- setup ---------------------------------------------------------------------------------
@@ -277,6 +288,10 @@ class Trainer:
         model = load_captioner(path, map_location=self.device).eval()
         return model.requires_grad_(False)
 
+    def _make_objective(self, objective_cls: type) -> object:
+        """The run's objective (a hook: bench/bench_steps.py hands specificity its CLIP)."""
+        return objective_cls(self.run_config, self.ctx)
+
     def _selection_metric(self, name: str) -> ValMetric:
         """The selection metric: a VAL_METRICS entry or one the objective computes itself (its
         `val_metrics`: name -> mode, and `val_metric(name, ...)`)."""
@@ -325,8 +340,22 @@ class Trainer:
         if why:
             msg = "train.compile: torch.compile (%s) failed, training uncompiled: %s"
             log.warning(msg, backend, why)
-        else:
-            log.info("train.compile: encoder and decoder blocks compiled (%s)", backend)
+            return
+        self._compile_frozen(backend)
+        log.info("train.compile: encoder and decoder blocks compiled (%s)", backend)
+
+    def _compile_frozen(self, backend: str) -> None:
+        """The frozen teacher / reference compiled as the model (they run in every step)."""
+
+        def probe(model: Captioner) -> None:  # a forward, as the objectives run it
+            b = to_device(self.data.train.batch(self.order.indices(0)), self.device)
+            with torch.no_grad(), self.autocast():
+                model.decode(encode_batch(model, b), b.inputs)
+
+        for edge, frozen in self.ctx.frozen.items():
+            why = compile_blocks(frozen, partial(probe, frozen), backend)
+            if why:
+                log.warning("train.compile: the %s stays uncompiled: %s", edge, why)
 
     # -- checkpoints ---------------------------------------------------------------------------
 
@@ -394,10 +423,10 @@ class Trainer:
         mine, whole = my_micro_batches(tc.grad_accum, self.dist)
         for m in mine:
             idx = self.order.indices(s.step * tc.grad_accum + m)
-            batch = self.data.train.batch(idx if whole else shard(idx, self.dist))
-            b = to_device(batch, self.device)
+            positions = idx if whole else shard(idx, self.dist)
+            batch = self.gather(positions)
             with self.autocast():
-                loss, extra = self.objective.loss(self.model, b, s.step, tc.steps)
+                loss, extra = self.objective.loss(self.model, batch, s.step, tc.steps)
             if not whole:  # the slice's share, so the slice losses sum to the micro-batch's
                 loss = loss * shard_weight(self.data.train.lengths, idx, self.dist, self.mean_over)
             value = loss.detach()
@@ -407,7 +436,7 @@ class Trainer:
             losses.append(value)
             ids.append(batch.caption_ids)
             extras.append(extra)
-            tokens += batch.n_tokens
+            tokens += self.batches.tokens(positions)
             if self.dist.active:  # as float(value) / grad_accum summed in float64
                 loss_sum += value.double() / tc.grad_accum
         self.reducer.finish()
@@ -428,6 +457,10 @@ class Trainer:
         self.scheduler.step()
         s.step += 1
         return StepStats(s.step, losses, ids, norm, tokens, extras, reduced)
+
+    def gather(self, idx: torch.Tensor) -> Batch:
+        """The training captions at positions `idx`, on the device (DeviceCaptions)."""
+        return self.batches.batch(idx)
 
     def flush(self) -> None:
         """Read the pending steps' numbers (`DeferredStats.resolve`: one sync, checked in step

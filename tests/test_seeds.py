@@ -1,0 +1,83 @@
+"""Runs over several seeds (issue 34, docs/seeds.md): the config layer expands each run into one
+model per seed, children read their parent's model of the same seed, and one seed keeps the
+config's own runs, names and effective configs exactly."""
+
+import json
+
+import pytest
+from conftest import ROOT
+
+from distinctcap.core.config import (
+    effective_run_config,
+    load_schema,
+    read_configs,
+    seed_runs,
+    seeded_runs,
+    validate,
+)
+from distinctcap.core.errors import DistinctcapError
+
+SCHEMA = load_schema(ROOT / "workflow" / "schemas" / "config.schema.yaml")
+RUNS = {
+    "reference": {"method": "mle"},
+    "teacher_neg": {"method": "mle", "data": "D-"},
+    "unkt": {"method": "unkt", "teacher": "teacher_neg"},
+    "cl": {"method": "cl", "init": "reference", "reference": "reference"},
+}
+
+
+def effective_configs(config: dict) -> dict[str, str]:
+    """Each model's effective config as the JSON its fingerprint and run card are made of."""
+    seeded = {**config, "runs": seeded_runs(config)}
+    return {name: json.dumps(effective_run_config(seeded, name, SCHEMA))
+            for name in seeded["runs"]}  # fmt: skip
+
+
+def test_one_seed_keeps_every_run_of_the_default_config_as_it_was():
+    """config.yaml: the same model names and the same effective configs, key order included,
+    as each run's own block gave before seeds existed (so nothing retrains)."""
+    config = validate(read_configs([ROOT / "config.yaml"]), SCHEMA)
+    before = {name: json.dumps(effective_run_config(config, name, SCHEMA))
+              for name in config["runs"]}  # fmt: skip
+    assert effective_configs(config) == before
+    assert effective_configs({**config, "seeds": [config["seed"]]}) == before
+
+
+def test_each_seed_is_a_model_and_children_read_the_same_seed():
+    config = validate({"runs": RUNS, "seeds": [0, 1, 2]}, SCHEMA)
+    models = seed_runs(config)
+    assert [(m.arm, m.seed) for m in models.values()] == [
+        (arm, seed) for arm in RUNS for seed in (0, 1, 2)
+    ]
+    assert models["reference"].block == config["runs"]["reference"]  # seed 0: today's run
+    assert models["reference_s1"].block == {**config["runs"]["reference"], "seed": 1}
+    assert models["unkt_s2"].block["teacher"] == "teacher_neg_s2"
+    assert models["cl_s1"].block["init"] == models["cl_s1"].block["reference"] == "reference_s1"
+    effective = {n: json.loads(c) for n, c in effective_configs(config).items()}
+    assert {n: c["seed"] for n, c in effective.items()} == {n: m.seed for n, m in models.items()}
+
+
+def test_a_run_over_seeds_trains_its_parents_for_those_seeds():
+    """Per-run seeds: the teacher (unkt's parent) is trained for the student's seeds too; a run
+    nobody reads keeps one model; a pinned `seed` is kept as written."""
+    runs = {**RUNS, "unkt": {**RUNS["unkt"], "seeds": [0, 3]}, "pinned": {"method": "mle",
+                                                                         "seed": 5}}
+    models = seed_runs(validate({"runs": runs}, SCHEMA))
+    assert sorted(models) == ["cl", "pinned", "reference", "teacher_neg", "teacher_neg_s3",
+                              "unkt", "unkt_s3"]  # fmt: skip
+    assert models["unkt_s3"].block["teacher"] == "teacher_neg_s3"
+    assert models["pinned"].block["seed"] == 5
+
+
+@pytest.mark.parametrize(("runs", "top", "message"), [
+    ({"a": {"method": "mle", "seed": 1, "seeds": [1, 2]}}, None, "runs.a: give seed or seeds"),
+    ({"a": {"method": "mle", "seed": 1}, "b": {"method": "cl", "init": "a", "reference": "a",
+                                               "seeds": [0, 1]}},
+     None, "runs.a.seed = 1 pins one seed"),
+    ({"a": {"method": "mle"}, "a_s1": {"method": "mle"}}, [0, 1], "'a_s1', which is also a run"),
+    ({"a": {"method": "mle", "seeds": [1, 1]}}, None, "runs.a.seeds"),
+])  # fmt: skip
+def test_seed_errors_name_the_key(runs, top, message):
+    config = {"runs": runs} | ({"seeds": top} if top else {})
+    with pytest.raises(DistinctcapError, match=message):
+        validate(config, SCHEMA)

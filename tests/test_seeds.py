@@ -4,6 +4,7 @@ config's own runs, names and effective configs exactly."""
 
 import json
 
+import numpy as np
 import pytest
 from conftest import ROOT
 
@@ -81,3 +82,37 @@ def test_seed_errors_name_the_key(runs, top, message):
     config = {"runs": runs} | ({"seeds": top} if top else {})
     with pytest.raises(DistinctcapError, match=message):
         validate(config, SCHEMA)
+
+
+def test_versus_pairs_each_seed_with_the_reference_of_that_seed():
+    """A run over two seeds is one row per metric, against the reference of the same seed;
+    a run with one model is compared with `reference` as before; one seed adds no column."""
+    from distinctcap.report.versus import seed_pairs
+
+    keys = [(m, "test", "greedy") for m in ("reference", "reference_s1", "unkt", "unkt_s1",
+                                              "pinned")]  # fmt: skip
+    seed_of = {"reference": ("reference", 0), "reference_s1": ("reference", 1),
+               "unkt": ("unkt", 0), "unkt_s1": ("unkt", 1), "pinned": ("pinned", 1)}
+    pairs = seed_pairs(keys, "reference", seed_of)
+    assert pairs == {
+        ("unkt", "test", "greedy"): [(keys[2], keys[0]), (keys[3], keys[1])],
+        ("pinned", "test", "greedy"): [(keys[4], keys[0])],
+    }
+
+
+def test_the_seed_bootstrap_interval_holds_across_seeds_only_where_every_seed_agrees():
+    """Two seeds that both gain +1 per image: better, the difference their mean; one seed
+    gaining +1 and the other losing 1: the interval spans 0 (the images alone would not)."""
+    from distinctcap.report.versus import mean_statistic, seed_bootstrap, verdict
+
+    rng = np.random.default_rng(0)
+    base = rng.normal(size=(200, 1))
+    mean = mean_statistic(200)
+    agree = [(base + 1, base, mean), (base + 1.2, base, mean)]
+    value, ref, diff, low, high = seed_bootstrap(agree, 500, 0)
+    assert diff == pytest.approx(1.1) and value - ref == pytest.approx(diff)
+    assert verdict(low, high) == "better"
+    split = [(base + 1, base, mean), (base - 1, base, mean)]
+    *_, diff, low, high = seed_bootstrap(split, 500, 0)
+    assert diff == pytest.approx(0) and low < 0 < high
+    assert verdict(low, high) == "no significant difference"

@@ -5,6 +5,7 @@ config's own runs, names and effective configs exactly."""
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 from conftest import ROOT
 
@@ -116,3 +117,60 @@ def test_the_seed_bootstrap_interval_holds_across_seeds_only_where_every_seed_ag
     *_, diff, low, high = seed_bootstrap(split, 500, 0)
     assert diff == pytest.approx(0) and low < 0 < high
     assert verdict(low, high) == "no significant difference"
+
+
+def seed_metrics(cider_of: dict[str, float]) -> pd.DataFrame:
+    """Metrics rows (greedy and 20 samples) of models with the given CIDEr-D, 0.25 elsewhere."""
+    from distinctcap.report.summary import CONSENSUS, SUMMARY_BASE, SUMMARY_TAIL
+
+    columns = [c for c in (*SUMMARY_BASE, "oracle_cider_20", *CONSENSUS, *SUMMARY_TAIL)
+               if c not in ("run", "split", "decoding")]  # fmt: skip
+    return pd.DataFrame([
+        {"run": model, "split": "test", "decoding": dec, **dict.fromkeys(columns, 0.25),
+         "n_samples": n, "cider": cider, "skipped": {}}
+        for model, cider in cider_of.items() for dec, n in (("greedy", 1), ("sample20", 20))
+    ])  # fmt: skip
+
+
+SEED_OF = {"reference": ("reference", 0), "reference_s1": ("reference", 1),
+           "unkt": ("unkt", 0), "unkt_s1": ("unkt", 1)}  # fmt: skip
+ARMS = {"reference": {"method": "mle", "data": "all"}, "unkt": {"method": "unkt"}}
+
+
+def test_the_tables_mean_is_the_mean_of_the_per_seed_rows(tmp_path):
+    from distinctcap.report.summary import headline_markdown, pooled_metrics, write_summary
+    from distinctcap.report.tables import tables_markdown
+
+    metrics = seed_metrics({"reference": 0.9, "reference_s1": 1.1, "unkt": 1.0, "unkt_s1": 1.4})
+    summary = write_summary(metrics, tmp_path / "s.csv", SEED_OF, tmp_path / "seeds.csv")
+    assert list(summary.columns[:4]) == ["run", "seed", "split", "decoding"]
+    assert list(zip(summary.run, summary.seed, strict=True))[::2] == list(SEED_OF.values())
+    pooled = pd.read_csv(tmp_path / "seeds.csv").set_index(["run", "decoding"])
+    per_seed = summary[summary.decoding == "greedy"].groupby("run").cider
+    assert pooled.loc[("unkt", "greedy"), "cider_mean"] == pytest.approx(per_seed.mean()["unkt"])
+    assert pooled.loc[("unkt", "greedy"), "cider_sd"] == pytest.approx(per_seed.std()["unkt"])
+    assert pooled.n_seeds.tolist() == [2, 2, 2, 2]
+    cells = "| unkt | 0.250 ± 0.000 (2) | 0.250 ± 0.000 (2) | 1.200 ± 0.283 (2) |"
+    assert cells in headline_markdown(summary, ARMS)
+    tables = tables_markdown(pooled_metrics(metrics, SEED_OF), "shapes")
+    assert "| unkt | greedy | test | n/a | 0.250 ± 0.000 (2) | 1.200 ± 0.283 (2) |" in tables
+
+
+def test_one_seed_gives_todays_tables(tmp_path):
+    """One seed a run: summary.csv only gains its seed column; the headline, paper-layout
+    tables and summary_seeds.csv's means are today's numbers."""
+    from distinctcap.report.summary import headline_markdown, pooled_metrics, write_summary
+    from distinctcap.report.tables import tables_markdown
+
+    metrics = seed_metrics({"reference": 0.9, "unkt": 1.0})
+    seed_of = {"reference": ("reference", 0), "unkt": ("unkt", 0)}
+    summary = write_summary(metrics, tmp_path / "s.csv", seed_of, tmp_path / "seeds.csv")
+    before = write_summary(metrics, tmp_path / "before.csv")
+    assert summary.drop(columns="seed").equals(before.assign(seed=None).drop(columns="seed"))
+    assert headline_markdown(summary, ARMS) == headline_markdown(before.drop(columns="seed"), ARMS)
+    assert pooled_metrics(metrics, seed_of) is metrics
+    assert "| unkt | 0.250 | 0.250 | 1.000 |" in headline_markdown(summary, ARMS)
+    assert "±" not in tables_markdown(pooled_metrics(metrics, seed_of), "shapes")
+    pooled = pd.read_csv(tmp_path / "seeds.csv")
+    assert pooled.cider_mean.tolist() == summary.cider.tolist()
+    assert pooled.n_seeds.eq(1).all()

@@ -150,6 +150,21 @@ def spread(mean: float, sd: float, n: int, digits: int, with_n: bool = True) -> 
     return f"{text} ± {sd:.{digits}f}" + (f" ({n})" if with_n else "")
 
 
+def pooled_metrics(metrics: pd.DataFrame, seed_of: dict) -> pd.DataFrame:
+    """The metrics tables (`read_metrics`) with each run's seeds pooled, for the paper-layout
+    tables: one row per (run, split, decoding), each metric its mean over seeds beside
+    `sd:<metric>` (a name no metric prefix matches) and `n_seeds`, `skipped` of its first
+    seed; unchanged with one seed a run."""
+    table = with_seeds(metrics, seed_of).drop(columns=SEED)
+    pooled = seed_table(table)
+    if (pooled.n_seeds < 2).all():
+        return metrics
+    skipped = table.groupby(GROUP, sort=False).skipped.first().to_numpy()
+    names = {c: f"sd:{c.removesuffix('_sd')}" if c.endswith("_sd") else c.removesuffix("_mean")
+             for c in pooled.columns}  # fmt: skip
+    return pooled.rename(columns=names).assign(skipped=skipped)
+
+
 def pooled_rows(summary: pd.DataFrame, split: str) -> pd.DataFrame:
     """`seed_table` of one split, indexed by (run, decoding), for `_cell`."""
     return seed_table(summary[summary.split == split]).set_index(["run", "decoding"])

@@ -174,3 +174,38 @@ def test_one_seed_gives_todays_tables(tmp_path):
     pooled = pd.read_csv(tmp_path / "seeds.csv")
     assert pooled.cider_mean.tolist() == summary.cider.tolist()
     assert pooled.n_seeds.eq(1).all()
+
+
+@pytest.mark.slow
+def test_two_seeds_through_the_dag(workdir):
+    """The real DAG, shrunk to the reference and its CL fine-tune over seeds 0 and 1: four
+    models, the seeds' weights differ, cl_s1 starts from reference_s1, the summary pools the
+    seeds and versus pairs them; the same config with one seed has its models up to date."""
+    from conftest import snakemake, tiny_config
+
+    config = tiny_config()
+    config["clip"]["train"]["epochs"] = 5
+    config["train"] |= {"steps": 8, "val_every": 4, "checkpoint_every": 4}
+    config["runs"] = {name: config["runs"][name] for name in ("reference", "cl")}
+    config["decoding"] = {"greedy": {"kind": "greedy"}}
+    config["evaluate"] |= {"oracle_ns": [1], "curve_ns": [1]}
+    targets = ["results/metrics/summary.csv", "results/report/versus.csv"]
+    result = snakemake(workdir, *targets, config={**config, "seeds": [0, 1]})
+    assert result.returncode == 0, result.stderr[-4000:]
+    runs = workdir / "results" / "runs"
+    assert sorted(p.name for p in runs.iterdir()) == ["cl", "cl_s1", "reference", "reference_s1"]
+    weights = {p.name: (p / "model.pt").read_bytes() for p in runs.iterdir()}
+    assert weights["reference"] != weights["reference_s1"] and weights["cl"] != weights["cl_s1"]
+    card = json.loads((runs / "cl_s1" / "run.json").read_text())["run"]
+    assert (card["init"], card["reference"], card["seed"]) == ("reference_s1",) * 2 + (1,)
+    summary = pd.read_csv(workdir / "results/metrics/summary.csv")
+    assert sorted(zip(summary.run, summary.seed, strict=True)) == [
+        ("cl", 0), ("cl", 1), ("reference", 0), ("reference", 1)]
+    pooled = pd.read_csv(workdir / "results/metrics/summary_seeds.csv").set_index("run")
+    cl = summary[summary.run == "cl"]
+    assert pooled.loc["cl", "cider_mean"] == pytest.approx(cl.cider.mean())
+    versus = pd.read_csv(workdir / "results/report/versus.csv")
+    assert set(versus.run) == {"cl"} and versus.n_seeds.eq(2).all()
+    models = (f"results/runs/{run}/model.pt" for run in ("reference", "cl"))
+    one_seed = snakemake(workdir, "-n", *models, config=config)
+    assert "Nothing to be done" in one_seed.stdout + one_seed.stderr, one_seed.stdout[-3000:]

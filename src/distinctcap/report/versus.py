@@ -279,13 +279,13 @@ def wide(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     rows = []
     for (run, decoding), group in table.groupby(["run", "decoding"], sort=False):
         by_metric = group.set_index("metric")
-        rows.append([run_seeds(run, group), decoding,
+        rows.append([seeds_label(run, group), decoding,
                      *(cell(by_metric.loc[m]) if m in by_metric.index else "-"
                        for m in metrics)])  # fmt: skip
     return headers, rows
 
 
-def run_seeds(run: str, rows: pd.DataFrame) -> str:
+def seeds_label(run: str, rows: pd.DataFrame) -> str:
     """The run's label in the wide table: '<run> (n seeds)' for a run over several seeds."""
     n = int(rows.n_seeds.max()) if "n_seeds" in rows else 1
     return f"{run} ({n} seeds)" if n > 1 else run

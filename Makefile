@@ -24,7 +24,7 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $@
 
-.PHONY: install run quick test report readme-table unkt-ablations unkt-ablation-table unkt-seeds unkt-seeds-table cleanup times ship-clip
+.PHONY: install run quick test report readme-table unkt-ablations unkt-ablation-table unkt-seeds unkt-seeds-table seeds cleanup times ship-clip
 install: $(VENV)/.installed
 
 run: install
@@ -66,6 +66,14 @@ unkt-seeds: install
 
 unkt-seeds-table: install
 	$(PY) -m distinctcap.report.summary --seeds $(EXP)/results/metrics config.yaml presets/unkt-ablations.yaml
+
+# The shapes default over training seeds 0-2 (presets/seeds.yaml, docs/seeds.md): seed 0 is the
+# default's own models (not retrained), seeds 1-2 are <run>_s1/_s2; then the headline table
+# with each cell's mean ± sd over the seeds (n).
+seeds: install
+	$(CHECK_YAML) presets/seeds.yaml
+	$(SNAKEMAKE) --configfile config.yaml presets/seeds.yaml
+	$(PY) -m distinctcap.report.summary $(EXP)/results/metrics/summary.csv config.yaml presets/seeds.yaml
 
 # Delete the downloaded COCO zips (~38 GB) whose extraction finished; others are kept.
 COCO_DIR ?= resources/coco

@@ -92,8 +92,8 @@ def test_valid_runs_pass_and_get_defaults():
             {"runs": {"r": {"method": "mle"}, "c": {"method": "cl", "init": "r",
                                                     "reference": "r", "negativs": 3}}},
             "unknown key runs.c.negativs; allowed keys here: constraints, data, init, method, "
-            "negatives, nu, nu_in_sigmoid, reference, replace_reference_every, seed, teacher, "
-            "train",
+            "negatives, nu, nu_in_sigmoid, reference, replace_reference_every, seed, seeds, "
+            "teacher, train",
         ),
         ({"runs": {"x": {"data": "D-"}}}, "runs.x: 'method' is a required property"),
     ],

@@ -29,6 +29,7 @@ from distinctcap.core.config import (
     entropy_priority,
     load_schema,
     run_priorities,
+    seeded_runs,
     validate,
 )
 from distinctcap.core.errors import DistinctcapError
@@ -140,7 +141,8 @@ def _parent(config: dict, path: tuple) -> dict | None:
 def check(config: dict) -> dict:
     """What the workflow does with a config while Snakemake parses it (common.smk)."""
     config = validate(config, SCHEMA)
-    runs = {name: effective_run_config(config, name, SCHEMA) for name in config["runs"]}
+    seeded = {**config, "runs": seeded_runs(config)}  # one model per run and seed
+    runs = {name: effective_run_config(seeded, name, SCHEMA) for name in seeded["runs"]}
     entropy_priority(runs, run_priorities(runs))
     return config
 

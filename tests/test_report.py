@@ -124,7 +124,7 @@ def test_summary_has_one_row_per_key_and_exactly_the_named_columns(metrics, tmp_
     assert SUMMARY_BASE[:6] == ("run", "split", "decoding", "bleu1", "bleu2", "bleu3")
     write_summary(metrics, tmp_path / "summary.csv")
     table = pd.read_csv(tmp_path / "summary.csv")
-    assert list(table.columns) == expected
+    assert list(table.columns) == [expected[0], "seed", *expected[1:]]  # seed: issue 34
     assert len(table) == 4 and len(table[list(KEYS)].drop_duplicates()) == 4
     assert table.spice.isna().all()  # skipped stays empty (NaN), never 0
     with pytest.raises(DistinctcapError, match="several metrics rows"):

@@ -13,6 +13,7 @@ from distinctcap.core.config import (
     entropy_priority,
     load_schema,
     run_priorities,
+    seed_runs,
     validate,
 )
 from distinctcap.core.errors import DistinctcapError
@@ -45,7 +46,11 @@ CLIP_FILES = [TRAINED_CLIP] if TRAIN_CLIP else [
 
 # --- Runs: training and decoding (train.smk, decode.smk) -------------------------------------
 
-RUNS = config["runs"]
+# every trained model: a run once per seed (core.config.seed_runs; one seed: the config's runs)
+SEED_RUNS = seed_runs(config)
+RUNS = {name: run.block for name, run in SEED_RUNS.items()}
+# model name -> [configured run, seed], for the tables that pool a run's seeds
+SEED_OF = {name: [run.arm, run.seed] for name, run in SEED_RUNS.items()}
 DECODING = config["decoding"]
 RUN_DIR = "results/runs"
 FEATURES_INDEX = "results/features/index.json"  # extract_features (features.smk)
@@ -64,7 +69,8 @@ ENTROPY_SUBSETS = {"D-": "results/entropy/D-", "D+": "results/entropy/D+"}  # sp
 NEIGHBOURS_TABLE = "results/neighbours/train_top{pct}pct.parquet"
 try:  # every run's effective block, checked now so a bad override fails before any job runs
     RUN_CONFIGS = {
-        name: effective_run_config(config, name, CONFIG_SCHEMA) for name in RUNS
+        name: effective_run_config({**config, "runs": RUNS}, name, CONFIG_SCHEMA)
+        for name in RUNS
     }
 except DistinctcapError as error:
     sys.stderr.write(f"distinctcap: config error: {error}\n")

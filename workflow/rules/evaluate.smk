@@ -20,6 +20,7 @@ GALLERY = [
 ]
 REPORT = "results/report"
 SUMMARY = "results/metrics/summary.csv"
+SUMMARY_SEEDS = "results/metrics/summary_seeds.csv"  # each run's mean and sd over its seeds
 TABLES = {"category": "Evaluation", "subcategory": "Tables"}
 PLOTS = {"category": "Evaluation", "subcategory": "Plots"}
 SHOWCASE = {"category": "Evaluation", "subcategory": "Caption gallery"}
@@ -97,11 +98,13 @@ rule summarize:
         metrics=METRICS,
     output:
         summary=report(SUMMARY, caption="../report/summary.rst", **TABLES),
+        seeds=SUMMARY_SEEDS,
         headline_csv=report(f"{REPORT}/headline.csv", caption="../report/headline.rst", **TABLES),
         headline_md=f"{REPORT}/headline.md",
         headline_tex=f"{REPORT}/headline.tex",
     params:
-        runs=RUNS,
+        runs=config["runs"],  # the configured runs; their models' seeds pooled (SEED_OF)
+        seed_of=SEED_OF,
     log:
         "logs/evaluate/summarize.log",
     benchmark:
@@ -123,6 +126,7 @@ rule report_tables:
     params:
         source=config["data"]["source"],
         reference=reference_run(RUNS),
+        seed_of=SEED_OF,
     log:
         "logs/evaluate/report_tables.log",
     benchmark:
@@ -148,7 +152,8 @@ rule versus_reference:
         latex=f"{REPORT}/versus.tex",
     params:
         reference=reference_run(RUNS),
-        runs=RUNS,
+        runs=config["runs"],
+        seed_of=SEED_OF,
         seed=config["seed"],
     log:
         "logs/evaluate/versus_reference.log",

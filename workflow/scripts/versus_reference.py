@@ -24,6 +24,7 @@ table = compare_runs(
     snakemake.params.runs,
     seed=snakemake.params.seed,
     per_image=per_image,
+    seed_of=snakemake.params.seed_of,
 )
 out = snakemake.output
 write_versus(table, snakemake.params.reference, Path(out.csv), Path(out.markdown), Path(out.latex))

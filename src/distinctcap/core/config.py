@@ -86,7 +86,7 @@ def validate(config: dict, schema: dict) -> dict:
         raise DistinctcapError(describe(errors[0]))
     check_finite(config)
     check_runs(config.get("runs", {}))
-    check_outputs(config)
+    check_outputs({**config, "runs": seeded_runs(config)})
     check_values(config)
     return config
 
@@ -218,6 +218,104 @@ def run_dependencies(run: dict) -> Iterator[str]:
     for edge in RUN_EDGES:
         if run.get(edge):
             yield run[edge]
+
+
+# ---------------------------------------------------------------------------------------------
+# Seeds: one run trained once per seed (issue 34; docs/seeds.md)
+
+
+@dataclass(frozen=True)
+class SeedRun:
+    """One trained model of a configured run: the run (`arm`), its seed and its run block (the
+    arm's, with `seeds` dropped, `seed` where it differs from the top-level one, and each
+    init / teacher / reference naming the parent's model of the same seed)."""
+
+    arm: str
+    seed: int
+    block: dict
+
+
+def seed_name(run: str, seed: int, seeds: list[int]) -> str:
+    """The model name (its folder under results/runs/) of `run`'s seed `seed`: the run's own
+    name for its first seed, so one seed keeps today's paths, else <run>_s<seed>."""
+    return run if seed == seeds[0] else f"{run}_s{seed}"
+
+
+def run_seeds(config: dict) -> tuple[dict[str, list[int]], set[str]]:
+    """(seeds of each run, the runs trained over a `seeds` list). A run's seeds: its `seeds`,
+    else its own `seed` (one, pinned), else the top-level `seeds`, else the top-level `seed`.
+    A run over a `seeds` list makes its parents train for those seeds too (transitively); a
+    run without one keeps its edges as written (its parents' first seed)."""
+    runs = config.get("runs", {})
+    top = config.get("seeds")
+    seeds, listed = {}, set()
+    for name, run in runs.items():
+        if "seed" in run and "seeds" in run:
+            raise DistinctcapError(f"runs.{name}: give seed or seeds, not both")
+        own = run.get("seeds") or ([run["seed"]] if "seed" in run else top)
+        seeds[name] = list(own or [config.get("seed", 0)])
+        if run.get("seeds") or ("seed" not in run and top):
+            listed.add(name)
+    for name in _children_first(runs):
+        for parent in (run_dependencies(runs[name]) if name in listed else ()):
+            _add_parent_seeds(runs, seeds, parent, name)
+            if "seed" not in runs[parent]:
+                listed.add(parent)
+    return seeds, listed
+
+
+def _add_parent_seeds(runs: dict, seeds: dict, parent: str, child: str) -> None:
+    missing = [s for s in seeds[child] if s not in seeds[parent]]
+    if missing and "seed" in runs[parent]:
+        raise DistinctcapError(
+            f"runs.{parent}.seed = {runs[parent]['seed']} pins one seed, but run {child!r} "
+            f"reads it over seeds {seeds[child]}: give runs.{parent} `seeds` instead"
+        )
+    seeds[parent] += missing
+
+
+def _children_first(runs: dict) -> list[str]:
+    """Run names ordered so that every run comes before the runs it reads."""
+    order: list[str] = []
+
+    def visit(name: str) -> None:
+        if name not in order:
+            for parent in run_dependencies(runs[name]):
+                visit(parent)
+            order.append(name)
+
+    for name in runs:
+        visit(name)
+    return order[::-1]
+
+
+def seed_runs(config: dict) -> dict[str, SeedRun]:
+    """Every trained model of a validated config by its name (`seed_name`): one per run and
+    seed. With one seed per run (the default) the names and blocks are the config's own."""
+    runs = config.get("runs", {})
+    seeds, listed = run_seeds(config)
+    out: dict[str, SeedRun] = {}
+    for arm, run in runs.items():
+        for seed in seeds[arm]:
+            name = seed_name(arm, seed, seeds[arm])
+            if name in out or (name != arm and name in runs):
+                raise DistinctcapError(
+                    f"runs.{arm} over seeds {seeds[arm]} trains a model named {name!r}, "
+                    "which is also a run of the config: rename one of them"
+                )
+            block = {k: copy.deepcopy(v) for k, v in run.items() if k != "seeds"}
+            if "seed" not in run and seed != config.get("seed", 0):
+                block["seed"] = seed
+            for edge in RUN_EDGES if arm in listed else ():
+                if block.get(edge):
+                    block[edge] = seed_name(block[edge], seed, seeds[block[edge]])
+            out[name] = SeedRun(arm, seed, block)
+    return out
+
+
+def seeded_runs(config: dict) -> dict[str, dict]:
+    """name -> run block of every trained model (`seed_runs`): the DAG's runs."""
+    return {name: run.block for name, run in seed_runs(config).items()}
 
 
 def run_priorities(run_configs: dict[str, dict]) -> dict[str, int]:

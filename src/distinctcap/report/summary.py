@@ -87,11 +87,87 @@ def summary_table(metrics: pd.DataFrame) -> pd.DataFrame:
     return metrics[summary_columns(metrics)].reset_index(drop=True)
 
 
-def write_summary(metrics: pd.DataFrame, path: str | Path) -> pd.DataFrame:
-    table = summary_table(metrics)
+def write_summary(
+    metrics: pd.DataFrame, path: str | Path, seed_of: dict | None = None,
+    seeds_path: str | Path | None = None,
+) -> pd.DataFrame:
+    """summary.csv, one row per (run, seed, split, decoding) (`with_seeds`), and, given
+    `seeds_path`, summary_seeds.csv: each metric's mean and sd over a run's seeds
+    (`seed_table`)."""
+    table = with_seeds(summary_table(metrics), seed_of or {})
     with atomic_path(path) as tmp:
         table.to_csv(tmp, index=False)
+    if seeds_path is not None:
+        with atomic_path(seeds_path) as tmp:
+            seed_table(table).to_csv(tmp, index=False)
     return table
+
+
+# ---------------------------------------------------------------------------------------------
+# Seeds (issue 34, docs/seeds.md): a run trained over several seeds is one model per seed
+# (distinctcap.core.config.seed_runs); the tables pool its seeds into mean ± sd (n).
+
+SEED = "seed"
+GROUP = list(KEYS)  # what a run's seeds are pooled over: (run, split, decoding)
+
+
+def with_seeds(summary: pd.DataFrame, seed_of: dict) -> pd.DataFrame:
+    """The summary with `run` the configured run and a `seed` column after it, from `seed_of`
+    (model name -> (run, seed), core.config.seed_runs); a model it does not name keeps its
+    name and an empty seed."""
+    table = summary.copy()
+    arms = {name: arm_seed[0] for name, arm_seed in seed_of.items()}
+    seeds = {name: arm_seed[1] for name, arm_seed in seed_of.items()}
+    table.insert(1, SEED, table.run.map(seeds).astype("Int64"))
+    table["run"] = [arms.get(name, name) for name in table.run]
+    return table
+
+
+def seed_table(summary: pd.DataFrame) -> pd.DataFrame:
+    """summary_seeds.csv: per (run, split, decoding), in the summary's order, each metric's
+    mean (`<metric>_mean`) and sample standard deviation (`<metric>_sd`, empty with one seed)
+    over its seed rows, and `n_seeds` (the rows pooled). Without a `seed` column every row is
+    one seed."""
+    values = [c for c in summary.columns if c not in (*GROUP, SEED)
+              and pd.api.types.is_numeric_dtype(summary[c])]  # fmt: skip
+    groups = summary.groupby(GROUP, sort=False)[values]
+    pooled = pd.concat(
+        [groups.mean().add_suffix("_mean"), groups.std().add_suffix("_sd")], axis=1
+    )
+    pooled = pooled[[f"{c}{end}" for c in values for end in ("_mean", "_sd")]]
+    pooled["n_seeds"] = summary.groupby(GROUP, sort=False).size()
+    return pooled.reset_index()
+
+
+def spread(mean: float, sd: float, n: int, digits: int, with_n: bool = True) -> str:
+    """A pooled cell: the mean alone with one seed (so one seed prints today's cell),
+    'mean ± sd (n)' with several; '-' for no value."""
+    if mean is None or pd.isna(mean):
+        return "-"
+    text = f"{mean:.{digits}f}"
+    if n < 2:
+        return text
+    return f"{text} ± {sd:.{digits}f}" + (f" ({n})" if with_n else "")
+
+
+def pooled_metrics(metrics: pd.DataFrame, seed_of: dict) -> pd.DataFrame:
+    """The metrics tables (`read_metrics`) with each run's seeds pooled, for the paper-layout
+    tables: one row per (run, split, decoding), each metric its mean over seeds beside
+    `sd:<metric>` (a name no metric prefix matches) and `n_seeds`, `skipped` of its first
+    seed; unchanged with one seed a run."""
+    table = with_seeds(metrics, seed_of).drop(columns=SEED)
+    pooled = seed_table(table)
+    if (pooled.n_seeds < 2).all():
+        return metrics
+    skipped = table.groupby(GROUP, sort=False).skipped.first().to_numpy()
+    names = {c: f"sd:{c.removesuffix('_sd')}" if c.endswith("_sd") else c.removesuffix("_mean")
+             for c in pooled.columns}  # fmt: skip
+    return pooled.rename(columns=names).assign(skipped=skipped)
+
+
+def pooled_rows(summary: pd.DataFrame, split: str) -> pd.DataFrame:
+    """`seed_table` of one split, indexed by (run, decoding), for `_cell`."""
+    return seed_table(summary[summary.split == split]).set_index(["run", "decoding"])
 
 
 # The README's headline table: (header, column, decimals, direction); quality on one decoding,
@@ -117,8 +193,9 @@ def headline_table(
     diversity: str = "sample20",
 ) -> tuple[list[str], list[list[str]]]:
     """(headers with their direction, rounded rows): one row per run in `run_order`, quality
-    and retrieval columns of decoding `quality`, diversity columns of decoding `diversity`."""
-    rows = summary[summary.split == split].set_index(["run", "decoding"])
+    and retrieval columns of decoding `quality`, diversity columns of decoding `diversity`;
+    a run over several seeds shows each cell's mean ± sd (n seeds) (`spread`)."""
+    rows = pooled_rows(summary, split)
     n_samples = "".join(c for c in diversity if c.isdigit())
     headers = ["run"] + [f"{h} {arrow}" for h, _, _, arrow in HEADLINE_QUALITY] + [
         f"{h} ({n_samples} samples) {arrow}" for h, _, _, arrow in HEADLINE_DIVERSITY
@@ -162,7 +239,7 @@ def sampled_quality_markdown(summary: pd.DataFrame, runs: dict, split: str = "te
     """UNKT's sampled-quality ablation (docs/unkt-sampled-captions.md): the MLE reference
     and every unkt run, each with its mode (greedy, beam 3) and its samples (20 an image: their
     mean CIDEr-D, the oracle over them, Div-2)."""
-    rows = summary[summary.split == split].set_index(["run", "decoding"])
+    rows = pooled_rows(summary, split)
     reference = reference_run(runs)
     names = [n for n in run_order(runs) if n == reference or runs[n].get("method") == "unkt"]
     headers = ["run"] + [f"{h} {a}" for h, *_, a in SAMPLED_QUALITY]
@@ -178,39 +255,35 @@ SEED_COLUMNS = (*SAMPLED_QUALITY, ("mBLEU-4 (20 samples)", "sample20", "mbleu4",
 
 
 def seed_group(name: str) -> str:
-    """The arm a run repeats: its name without a trailing _s<seed> (reference_s1 -> reference)."""
+    """The arm a hand-made repeat names: its name without a trailing _s<seed> (reference_s1 ->
+    reference), issue 29's runs of presets/unkt-ablations.yaml; `seeds:` names its models the
+    same way (core.config.seed_name)."""
     return re.sub(r"_s\d+$", "", name)
+
+
+def hand_made_arms(summary: pd.DataFrame) -> pd.DataFrame:
+    """The summary with each hand-made repeat (`seed_group`) folded into its arm, so
+    `seed_table` pools it (the adapter of issue 29's runs to the seeds tables)."""
+    return summary.assign(run=summary.run.map(seed_group))
 
 
 def seeds_markdown(summary: pd.DataFrame, runs: dict, split: str = "test") -> str:
     """Issue 29's table: the MLE reference and every unkt arm, its runs over seeds (`name`,
-    `name_s1`, ...) pooled: each column's mean and sample standard deviation over the seeds
-    evaluated so far (n of them), mode (greedy, beam 3) and samples (20 an image)."""
-    rows = summary[summary.split == split].set_index(["run", "decoding"])
+    `name_s1`, ...) pooled (`seed_table`): each column's mean and sample standard deviation
+    over the seeds evaluated so far (n of them), mode (greedy, beam 3) and samples (20 an
+    image)."""
+    rows = pooled_rows(hand_made_arms(summary), split)
     reference = reference_run(runs)
-    groups: dict[str, list[str]] = {}
-    for name in run_order(runs):
-        if seed_group(name) == reference or runs[name].get("method") == "unkt":
-            groups.setdefault(seed_group(name), []).append(name)
+    arms = [seed_group(n) for n in run_order(runs)
+            if seed_group(n) == reference or runs[n].get("method") == "unkt"]  # fmt: skip
     headers = ["arm", "seeds"] + [f"{h} {a}" for h, *_, a in SEED_COLUMNS]
     table = [
-        [group, str(len(names))]
-        + [_spread(rows, names, d, col, digits) for _, d, col, digits, _ in SEED_COLUMNS]
-        for group, names in groups.items()
-    ]
+        [arm, str(int(rows.n_seeds.get((arm, "greedy"), 0)))]
+        + [_cell(rows, (arm, d), col, digits, with_n=False) for _, d, col, digits, _ in
+           SEED_COLUMNS]
+        for arm in dict.fromkeys(arms)
+    ]  # fmt: skip
     return markdown_table(headers, table)
-
-
-def _spread(rows: pd.DataFrame, names: Sequence[str], decoding: str, column: str, digits: int):
-    """'mean ± sd' of a column over the runs `names` (sd only with two or more values)."""
-    if column not in rows:
-        return "-"
-    values = [rows[column].get((n, decoding)) for n in names if (n, decoding) in rows.index]
-    values = [v for v in values if v is not None and not pd.isna(v)]
-    if not values:
-        return "-"
-    mean = f"{sum(values) / len(values):.{digits}f}"
-    return mean if len(values) < 2 else f"{mean} ± {pd.Series(values).std():.{digits}f}"
 
 
 def write_headline(summary: pd.DataFrame, runs: dict, csv: Path, md: Path, tex: Path) -> None:
@@ -276,7 +349,8 @@ def run_table(results: Path, split: str = "test") -> str:
     done = (results / "metrics" / "summary.csv").is_file()
     summary = read_summary(results) if done else pd.DataFrame(columns=[*KEYS, "cider", "r_at_1"])
     quality = pick_decodings(summary)[0] if done else "greedy"
-    rows = summary[summary.split == split].set_index(["run", "decoding"])
+    models = [model_rows(summary, name, card["run"].get(SEED)) for name, card in cards.items()]
+    rows = pooled_rows(pd.concat([summary.iloc[:0], *models]), split)
     headers = ["run", "method", "folder", f"CIDEr ({quality})", f"R@1 ({quality})"]
     table = [
         [name, cards[name]["method"], _folder(results, cards[name])]
@@ -287,14 +361,29 @@ def run_table(results: Path, split: str = "test") -> str:
     return markdown_table(headers, table)
 
 
+def model_rows(summary: pd.DataFrame, name: str, seed: int | None) -> pd.DataFrame:
+    """The summary rows of one model folder `name` (its card's `seed`), named `name`: its
+    run's rows of that seed (a model of a run over seeds, <run>_s<seed>, by its run)."""
+    arm = name if name in set(summary.run) else seed_group(name)
+    rows = summary[summary.run == arm]
+    if SEED in rows and seed is not None and rows[SEED].notna().any():
+        rows = rows[rows[SEED] == seed]
+    return rows.assign(run=name)
+
+
 def _folder(results: Path, card: dict) -> str:
     folder = str(results / "runs" / card["name"])
     return f"{folder} (stale: {card['problem']})" if card["problem"] else folder
 
 
-def _cell(rows: pd.DataFrame, key: tuple[str, str], column: str, digits: int) -> str:
-    value = rows[column].get(key) if key in rows.index else None
-    return "-" if value is None or pd.isna(value) else f"{value:.{digits}f}"
+def _cell(
+    rows: pd.DataFrame, key: tuple[str, str], column: str, digits: int, with_n: bool = True
+) -> str:
+    """The cell of `column` for (run, decoding) `key` of `pooled_rows`: `spread`."""
+    if key not in rows.index or f"{column}_mean" not in rows:
+        return "-"
+    row = rows.loc[key]
+    return spread(row[f"{column}_mean"], row[f"{column}_sd"], int(row.n_seeds), digits, with_n)
 
 
 
@@ -328,26 +417,26 @@ def latex(
         "\\midrule", *body, "\\bottomrule", "\\end{tabular}", "\\end{table}",
     ]) + "\n"  # fmt: skip
 
-if __name__ == "__main__":  # make readme-table / make unkt-ablation-table
+if __name__ == "__main__":  # make readme-table / unkt-ablation-table / unkt-seeds-table / seeds
     import argparse
     import sys
 
-    import yaml
+    from distinctcap.core.config import load_schema, read_configs, seed_runs, validate
 
     parser = argparse.ArgumentParser(description="README tables from a run's summary.csv")
     parser.add_argument("summary", help="summary.csv, or a metrics folder (results/metrics) "
                         "whose runs have not all finished")
     parser.add_argument("configs", nargs="+", help="the run's config files; later ones overlay")
     parser.add_argument("--unkt-ablation", action="store_true", help="the sampled-quality table")
-    parser.add_argument("--seeds", action="store_true", help="arms over seeds: mean ± sd")
+    parser.add_argument("--seeds", action="store_true", help="issue 29's arms over seeds")
     args = parser.parse_args()
-    runs: dict = {}
-    for path in args.configs:
-        runs |= yaml.safe_load(Path(path).read_text()).get("runs", {})
+    config = validate(read_configs(args.configs), load_schema())
+    runs = config["runs"]
     if Path(args.summary).is_dir():
         tables = sorted(Path(args.summary).glob("*/*.parquet"))  # not the per-image tables
         tables = [p for p in tables if not p.name.endswith("-per_image.parquet")]
-        summary = summary_table(read_metrics(tables))
+        seed_of = {name: (m.arm, m.seed) for name, m in seed_runs(config).items()}
+        summary = with_seeds(summary_table(read_metrics(tables)), seed_of)
         runs = {name: block for name, block in runs.items() if name in set(summary.run)}
     else:
         summary = pd.read_csv(args.summary)

@@ -23,7 +23,7 @@ import pandas as pd
 
 from distinctcap.core.io import atomic_path
 from distinctcap.report import published as P
-from distinctcap.report.summary import latex
+from distinctcap.report.summary import latex, spread
 
 
 @dataclass(frozen=True)
@@ -53,13 +53,18 @@ class Section:
     published: list[Block]
 
 
-def _cell(value: float, col: Col, reason: str | None, notes: dict[str, int]) -> str:
+def _cell(
+    value: float, col: Col, reason: str | None, notes: dict[str, int], sd: float = math.nan,
+    n_seeds: int = 1,
+) -> str:
+    """A metric's cell in the paper's units; a run over seeds (summary.pooled_metrics) shows
+    mean ± sd (n seeds)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         if reason is None:
             return "n/a"
         notes.setdefault(reason, len(notes) + 1)
         return f"skipped [{notes[reason]}]"
-    return f"{value * col.scale:.{col.digits}f}"
+    return spread(value * col.scale, sd * col.scale, n_seeds, col.digits)
 
 
 def ours_block(title: str, metrics: pd.DataFrame, cols: Sequence[Col]) -> Block:
@@ -67,7 +72,9 @@ def ours_block(title: str, metrics: pd.DataFrame, cols: Sequence[Col]) -> Block:
     notes: dict[str, int] = {}
     rows = []
     for _, r in metrics.iterrows():
-        cells = [_cell(r.get(c.metric, math.nan), c, r.skipped.get(c.metric), notes) for c in cols]
+        cells = [_cell(r.get(c.metric, math.nan), c, r.skipped.get(c.metric), notes,
+                       r.get(f"sd:{c.metric}", math.nan), int(r.get("n_seeds", 1)))
+                 for c in cols]  # fmt: skip
         rows.append([str(r.run), str(r.decoding), str(r.split), *cells])
     block = Block(title, ["Run", "Decoding", "Split", *[c.header for c in cols]], rows)
     block.notes = [f"[{n}] {reason}" for reason, n in notes.items()]

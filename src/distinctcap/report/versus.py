@@ -17,7 +17,9 @@ same images for run and reference:
 - scene precision and F1 (shapes world): claim and fact counts per image, the statistic is
   the micro average over the resampled images, as in the summary.
 Bootstrap (Efron & Tibshirani 1993, percentile interval): `n_boot` resamples of the images
-with replacement, the same resample for run and reference (paired), seeded.
+with replacement, the same resample for run and reference (paired), seeded. A run trained over
+several seeds (core.config.seed_runs) is compared seed by seed with the reference of the same
+seed and resampled over seeds and images (`seed_bootstrap`, docs/seeds.md).
 """
 
 from __future__ import annotations
@@ -99,10 +101,41 @@ def paired_bootstrap(
     idx = rng.integers(0, n, size=(n_boot, n))
     a, b = statistic(ours.sum(0)), statistic(reference.sum(0))
     diffs = statistic(ours[idx].sum(1)) - statistic(reference[idx].sum(1))
+    low, high = percentile_interval(diffs, level)
+    return float(a), float(b), float(a - b), low, high
+
+
+def percentile_interval(diffs: np.ndarray, level: float) -> tuple[float, float]:
+    """The percentile interval of bootstrap differences; NaN ones (e.g. precision of a
+    resample without claims) left out."""
     tail = (1 - level) / 2 * 100
-    finite = diffs[np.isfinite(diffs)]  # NaN: e.g. precision of a resample without claims
+    finite = diffs[np.isfinite(diffs)]
     low, high = np.percentile(finite, [tail, 100 - tail]) if finite.size else (np.nan, np.nan)
-    return float(a), float(b), float(a - b), float(low), float(high)
+    return float(low), float(high)
+
+
+Scores = tuple[np.ndarray, np.ndarray, Callable[[np.ndarray], np.ndarray]]
+
+
+def seed_bootstrap(
+    per_seed: list[Scores], n_boot: int = 1000, seed: int = 0, level: float = 0.95
+) -> tuple[float, float, float, float, float]:
+    """`paired_bootstrap` over seeds and images (docs/seeds.md): the run's and the
+    reference's per-image rows of each seed (the same seed trained both), two-stage: each
+    resample draws as many seeds as there are, with replacement, and for each drawn seed a
+    resample of its images, the same for run and reference; its difference is the mean over
+    the drawn seeds of statistic(run) - statistic(reference). Values: means over seeds."""
+    rng = np.random.default_rng(seed)
+    drawn = rng.integers(0, len(per_seed), size=(n_boot, len(per_seed)))
+    diffs = np.empty(drawn.shape)
+    for index, (ours, reference, statistic) in enumerate(per_seed):
+        slots = drawn == index
+        idx = rng.integers(0, len(ours), size=(int(slots.sum()), len(ours)))
+        diffs[slots] = statistic(ours[idx].sum(1)) - statistic(reference[idx].sum(1))
+    a = np.mean([statistic(ours.sum(0)) for ours, _, statistic in per_seed])
+    b = np.mean([statistic(reference.sum(0)) for _, reference, statistic in per_seed])
+    low, high = percentile_interval(diffs.mean(1), level)
+    return float(a), float(b), float(a - b), low, high
 
 
 def mean_statistic(n: int) -> Callable[[np.ndarray], np.ndarray]:
@@ -141,44 +174,95 @@ def compare_runs(
     n_boot: int = 1000,
     seed: int = 0,
     per_image: dict[tuple[str, str, str], pd.DataFrame] | None = None,
+    seed_of: dict | None = None,
 ) -> pd.DataFrame:
     """One row per (run, decoding, split, metric) against `reference` under the same split and
     decoding, runs in report order (`runs`: the config's blocks); `generated` and `per_image`
-    map (run, split, decoding) to its generated table and its evaluate per-image table (R@1,
-    mean rank, CLIPScore; left out where either side has none). Images: those both runs
-    captioned (and, for the per-image metrics, both tables hold)."""
+    map (model, split, decoding) to its generated table and its evaluate per-image table (R@1,
+    mean rank, CLIPScore; left out where either side has none). Images: those both models
+    captioned (and, for the per-image metrics, both tables hold). A run over several seeds
+    (`seed_of`: model -> (run, seed)) is one row per metric: each seed against the reference
+    of that seed (`seed_pairs`), its interval over seeds and images (`seed_bootstrap`), and an
+    `n_seeds` column says how many seeds."""
     per_image = per_image or {}
     refs = captions.groupby("image_id").text.agg(list).to_dict()
     scenes = images.set_index("image_id").scene if "scene" in images.columns else None
     rows = []
-    for (run, split, decoding), table in generated.items():
-        base = generated.get((reference, split, decoding))
-        if run == reference or base is None:
-            continue
-        ours, theirs = first_captions(table), first_captions(base)
-        shared = ours.index.intersection(theirs.index)
-        ours, theirs = ours[shared], theirs[shared]
-        scores = {
-            "cider": (
-                cider_scores(ours, refs)[:, None], cider_scores(theirs, refs)[:, None],
-                mean_statistic(len(shared)),
-            )
-        }
-        a, b = per_image.get((run, split, decoding)), per_image.get((reference, split, decoding))
-        if a is not None and b is not None:
-            both = shared.intersection(a.image_id).intersection(b.image_id)
-            scores |= per_image_scores(a, b, both)
-        if scenes is not None:
-            a, b = scene_counts(ours, scenes), scene_counts(theirs, scenes)
-            scores |= {"scene_precision": (a, b, micro_precision), "scene_f1": (a, b, micro_f1)}
-        for metric, (a, b, statistic) in scores.items():
-            value, ref, diff, low, high = paired_bootstrap(a, b, statistic, n_boot, seed)
+    for (run, split, decoding), pairs in seed_pairs(generated, reference, seed_of or {}).items():
+        scores = [
+            pair_scores(generated[ours], generated[theirs], refs, scenes,
+                        per_image.get(ours), per_image.get(theirs))
+            for ours, theirs in pairs
+        ]  # fmt: skip
+        for metric in scores[0]:
+            per_seed = [s[metric] for s in scores if metric in s]
+            value, ref, diff, low, high = (
+                paired_bootstrap(*per_seed[0], n_boot, seed) if len(per_seed) == 1
+                else seed_bootstrap(per_seed, n_boot, seed)
+            )  # fmt: skip
             rows.append([run, decoding, split, metric, value, ref, diff, low, high,
-                         verdict(low, high, metric in LOWER_BETTER)])
-    table = pd.DataFrame(rows, columns=COLUMNS)
+                         verdict(low, high, metric in LOWER_BETTER), len(per_seed)])
+    table = pd.DataFrame(rows, columns=[*COLUMNS, "n_seeds"])
+    if not (table.n_seeds > 1).any():
+        table = table.drop(columns="n_seeds")  # one seed: today's table
     order = {name: i for i, name in enumerate(run_order(runs or {r: {} for r in table.run}))}
     position = np.argsort(table.run.map(order).to_numpy(), kind="stable")
     return table.iloc[position].reset_index(drop=True)
+
+
+Key = tuple[str, str, str]  # (model, split, decoding)
+
+
+def seed_pairs(keys, reference: str, seed_of: dict) -> dict[Key, list[tuple[Key, Key]]]:
+    """(run, split, decoding) -> its (model, reference model) keys to compare: a run over
+    several seeds pairs each seed with the reference's model of the same seed (seeds the
+    reference lacks are left out); a run with one model is compared with the model
+    `reference`, as before seeds. The reference's own rows are left out."""
+    arm_seed = {key[0]: tuple(seed_of.get(key[0], (key[0], None))) for key in keys}
+    reference_arm = arm_seed.get(reference, (reference, None))[0]
+    models: dict[Key, list[Key]] = {}
+    for model, split, decoding in keys:
+        models.setdefault((arm_seed[model][0], split, decoding), []).append(
+            (model, split, decoding))
+    by_seed = {(arm_seed[m][1], s, d): (m, s, d) for m, s, d in keys
+               if arm_seed[m][0] == reference_arm}  # fmt: skip
+    pairs = {}
+    for (run, split, decoding), own in models.items():
+        if run == reference_arm:
+            continue
+        if len(own) == 1:
+            partner = [(reference, split, decoding)] if (reference, split, decoding) in keys else []
+        else:
+            partner = [by_seed.get((arm_seed[m][1], split, decoding)) for m, _, _ in own]
+        kept = [(o, p) for o, p in zip(own, partner, strict=False) if p is not None]
+        if kept:
+            pairs[(run, split, decoding)] = kept
+    return pairs
+
+
+def pair_scores(
+    table: pd.DataFrame, base: pd.DataFrame, refs: dict, scenes: pd.Series | None,
+    a: pd.DataFrame | None, b: pd.DataFrame | None,
+) -> dict[str, Scores]:
+    """metric -> (model's, reference model's per-image rows, statistic) on the images both
+    captioned: CIDEr-D, the per-image table's metrics (where both have one: `a`, `b`) and, on
+    the shapes world, scene precision and F1."""
+    ours, theirs = first_captions(table), first_captions(base)
+    shared = ours.index.intersection(theirs.index)
+    ours, theirs = ours[shared], theirs[shared]
+    scores = {
+        "cider": (
+            cider_scores(ours, refs)[:, None], cider_scores(theirs, refs)[:, None],
+            mean_statistic(len(shared)),
+        )
+    }
+    if a is not None and b is not None:
+        both = shared.intersection(a.image_id).intersection(b.image_id)
+        scores |= per_image_scores(a, b, both)
+    if scenes is not None:
+        a, b = scene_counts(ours, scenes), scene_counts(theirs, scenes)
+        scores |= {"scene_precision": (a, b, micro_precision), "scene_f1": (a, b, micro_f1)}
+    return scores
 
 
 def cell(row: pd.Series) -> str:
@@ -195,9 +279,22 @@ def wide(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     rows = []
     for (run, decoding), group in table.groupby(["run", "decoding"], sort=False):
         by_metric = group.set_index("metric")
-        rows.append([run, decoding, *(cell(by_metric.loc[m]) if m in by_metric.index else "-"
-                                      for m in metrics)])
+        rows.append([seeds_label(run, group), decoding,
+                     *(cell(by_metric.loc[m]) if m in by_metric.index else "-"
+                       for m in metrics)])  # fmt: skip
     return headers, rows
+
+
+def seeds_label(run: str, rows: pd.DataFrame) -> str:
+    """The run's label in the wide table: '<run> (n seeds)' for a run over several seeds."""
+    n = int(rows.n_seeds.max()) if "n_seeds" in rows else 1
+    return f"{run} ({n} seeds)" if n > 1 else run
+
+
+SEEDS_NOTE = (
+    " A run over several seeds (n seeds): each seed against the reference of the same seed,"
+    " the mean difference over seeds, its interval from a bootstrap over seeds and images."
+)
 
 
 def markdown(table: pd.DataFrame, reference: str) -> str:
@@ -206,7 +303,7 @@ def markdown(table: pd.DataFrame, reference: str) -> str:
         f"Difference against the MLE reference `{reference}` (run minus reference, same images,"
         " split and decoding) with its paired bootstrap 95 % interval; **better** / **worse**"
         " only where the interval excludes 0 (↓: lower is better, a negative difference is"
-        " better).",
+        " better)." + (SEEDS_NOTE if "n_seeds" in table else ""),
         "",
         "| " + " | ".join(headers) + " |",
         "|---" * len(headers) + "|",

@@ -1,0 +1,211 @@
+"""Runs over several seeds (issue 34, docs/seeds.md): the config layer expands each run into one
+model per seed, children read their parent's model of the same seed, and one seed keeps the
+config's own runs, names and effective configs exactly."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import ROOT
+
+from distinctcap.core.config import (
+    effective_run_config,
+    load_schema,
+    read_configs,
+    seed_runs,
+    seeded_runs,
+    validate,
+)
+from distinctcap.core.errors import DistinctcapError
+
+SCHEMA = load_schema(ROOT / "workflow" / "schemas" / "config.schema.yaml")
+RUNS = {
+    "reference": {"method": "mle"},
+    "teacher_neg": {"method": "mle", "data": "D-"},
+    "unkt": {"method": "unkt", "teacher": "teacher_neg"},
+    "cl": {"method": "cl", "init": "reference", "reference": "reference"},
+}
+
+
+def effective_configs(config: dict) -> dict[str, str]:
+    """Each model's effective config as the JSON its fingerprint and run card are made of."""
+    seeded = {**config, "runs": seeded_runs(config)}
+    return {name: json.dumps(effective_run_config(seeded, name, SCHEMA))
+            for name in seeded["runs"]}  # fmt: skip
+
+
+def test_one_seed_keeps_every_run_of_the_default_config_as_it_was():
+    """config.yaml: the same model names and the same effective configs, key order included,
+    as each run's own block gave before seeds existed (so nothing retrains)."""
+    config = validate(read_configs([ROOT / "config.yaml"]), SCHEMA)
+    before = {name: json.dumps(effective_run_config(config, name, SCHEMA))
+              for name in config["runs"]}  # fmt: skip
+    assert effective_configs(config) == before
+    assert effective_configs({**config, "seeds": [config["seed"]]}) == before
+
+
+def test_each_seed_is_a_model_and_children_read_the_same_seed():
+    config = validate({"runs": RUNS, "seeds": [0, 1, 2]}, SCHEMA)
+    models = seed_runs(config)
+    assert [(m.arm, m.seed) for m in models.values()] == [
+        (arm, seed) for arm in RUNS for seed in (0, 1, 2)
+    ]
+    assert models["reference"].block == config["runs"]["reference"]  # seed 0: today's run
+    assert models["reference_s1"].block == {**config["runs"]["reference"], "seed": 1}
+    assert models["unkt_s2"].block["teacher"] == "teacher_neg_s2"
+    assert models["cl_s1"].block["init"] == models["cl_s1"].block["reference"] == "reference_s1"
+    effective = {n: json.loads(c) for n, c in effective_configs(config).items()}
+    assert {n: c["seed"] for n, c in effective.items()} == {n: m.seed for n, m in models.items()}
+
+
+def test_a_run_over_seeds_trains_its_parents_for_those_seeds():
+    """Per-run seeds: the teacher (unkt's parent) is trained for the student's seeds too; a run
+    nobody reads keeps one model; a pinned `seed` is kept as written."""
+    runs = {**RUNS, "unkt": {**RUNS["unkt"], "seeds": [0, 3]}, "pinned": {"method": "mle",
+                                                                         "seed": 5}}
+    models = seed_runs(validate({"runs": runs}, SCHEMA))
+    assert sorted(models) == ["cl", "pinned", "reference", "teacher_neg", "teacher_neg_s3",
+                              "unkt", "unkt_s3"]  # fmt: skip
+    assert models["unkt_s3"].block["teacher"] == "teacher_neg_s3"
+    assert models["pinned"].block["seed"] == 5
+
+
+@pytest.mark.parametrize(("runs", "top", "message"), [
+    ({"a": {"method": "mle", "seed": 1, "seeds": [1, 2]}}, None, "runs.a: give seed or seeds"),
+    ({"a": {"method": "mle", "seed": 1}, "b": {"method": "cl", "init": "a", "reference": "a",
+                                               "seeds": [0, 1]}},
+     None, "runs.a.seed = 1 pins one seed"),
+    ({"a": {"method": "mle"}, "a_s1": {"method": "mle"}}, [0, 1], "'a_s1', which is also a run"),
+    ({"a": {"method": "mle", "seeds": [1, 1]}}, None, "runs.a.seeds"),
+])  # fmt: skip
+def test_seed_errors_name_the_key(runs, top, message):
+    config = {"runs": runs} | ({"seeds": top} if top else {})
+    with pytest.raises(DistinctcapError, match=message):
+        validate(config, SCHEMA)
+
+
+def test_versus_pairs_each_seed_with_the_reference_of_that_seed():
+    """A run over two seeds is one row per metric, against the reference of the same seed;
+    a run with one model is compared with `reference` as before; one seed adds no column."""
+    from distinctcap.report.versus import seed_pairs
+
+    keys = [(m, "test", "greedy") for m in ("reference", "reference_s1", "unkt", "unkt_s1",
+                                              "pinned")]  # fmt: skip
+    seed_of = {"reference": ("reference", 0), "reference_s1": ("reference", 1),
+               "unkt": ("unkt", 0), "unkt_s1": ("unkt", 1), "pinned": ("pinned", 1)}
+    pairs = seed_pairs(keys, "reference", seed_of)
+    assert pairs == {
+        ("unkt", "test", "greedy"): [(keys[2], keys[0]), (keys[3], keys[1])],
+        ("pinned", "test", "greedy"): [(keys[4], keys[0])],
+    }
+
+
+def test_the_seed_bootstrap_interval_holds_across_seeds_only_where_every_seed_agrees():
+    """Two seeds that both gain +1 per image: better, the difference their mean; one seed
+    gaining +1 and the other losing 1: the interval spans 0 (the images alone would not)."""
+    from distinctcap.report.versus import mean_statistic, seed_bootstrap, verdict
+
+    rng = np.random.default_rng(0)
+    base = rng.normal(size=(200, 1))
+    mean = mean_statistic(200)
+    agree = [(base + 1, base, mean), (base + 1.2, base, mean)]
+    value, ref, diff, low, high = seed_bootstrap(agree, 500, 0)
+    assert diff == pytest.approx(1.1) and value - ref == pytest.approx(diff)
+    assert verdict(low, high) == "better"
+    split = [(base + 1, base, mean), (base - 1, base, mean)]
+    *_, diff, low, high = seed_bootstrap(split, 500, 0)
+    assert diff == pytest.approx(0) and low < 0 < high
+    assert verdict(low, high) == "no significant difference"
+
+
+def seed_metrics(cider_of: dict[str, float]) -> pd.DataFrame:
+    """Metrics rows (greedy and 20 samples) of models with the given CIDEr-D, 0.25 elsewhere."""
+    from distinctcap.report.summary import CONSENSUS, SUMMARY_BASE, SUMMARY_TAIL
+
+    columns = [c for c in (*SUMMARY_BASE, "oracle_cider_20", *CONSENSUS, *SUMMARY_TAIL)
+               if c not in ("run", "split", "decoding")]  # fmt: skip
+    return pd.DataFrame([
+        {"run": model, "split": "test", "decoding": dec, **dict.fromkeys(columns, 0.25),
+         "n_samples": n, "cider": cider, "skipped": {}}
+        for model, cider in cider_of.items() for dec, n in (("greedy", 1), ("sample20", 20))
+    ])  # fmt: skip
+
+
+SEED_OF = {"reference": ("reference", 0), "reference_s1": ("reference", 1),
+           "unkt": ("unkt", 0), "unkt_s1": ("unkt", 1)}  # fmt: skip
+ARMS = {"reference": {"method": "mle", "data": "all"}, "unkt": {"method": "unkt"}}
+
+
+def test_the_tables_mean_is_the_mean_of_the_per_seed_rows(tmp_path):
+    from distinctcap.report.summary import headline_markdown, pooled_metrics, write_summary
+    from distinctcap.report.tables import tables_markdown
+
+    metrics = seed_metrics({"reference": 0.9, "reference_s1": 1.1, "unkt": 1.0, "unkt_s1": 1.4})
+    summary = write_summary(metrics, tmp_path / "s.csv", SEED_OF, tmp_path / "seeds.csv")
+    assert list(summary.columns[:4]) == ["run", "seed", "split", "decoding"]
+    assert list(zip(summary.run, summary.seed, strict=True))[::2] == list(SEED_OF.values())
+    pooled = pd.read_csv(tmp_path / "seeds.csv").set_index(["run", "decoding"])
+    per_seed = summary[summary.decoding == "greedy"].groupby("run").cider
+    assert pooled.loc[("unkt", "greedy"), "cider_mean"] == pytest.approx(per_seed.mean()["unkt"])
+    assert pooled.loc[("unkt", "greedy"), "cider_sd"] == pytest.approx(per_seed.std()["unkt"])
+    assert pooled.n_seeds.tolist() == [2, 2, 2, 2]
+    cells = "| unkt | 0.250 ± 0.000 (2) | 0.250 ± 0.000 (2) | 1.200 ± 0.283 (2) |"
+    assert cells in headline_markdown(summary, ARMS)
+    tables = tables_markdown(pooled_metrics(metrics, SEED_OF), "shapes")
+    assert "| unkt | greedy | test | n/a | 0.250 ± 0.000 (2) | 1.200 ± 0.283 (2) |" in tables
+
+
+def test_one_seed_gives_todays_tables(tmp_path):
+    """One seed a run: summary.csv only gains its seed column; the headline, paper-layout
+    tables and summary_seeds.csv's means are today's numbers."""
+    from distinctcap.report.summary import headline_markdown, pooled_metrics, write_summary
+    from distinctcap.report.tables import tables_markdown
+
+    metrics = seed_metrics({"reference": 0.9, "unkt": 1.0})
+    seed_of = {"reference": ("reference", 0), "unkt": ("unkt", 0)}
+    summary = write_summary(metrics, tmp_path / "s.csv", seed_of, tmp_path / "seeds.csv")
+    before = write_summary(metrics, tmp_path / "before.csv")
+    assert summary.drop(columns="seed").equals(before.assign(seed=None).drop(columns="seed"))
+    assert headline_markdown(summary, ARMS) == headline_markdown(before.drop(columns="seed"), ARMS)
+    assert pooled_metrics(metrics, seed_of) is metrics
+    assert "| unkt | 0.250 | 0.250 | 1.000 |" in headline_markdown(summary, ARMS)
+    assert "±" not in tables_markdown(pooled_metrics(metrics, seed_of), "shapes")
+    pooled = pd.read_csv(tmp_path / "seeds.csv")
+    assert pooled.cider_mean.tolist() == summary.cider.tolist()
+    assert pooled.n_seeds.eq(1).all()
+
+
+@pytest.mark.slow
+def test_two_seeds_through_the_dag(workdir):
+    """The real DAG, shrunk to the reference and its CL fine-tune over seeds 0 and 1: four
+    models, the seeds' weights differ, cl_s1 starts from reference_s1, the summary pools the
+    seeds and versus pairs them; the same config with one seed has its models up to date."""
+    from conftest import snakemake, tiny_config
+
+    config = tiny_config()
+    config["clip"]["train"]["epochs"] = 2  # only the retrieval metrics read it
+    config["train"] |= {"steps": 8, "val_every": 4, "checkpoint_every": 4}
+    config["runs"] = {name: config["runs"][name] for name in ("reference", "cl")}
+    config["decoding"] = {"greedy": {"kind": "greedy"}}
+    config["evaluate"] |= {"oracle_ns": [1], "curve_ns": [1]}
+    targets = ["results/metrics/summary.csv", "results/report/versus.csv"]
+    result = snakemake(workdir, *targets, config={**config, "seeds": [0, 1]})
+    assert result.returncode == 0, result.stderr[-4000:]
+    runs = workdir / "results" / "runs"
+    assert sorted(p.name for p in runs.iterdir()) == ["cl", "cl_s1", "reference", "reference_s1"]
+    weights = {p.name: (p / "model.pt").read_bytes() for p in runs.iterdir()}
+    assert weights["reference"] != weights["reference_s1"] and weights["cl"] != weights["cl_s1"]
+    card = json.loads((runs / "cl_s1" / "run.json").read_text())["run"]
+    assert (card["init"], card["reference"], card["seed"]) == ("reference_s1",) * 2 + (1,)
+    summary = pd.read_csv(workdir / "results/metrics/summary.csv")
+    assert sorted(zip(summary.run, summary.seed, strict=True)) == [
+        ("cl", 0), ("cl", 1), ("reference", 0), ("reference", 1)]
+    pooled = pd.read_csv(workdir / "results/metrics/summary_seeds.csv").set_index("run")
+    cl = summary[summary.run == "cl"]
+    assert pooled.loc["cl", "cider_mean"] == pytest.approx(cl.cider.mean())
+    versus = pd.read_csv(workdir / "results/report/versus.csv")
+    assert set(versus.run) == {"cl"} and versus.n_seeds.eq(2).all()
+    models = (f"results/runs/{run}/model.pt" for run in ("reference", "cl"))
+    one_seed = snakemake(workdir, "-n", *models, config=config)
+    assert "Nothing to be done" in one_seed.stdout + one_seed.stderr, one_seed.stdout[-3000:]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from pycocoevalcap.rouge.rouge import Rouge
 from distinctcap.evaluate.metrics import CocoTools, consensus_rerank, evaluate_captions, mbleu
 from distinctcap.evaluate.metrics import cider as cider_module
 from distinctcap.evaluate.metrics import coco as coco_module
-from distinctcap.evaluate.metrics.cider import CiderD
+from distinctcap.evaluate.metrics.cider import CiderD, ngram_counts
 from distinctcap.evaluate.metrics.diversity import self_cider_kernel
 from distinctcap.evaluate.metrics.parallel import chunk_bounds, fork_map
 
@@ -75,6 +76,15 @@ def test_cider_d_matrices_are_the_per_pair_floats_to_the_last_digit(monkeypatch)
         assert scorer.scores(hyps, refs).tolist() == [scorer.score(h, refs) for h in hyps]
         caps = hyps + refs
         assert (self_cider_kernel(scorer, caps) == kernel_by_pairs(scorer, caps)).all()
+
+
+def test_document_frequencies_count_each_images_ngrams_once():
+    rng = random.Random(5)
+    docs = [ragged_captions(rng, rng.randint(0, 4)) for _ in range(30)]
+    expected = Counter()
+    for doc in docs:
+        expected.update({gram for caption in doc for gram in ngram_counts(caption)})
+    assert CiderD(iter(docs)).df == expected
 
 
 def test_consensus_and_oracle_cider_are_the_per_pair_scores():

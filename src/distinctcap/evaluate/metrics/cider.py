@@ -11,6 +11,7 @@ is `pair`'s to the last digit.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -32,6 +33,17 @@ def ngram_counts(sentence: str, n: int = 4) -> Counter[tuple[str, ...]]:
     )
 
 
+def document_ngrams(captions: Sequence[str], n: int = 4) -> set[tuple[str, ...]]:
+    """The set of 1..n-grams of a document's (an image's) captions: what its document
+    frequency counts once."""
+    grams: set[tuple[str, ...]] = set()
+    for sentence in captions:
+        words = sentence.split()
+        for k in range(1, n + 1):
+            grams.update(zip(*(words[i:] for i in range(k)), strict=False))  # shifted views
+    return grams
+
+
 class CiderD:
     """CIDEr-D (Vedantam et al. 2015): tf-idf n-gram cosine with clipping and length penalty.
 
@@ -44,11 +56,10 @@ class CiderD:
 
     def __init__(self, documents: Iterable[Sequence[str]], n: int = 4, sigma: float = 6.0):
         self.n, self.sigma = n, sigma
-        self.df: Counter[tuple[str, ...]] = Counter()
-        count = 0
-        for doc in documents:
-            count += 1
-            self.df.update({g for sentence in doc for g in ngram_counts(sentence, n)})
+        documents = list(documents)
+        grams = itertools.chain.from_iterable(document_ngrams(doc, n) for doc in documents)
+        self.df: Counter[tuple[str, ...]] = Counter(grams)  # counted in C
+        count = len(documents)
         if count < 2:
             raise DistinctcapError(
                 f"CIDEr-D needs a document-frequency corpus of at least 2 images, got {count}: "

@@ -150,7 +150,6 @@ def test_a_parallel_job_gives_the_serial_numbers_and_reuses_reference_tokens(
     # the thresholds shrunk, so this small case uses two tokenizer JVMs and METEOR servers
     monkeypatch.setattr(coco_module, "PTB_LINES_PER_JVM", 50)
     monkeypatch.setattr(coco_module, "METEOR_PAIRS_PER_SERVER", 10)
-    monkeypatch.setattr(coco_module, "CORES_PER_METEOR_SERVER", 1)
     with CocoTools(workers=1, cache_dir=tmp_path) as job:  # one session: METEOR starts twice
         expected = evaluate_captions(**case, tools=job)
         assert job.launches["meteor"] == 1 and job.launches["ptb"] == 1

@@ -5,8 +5,8 @@ and start one Java process per scorer object. Here one `CocoTools` session runs 
 with private temporary folders, so evaluations work from a read-only venv and in parallel:
 the PTB tokenizer runs once per `tokenize` call (over `workers` JVMs side by side for a long
 list), METEOR is one long-lived `-stdio` server per session (started on first use; per-pair
-scores of many pairs go over a server per two of the `workers`), and SPICE runs once over a
-batch of (candidate, refs) pairs with `-threads` and a `-cache`. A session is one evaluate job: it
+scores of many pairs go over `workers` servers), and SPICE runs once over a batch of
+(candidate, refs) pairs with `-threads` and a `-cache`. A session is one evaluate job: it
 tokenises a reference set once (and, with a `cache_dir`, once for every later job and run:
 the tokens are stored by content hash) and builds CIDEr-D's document frequencies of a
 corpus once (`cider_d`).
@@ -66,14 +66,10 @@ QUALITY_METRICS = ("bleu1", "bleu2", "bleu3", "bleu4", "meteor", "rouge_l", "cid
 _PUNCT = frozenset(ptbtokenizer.PUNCTUATIONS)
 # A tokenizer JVM per this many captions at most (its start is ~1 CPU s), up to `workers`.
 PTB_LINES_PER_JVM = 20_000
-# A METEOR server per this many pairs at most (and per CORES_PER_METEOR_SERVER cores): a
-# server's start (its paraphrase table) is ~10 CPU s, a pair with 5 references ~3 ms.
+# A METEOR server per this many pairs at most, up to `workers`: a server's start (its
+# paraphrase table) is ~10 CPU s, a pair with 5 references ~3 ms.
 METEOR_PAIRS_PER_SERVER = 10_000
 MAX_METEOR_SERVERS = 4  # ~1 GB resident each (the evaluate rule's mem_mb counts on it)
-# A METEOR server per this many of the job's cores: the servers share them with the forked
-# n-gram workers, and a second server on 2 cores cost ~30 CPU s (its table, its JIT) for
-# little wall time (bench/bench_evaluate.py --coco, docs/performance.md).
-CORES_PER_METEOR_SERVER = 2
 
 
 JAVA_INSTALL = "install Java 17, e.g. `apt-get install openjdk-17-jre-headless`"
@@ -335,12 +331,10 @@ class CocoTools:
         return self._meteor(0).score(pairs)
 
     def meteor_segments(self, pairs: Sequence[Pair]) -> list[float]:
-        """Per-pair METEOR of many pairs, cut over up to one server per
-        CORES_PER_METEOR_SERVER of the job's cores, side by side (a pair's score depends on
-        its own statistics only, so the split changes no digit)."""
+        """Per-pair METEOR of many pairs, cut over up to `workers` servers side by side (a
+        pair's score depends on its own statistics only, so the split changes no digit)."""
         wanted = -(-len(pairs) // METEOR_PAIRS_PER_SERVER)
-        cores = max(1, self.workers // CORES_PER_METEOR_SERVER)
-        count = min(cores, MAX_METEOR_SERVERS, wanted)
+        count = min(self.workers, MAX_METEOR_SERVERS, wanted)
         bounds = chunk_bounds(len(pairs), count) if pairs else []
         if len(bounds) <= 1:
             return self.meteor(pairs)[1]

@@ -1,18 +1,24 @@
 """An evaluate job on all its cores gives today's serial numbers to the last digit: the forked
 n-gram metrics, the METEOR servers and tokenizer JVMs side by side, the reference tokens kept
-by content hash, the document frequencies counted once, and mBLEU-4 from one n-gram count."""
+by content hash, the document frequencies counted once, mBLEU-4 from one n-gram count, and
+CIDEr-D's many pairs (SelfCIDEr, consensus, oracle) as numpy matrices."""
 
 from __future__ import annotations
 
 import math
 import random
+from collections import Counter
 
 import numpy as np
 import pytest
 from pycocoevalcap.bleu.bleu import Bleu
+from pycocoevalcap.rouge.rouge import Rouge
 
-from distinctcap.evaluate.metrics import CocoTools, evaluate_captions, mbleu
+from distinctcap.evaluate.metrics import CocoTools, consensus_rerank, evaluate_captions, mbleu
+from distinctcap.evaluate.metrics import cider as cider_module
 from distinctcap.evaluate.metrics import coco as coco_module
+from distinctcap.evaluate.metrics.cider import CiderD, ngram_counts
+from distinctcap.evaluate.metrics.diversity import self_cider_kernel
 from distinctcap.evaluate.metrics.parallel import chunk_bounds, fork_map
 
 WORDS = "a man dog riding horse on the beach two red ball plate of food with white".split()
@@ -41,6 +47,72 @@ def test_mbleu_from_one_count_is_pycocoevalcaps_to_the_last_digit():
         caps[0] = caps[0][:1] * 3 + ["a"]
         assert mbleu(caps) == mbleu_by_rounds(caps)
         assert mbleu(caps, workers=2) == mbleu_by_rounds(caps)
+
+
+def ragged_captions(rng: random.Random, count: int) -> list[str]:
+    """Short, long, empty and repeated captions with repeated words."""
+    caps = [" ".join(rng.choices(WORDS[:6], k=rng.randint(0, 14))) for _ in range(count)]
+    return caps + caps[:2]
+
+
+def kernel_by_pairs(scorer: CiderD, caps: list[str]) -> np.ndarray:
+    """SelfCIDEr's kernel as today's code builds it: `pair` of each i <= j, mirrored."""
+    kernel = np.zeros((len(caps), len(caps)))
+    for i in range(len(caps)):
+        for j in range(i, len(caps)):
+            kernel[i, j] = kernel[j, i] = scorer.pair(caps[i], caps[j])
+    return kernel
+
+
+def test_cider_d_matrices_are_the_per_pair_floats_to_the_last_digit(monkeypatch):
+    rng = random.Random(2)
+    scorer = CiderD([ragged_captions(rng, 5) for _ in range(40)])
+    monkeypatch.setattr(cider_module, "BLOCK_TERMS", 300)  # several blocks per matrix
+    for _ in range(15):
+        hyps = ragged_captions(rng, rng.randint(1, 12))
+        refs = ragged_captions(rng, rng.randint(1, 9))
+        pairs = scorer.pair_matrix(hyps, refs)
+        assert pairs.tolist() == [[scorer.pair(h, r) for r in refs] for h in hyps]
+        assert scorer.scores(hyps, refs).tolist() == [scorer.score(h, refs) for h in hyps]
+        caps = hyps + refs
+        assert (self_cider_kernel(scorer, caps) == kernel_by_pairs(scorer, caps)).all()
+
+
+def test_document_frequencies_count_each_images_ngrams_once():
+    rng = random.Random(5)
+    docs = [ragged_captions(rng, rng.randint(0, 4)) for _ in range(30)]
+    expected = Counter()
+    for doc in docs:
+        expected.update({gram for caption in doc for gram in ngram_counts(caption)})
+    assert CiderD(iter(docs)).df == expected
+
+
+def test_consensus_and_oracle_cider_are_the_per_pair_scores():
+    rng = random.Random(3)
+    samples = {i: ragged_captions(rng, 8) for i in range(5)}
+    neighbours = {i: ragged_captions(rng, 6) for i in range(5)}
+    scorer = CiderD(neighbours.values())
+    ranked = consensus_rerank(samples, neighbours, scorer=scorer, workers=2)
+    for i, caps in samples.items():
+        scores = [scorer.score(c, neighbours[i]) for c in caps]
+        order = sorted(range(len(caps)), key=lambda j, s=scores: -s[j])
+        assert ranked[i] == [caps[j] for j in order]
+    pairs = [(c, neighbours[i]) for i, caps in samples.items() for c in caps]  # the oracle's
+    expected = [scorer.score(c, refs) for c, refs in pairs]
+    assert coco_module._cider_scores(pairs, scorer).tolist() == expected
+
+
+def test_oracle_bleu_and_rouge_are_pycocoevalcaps_to_the_last_digit():
+    rng = random.Random(4)
+    pairs = []
+    for _ in range(12):  # an image's samples share its references; some longer than 64 words
+        refs = ragged_captions(rng, rng.randint(1, 4)) + [" ".join(rng.choices(WORDS, k=70))]
+        pairs += [(c, refs) for c in ragged_captions(rng, rng.randint(1, 5))]
+    gts = {k: list(refs) for k, (_, refs) in enumerate(pairs)}
+    res = {k: [hyp] for k, (hyp, _) in enumerate(pairs)}
+    assert coco_module._bleu_scores(pairs) == Bleu(4).compute_score(gts, res, verbose=0)[1]
+    rouge = [coco_module.rouge_l(hyp, refs) for hyp, refs in pairs]
+    assert rouge == [Rouge().calc_score([hyp], refs) for hyp, refs in pairs]
 
 
 def test_fork_map_returns_the_serial_results_in_order():

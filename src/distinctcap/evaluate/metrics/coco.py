@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -33,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 from pycocoevalcap.bleu.bleu import Bleu
+from pycocoevalcap.bleu.bleu_scorer import BleuScorer, cook_refs, cook_test
 from pycocoevalcap.cider.cider import Cider
 from pycocoevalcap.rouge.rouge import Rouge
 from pycocoevalcap.tokenizer import ptbtokenizer
@@ -59,6 +61,7 @@ SPICE_JAR = _PKG / "spice" / "spice-1.0.jar"
 SPICE_CORENLP_JARS = tuple(
     _PKG / "spice" / "lib" / f"stanford-corenlp-3.6.0{suffix}.jar" for suffix in ("", "-models")
 )
+ROUGE_BETA = 1.2  # pycocoevalcap Rouge's beta
 QUALITY_METRICS = ("bleu1", "bleu2", "bleu3", "bleu4", "meteor", "rouge_l", "cider", "spice")
 _PUNCT = frozenset(ptbtokenizer.PUNCTUATIONS)
 # A tokenizer JVM per this many captions at most (its start is ~1 CPU s), up to `workers`.
@@ -514,14 +517,62 @@ def _python_scores(
 ) -> dict[str, np.ndarray]:
     """BLEU-1..4, ROUGE-L and CIDEr-D (those in `metrics`) of each pair: one scorer call per
     metric."""
-    gts = {k: list(refs) for k, (_, refs) in enumerate(pairs)}
-    res = {k: [hyp] for k, (hyp, _) in enumerate(pairs)}
     scores: dict[str, np.ndarray] = {}
     if any(m.startswith("bleu") for m in metrics):
-        _, bleu = Bleu(4).compute_score(gts, res, verbose=0)
+        bleu = _bleu_scores(pairs)
         scores.update({f"bleu{k + 1}": np.asarray(b, dtype=float) for k, b in enumerate(bleu)})
     if "rouge_l" in metrics:
-        scores["rouge_l"] = np.asarray(Rouge().compute_score(gts, res)[1], dtype=float)
+        scores["rouge_l"] = np.array([rouge_l(h, refs) for h, refs in pairs], dtype=float)
     if cider is not None:
-        scores["cider"] = np.array([cider.score(h, refs) for h, refs in pairs])
+        scores["cider"] = _cider_scores(pairs, cider)
     return {m: scores[m] for m in metrics}
+
+
+def _bleu_scores(pairs: Sequence[Pair]) -> list[list[float]]:
+    """Bleu(4).compute_score's per-pair BLEU-1..4 lists, by its own BleuScorer, with each run
+    of pairs with the same references (an image's samples) cooking them once."""
+    scorer = BleuScorer(n=4)
+    for refs, run in itertools.groupby(pairs, key=lambda pair: tuple(pair[1])):
+        cooked = cook_refs(refs)
+        scorer.ctest.extend(cook_test(hyp, cooked) for hyp, _ in run)
+    scorer.crefs = [None] * len(scorer.ctest)
+    return scorer.compute_score(option="closest", verbose=0)[1]
+
+
+def rouge_l(candidate: str, references: Sequence[str]) -> float:
+    """pycocoevalcap's `Rouge().calc_score([candidate], references)`, the same float, with
+    the longest common subsequence counted bit-parallel (Hyyrö 2004) instead of by its
+    per-cell Python table; words are split on single spaces, as there."""
+    words = candidate.split(" ")
+    masks: dict[str, int] = {}
+    for k, word in enumerate(words):
+        masks[word] = masks.get(word, 0) | 1 << k
+    prec, rec = [], []
+    for reference in references:
+        ref_words = reference.split(" ")
+        lcs = _lcs_length(ref_words, masks, len(words))
+        prec.append(lcs / float(len(words)))
+        rec.append(lcs / float(len(ref_words)))
+    prec_max, rec_max = max(prec), max(rec)
+    if prec_max == 0 or rec_max == 0:
+        return 0.0
+    beta = ROUGE_BETA
+    return ((1 + beta**2) * prec_max * rec_max) / float(rec_max + beta**2 * prec_max)
+
+
+def _lcs_length(words: Sequence[str], masks: dict[str, int], length: int) -> int:
+    """Length of the longest common subsequence of `words` and the `length` words whose
+    positions `masks` holds (word -> bit set of its positions)."""
+    row = (1 << length) - 1
+    for word in words:
+        match = row & masks.get(word, 0)
+        row = (row + match) | (row - match)
+    return length - (row & ((1 << length) - 1)).bit_count()
+
+
+def _cider_scores(pairs: Sequence[Pair], cider: CiderD) -> np.ndarray:
+    """CIDEr-D of each pair; a run of pairs with the same references (an image's samples) is
+    scored by one `CiderD.scores` call."""
+    runs = itertools.groupby(pairs, key=lambda pair: tuple(pair[1]))
+    parts = [cider.scores([h for h, _ in run], refs) for refs, run in runs]
+    return np.concatenate(parts) if parts else np.zeros(0)

@@ -129,16 +129,20 @@ def self_cider(
 
 def _self_cider_one(scorer: CiderD, caps: Sequence[str]) -> float:
     n = len(caps)
-    kernel = np.zeros((n, n))
-    for i in range(n):
-        for j in range(i, n):
-            kernel[i, j] = kernel[j, i] = scorer.pair(caps[i], caps[j])
-    lam = np.linalg.eigvalsh(kernel / 10.0)
+    lam = np.linalg.eigvalsh(self_cider_kernel(scorer, caps) / 10.0)
     # Clip at 0, and treat round-off (|λ| ~ 1e-16 λ_max) as the 0 it stands for.
     lam[lam < 1e-12 * max(lam.max(), 0.0)] = 0.0
     roots = np.sqrt(lam)
     total = roots.sum()
     return 0.0 if total <= 0 else -math.log(roots.max() / total) / math.log(n)
+
+
+def self_cider_kernel(scorer: CiderD, caps: Sequence[str]) -> np.ndarray:
+    """K[i, j] = CIDEr-D(c_i | c_j) for i <= j, mirrored: the reference implementation's
+    kernel, from one `CiderD.pair_matrix`."""
+    pairs = scorer.pair_matrix(caps, caps)
+    upper = np.triu(np.ones((len(caps), len(caps)), dtype=bool))
+    return np.where(upper, pairs, pairs.T)
 
 
 def distinct_share(caps_by_image: Captions, scope: Literal["image", "corpus"] = "image") -> float:

@@ -134,7 +134,7 @@ def consensus_scores(
     ids = list(samples_by_image)
 
     def image_scores(i: Hashable) -> list[float]:
-        return [scorer.score(c, neighbour_captions_by_image[i]) for c in samples_by_image[i]]
+        return scorer.scores(samples_by_image[i], neighbour_captions_by_image[i]).tolist()
 
     return dict(zip(ids, fork_map(image_scores, ids, workers), strict=True))
 

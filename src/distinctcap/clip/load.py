@@ -39,6 +39,7 @@ from tqdm import tqdm
 
 from distinctcap.clip.weights import resolve_weights
 from distinctcap.core.errors import DistinctcapError, first_line
+from distinctcap.core.logs import quiet_open_clip
 from distinctcap.data.quality import decoding
 
 log = logging.getLogger(__name__)
@@ -72,15 +73,17 @@ def load_clip(
     source = resolve_weights(arch, pretrained, tag)
     kwargs = {k: v for k, v in source.kwargs.items() if v is not None}
     try:
-        model, _, preprocess = open_clip.create_model_and_transforms(
-            source.model_name, pretrained=source.checkpoint, device=device, **kwargs
-        )
+        with quiet_open_clip():
+            model, _, preprocess = open_clip.create_model_and_transforms(
+                source.model_name, pretrained=source.checkpoint, device=device, **kwargs
+            )
     except (RuntimeError, ValueError, OSError, SafetensorError) as error:
         raise DistinctcapError(
             f"clip.pretrained = {pretrained!r}: open_clip could not build {arch} from "
             f"{', '.join(source.files) or source.model_name}: {first_line(error)}"
         ) from error
-    tokenizer = open_clip.get_tokenizer(source.model_name)
+    with quiet_open_clip():
+        tokenizer = open_clip.get_tokenizer(source.model_name)
     return LoadedClip(model.eval(), preprocess, tokenizer, arch, pretrained, source.files, tag)
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 import sys
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from distinctcap.core.errors import DistinctcapError
@@ -36,27 +38,36 @@ def setup_append(log_file: str | None, level: int = logging.INFO, fmt: str = FOR
 RANDOM_INIT = "No pretrained weights loaded for model"
 
 
-class ExplainRandomInit(logging.Filter):
-    """open_clip warns "No pretrained weights loaded ... initialized randomly" whenever it
-    builds a model without weights; where the pipeline trains a CLIP from scratch that is
-    the plan, so the line is logged at INFO with the reason instead of alarming newcomers."""
+class QuietOpenClip(logging.Filter):
+    """open_clip logs every step of building a model and its tokenizer on the root logger at
+    INFO (~10 lines a load), and warns "No pretrained weights loaded ... initialized randomly"
+    whenever it builds a model without weights. The INFO lines say nothing a user needs; the
+    warning is dropped only where weights are loaded afterwards (`weights_follow`), where it is
+    not true."""
+
+    def __init__(self, weights_follow: bool):
+        super().__init__()
+        self.weights_follow = weights_follow
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno == logging.WARNING and record.getMessage().startswith(RANDOM_INIT):
-            record.msg = (
-                f"{record.getMessage()} (expected: clip.pretrained = train, so the pipeline "
-                "trains this CLIP from random weights)"
-            )
-            record.args, record.levelno, record.levelname = (), logging.INFO, "INFO"
-        return True
+        if "open_clip" not in record.pathname:
+            return True
+        if record.levelno < logging.WARNING:
+            return False
+        return not (self.weights_follow and record.getMessage().startswith(RANDOM_INIT))
 
 
-def expect_random_init() -> None:
-    """Explain open_clip's random-initialisation warning on every handler (ExplainRandomInit);
-    called where the pipeline builds a CLIP to train it (clip.train_clip)."""
-    for handler in logging.getLogger().handlers:
-        if not any(isinstance(f, ExplainRandomInit) for f in handler.filters):
-            handler.addFilter(ExplainRandomInit())
+@contextmanager
+def quiet_open_clip(weights_follow: bool = False) -> Iterator[None]:
+    """Around open_clip's model and tokenizer creation: its INFO lines dropped, and its
+    random-initialisation warning too when `weights_follow` (QuietOpenClip)."""
+    root = logging.getLogger()
+    quiet = QuietOpenClip(weights_follow)
+    root.addFilter(quiet)
+    try:
+        yield
+    finally:
+        root.removeFilter(quiet)
 
 
 def reason(error: BaseException) -> str:

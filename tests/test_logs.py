@@ -188,3 +188,34 @@ def test_evaluation_logs_its_headline_numbers():
     line = headline_line(Evaluation(row, {"div2": "one caption per image"}, None))
     assert line.startswith("smile test/greedy: BLEU-4 ↑ 0.477, METEOR ↑ 0.452, CIDEr ↑ 1.454")
     assert "mean rank ↓ 1.1" in line and "Div-2 skipped" in line and "distinct skipped" in line
+
+
+def test_a_pipeline_job_logs_progress_lines_instead_of_drawing_bars(tmp_path, monkeypatch):
+    """Jobs share Snakemake's console: a job (logs.setup with its rule's log) writes whole
+    progress lines, never a bar, even with a terminal on stderr."""
+    import io
+    import logging
+
+    from distinctcap.core import logs
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    console = Terminal()
+    monkeypatch.setattr(logs, "_job_log", None)  # restored after the test, as setup sets it
+    monkeypatch.setattr(sys, "stderr", console)
+    monkeypatch.setattr(logs, "PROGRESS_SECONDS", 0.0)  # a line at every update
+    monkeypatch.setattr(logs, "QUICK_SECONDS", 0.0)
+    logs.setup(str(tmp_path / "job.log"), fmt="%(message)s")
+    assert [i for i in logs.progress(range(3), desc="decode", unit="images")] == [0, 1, 2]
+    with logs.progress(total=4, desc="train smile", unit="steps") as bar:
+        bar.update(4)
+        bar.set_postfix(loss="1.25")
+    logging.getLogger().handlers.clear()
+    lines = console.getvalue().splitlines()
+    assert lines[0].startswith("decode: 1/3 images (") and lines[-1].endswith("), loss=1.25")
+    assert "\r" not in console.getvalue()
+    assert lines == (tmp_path / "job.log").read_text().splitlines()
+    monkeypatch.setattr(logs, "_job_log", None)
+    assert type(logs.progress(range(3))).__name__ == "tqdm"  # a user's own terminal: a bar

@@ -35,11 +35,10 @@ import torch
 from PIL import Image
 from safetensors import SafetensorError
 from torchvision.transforms import Compose, Normalize, PILToTensor, ToTensor
-from tqdm import tqdm
 
 from distinctcap.clip.weights import resolve_weights
 from distinctcap.core.errors import DistinctcapError, first_line
-from distinctcap.core.logs import quiet_open_clip
+from distinctcap.core.logs import progress, quiet_open_clip
 from distinctcap.data.quality import decoding
 
 log = logging.getLogger(__name__)
@@ -112,7 +111,7 @@ def normalize(batch: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> tor
 def load_images(files: Sequence[str], transform: Compose) -> torch.Tensor:
     """Every image through `transform` (PIL -> uint8), stacked: (N, 3, H, W)."""
     out = []
-    for file in tqdm(files, desc="load images", unit="images"):
+    for file in progress(files, desc="load images", unit="images"):
         with decoding(file), Image.open(file) as image:
             out.append(transform(image))
     return torch.stack(out)

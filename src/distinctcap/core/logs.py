@@ -1,19 +1,30 @@
 """Per-rule logging: everything a stage logs (and its warnings) goes to the rule's log file,
-and so does an error that stops it: a one-line reason, then the traceback."""
+and so does an error that stops it: a one-line reason, then the traceback.
+
+It also owns the progress policy (`progress`): a tqdm bar only for a process that has the
+terminal to itself (stderr a terminal, and not a pipeline job, which Snakemake may run beside
+others on one console); otherwise a log line every `PROGRESS_SECONDS`, so jobs sharing a
+console write whole lines instead of interleaving bars."""
 
 from __future__ import annotations
 
 import logging
 import sys
+import time
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from tqdm import tqdm
+
 from distinctcap.core.errors import DistinctcapError
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 log = logging.getLogger("distinctcap")
+PROGRESS_SECONDS = 30.0  # between progress lines when no bar is drawn
+QUICK_SECONDS = 10.0  # a loop done sooner says nothing
+_job_log: str | None = None  # the rule's log file once `setup` was given one (a pipeline job)
 
 
 def setup(log_file: str | None = None, level: int = logging.INFO, fmt: str = FORMAT) -> None:
@@ -27,6 +38,8 @@ def setup(log_file: str | None = None, level: int = logging.INFO, fmt: str = FOR
 def setup_append(log_file: str | None, level: int = logging.INFO, fmt: str = FORMAT) -> None:
     """As `setup`, appending to `log_file`. Every process writing one log appends (O_APPEND),
     so the lines of torchrun's workers and of the job's own process never overwrite each other."""
+    global _job_log
+    _job_log = log_file
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     if log_file:
         handlers.append(logging.FileHandler(log_file, mode="a"))
@@ -95,6 +108,61 @@ def log_uncaught(kind: type[BaseException], error: BaseException, tb) -> None:
         handler.flush()
     if not files:
         sys.stderr.write(text)
+
+
+def progress(iterable=None, *, desc: str = "", unit: str = "it", **options):
+    """The progress of a loop (module docstring): a tqdm bar (`options` are tqdm's) where the
+    process has the terminal to itself, else `LogProgress`, which has the same update /
+    set_postfix / close / iteration and writes a log line every PROGRESS_SECONDS."""
+    if _job_log is None and sys.stderr.isatty():
+        return tqdm(iterable, desc=desc, unit=unit, **options)
+    keep = {k: options[k] for k in ("total", "initial", "disable") if k in options}
+    return LogProgress(iterable, desc=desc, unit=unit, **keep)
+
+
+class LogProgress:
+    """Progress as log lines: "desc: n/total unit (rate/s), postfix" every PROGRESS_SECONDS
+    and once at the end of a loop that took longer than QUICK_SECONDS."""
+
+    def __init__(self, iterable=None, desc="", unit="it", total=None, initial=0, disable=False):
+        self.iterable, self.desc, self.unit, self.disable = iterable, desc, unit, disable
+        self.total = len(iterable) if total is None and hasattr(iterable, "__len__") else total
+        self.n, self.initial, self.postfix, self.closed = initial, initial, "", False
+        self.start = self.said = time.monotonic()
+
+    def __iter__(self):
+        for item in self.iterable:
+            yield item
+            self.update(1)
+        self.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if time.monotonic() - self.said >= PROGRESS_SECONDS:
+            self._say()
+
+    def set_postfix(self, refresh: bool = True, **values) -> None:
+        self.postfix = ", ".join(f"{k}={v}" for k, v in values.items())
+
+    def close(self) -> None:
+        if not self.closed and time.monotonic() - self.start >= QUICK_SECONDS:
+            self._say()
+        self.closed = True
+
+    def _say(self) -> None:
+        self.said = time.monotonic()
+        if self.disable:
+            return
+        rate = (self.n - self.initial) / max(self.said - self.start, 1e-9)
+        total = f"/{self.total}" if self.total is not None else ""
+        tail = f", {self.postfix}" if self.postfix else ""
+        log.info("%s: %d%s %s (%.1f/s)%s", self.desc, self.n, total, self.unit, rate, tail)
 
 
 def warn_if_capped(logger: logging.Logger, key: str, value: int, limit: int, data: str) -> None:

@@ -31,7 +31,6 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from PIL import Image
-from tqdm import tqdm
 
 from distinctcap.captioner.load import load_captioner
 from distinctcap.captioner.model import Captioner
@@ -41,6 +40,7 @@ from distinctcap.clip.weights import LOCAL_DIR, resolve_weights
 from distinctcap.core.devices import resolve_device
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import atomic_path, file_sha256
+from distinctcap.core.logs import progress
 from distinctcap.data.quality import image_problem
 from distinctcap.data.tokenizer import CaptionTokenizer
 from distinctcap.evaluate.decode import decode_options
@@ -143,7 +143,9 @@ class Run:
         dtype = compute_dtype("auto", self.device)
         amp = torch.autocast(self.device.type, dtype=dtype, enabled=dtype != torch.float32)
         pooled, grid = [], []
-        bar = tqdm(total=len(files), desc="CLIP features", unit="images", disable=len(files) < 2)
+        bar = progress(
+            total=len(files), desc="CLIP features", unit="images", disable=len(files) < 2
+        )
         with bar, amp:
             for start in range(0, len(files), batch_size):
                 chunk = files[start : start + batch_size]

@@ -25,6 +25,8 @@ log = logging.getLogger("distinctcap")
 PROGRESS_SECONDS = 30.0  # between progress lines when no bar is drawn
 QUICK_SECONDS = 10.0  # a loop done sooner says nothing
 _job_log: str | None = None  # the rule's log file once `setup` was given one (a pipeline job)
+FILE_ONLY = {"console": False}  # `extra=` of a record that goes to the log file, not stderr
+SNAKEMAKE_LOGS = Path(".snakemake/log")  # one file per Snakemake invocation, in its workdir
 
 
 def setup(log_file: str | None = None, level: int = logging.INFO, fmt: str = FORMAT) -> None:
@@ -40,7 +42,9 @@ def setup_append(log_file: str | None, level: int = logging.INFO, fmt: str = FOR
     so the lines of torchrun's workers and of the job's own process never overwrite each other."""
     global _job_log
     _job_log = log_file
-    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    console = logging.StreamHandler(sys.stderr)
+    console.addFilter(lambda record: getattr(record, "console", True))
+    handlers: list[logging.Handler] = [console]
     if log_file:
         handlers.append(logging.FileHandler(log_file, mode="a"))
     logging.basicConfig(level=level, handlers=handlers, force=True, format=fmt)
@@ -108,6 +112,23 @@ def log_uncaught(kind: type[BaseException], error: BaseException, tb) -> None:
         handler.flush()
     if not files:
         sys.stderr.write(text)
+
+
+def first_this_run(key: str) -> bool:
+    """Is this the first job of the current Snakemake invocation to say `key`? Outside a
+    pipeline job (no rule log, or no Snakemake log folder in the working directory) always.
+    The invocation is the newest file in .snakemake/log/; a marker beside it remembers `key`."""
+    runs = sorted(SNAKEMAKE_LOGS.glob("*.snakemake.log")) if _job_log else []
+    if not runs:
+        return True
+    marker = runs[-1].with_name(f"{runs[-1].name}.{key}")
+    try:
+        marker.touch(exist_ok=False)
+    except FileExistsError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def progress(iterable=None, *, desc: str = "", unit: str = "it", **options):

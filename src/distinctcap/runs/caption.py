@@ -88,7 +88,7 @@ def file_problem(item: Path | Image.Image) -> str | None:
 
 
 def label(item: Path | Image.Image, position: int) -> str:
-    """The `file` of a result: the path as given, or which PIL image of the call it was."""
+    """The `file` of a result: the path as given, or "<PIL image k>", k its result's index."""
     return str(item) if isinstance(item, Path) else f"<PIL image {position}>"
 
 
@@ -178,10 +178,10 @@ class Run:
         """One dict per input, in order: {file, caption, logprob, mean_logprob, distance,
         outside} (plus `samples` when the setting samples several), or {file, error} for a file
         that cannot be read (module docstring)."""
-        if isinstance(images, str | os.PathLike | Image.Image):
-            images = [images]
-        if not isinstance(images, Iterable):
-            images = [images]  # image_files names its type
+        if isinstance(images, str | os.PathLike | Image.Image | bytes) or not isinstance(
+            images, Iterable
+        ):
+            images = [images]  # one image; image_files names a wrong type
         images = list(images)
         files = image_files(images)
         if not files:

@@ -178,7 +178,8 @@ def best_captions(
     images: pd.DataFrame, generated: Sequence[str | Path], main: set[str] | None
 ) -> pd.DataFrame:
     """Per run, its caption (sample 0 of a main decoding) with the best scene score: all
-    claims right first, then the most claims, then the most scene facts covered; run,
+    claims right first, then the most scene facts covered (a repeated claim covers nothing
+    new), then the most claims right; run,
     decoding, image_id, text, claims, correct, facts, covered."""
     scenes = scenes_of(images)
     rows = []
@@ -195,7 +196,7 @@ def best_captions(
     if table.empty:
         return table
     table = table.assign(all_right=table.correct == table.claims).sort_values(
-        ["all_right", "correct", "covered", "image_id"],
+        ["all_right", "covered", "correct", "image_id"],
         ascending=[False, False, False, True], kind="stable",
     )
     return table.groupby("run", sort=False).head(1)

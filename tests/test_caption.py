@@ -97,9 +97,13 @@ def test_one_command_captions_a_folder_and_reports_each_bad_file(run_dir, photos
     out, page = tmp_path / "captions.jsonl", tmp_path / "vis.html"
     done = cli("caption", run_dir, photos, "--out", out, "--html", page, "--device", "cpu")
     assert done.returncode == 1, done.stderr  # some files were bad; the rest were captioned
-    captioned = dict(line.split("\t") for line in done.stdout.splitlines())
+    lines = [line.split("\t") for line in done.stdout.splitlines()]
+    captioned = {file: caption for file, caption, _ in lines}
     assert sorted(os.path.basename(f) for f in captioned) == ["good0.png", "good1.jpg", "good2.PNG"]
     assert all(captioned.values())
+    assert all(sure.startswith("(mean token logprob -") for *_, sure in lines)
+    assert all(sure.endswith("not calibrated)") for *_, sure in lines)  # the card predates it
+    assert "run smile is not calibrated" in done.stderr
     assert "empty.png: not captioned: empty file (0 bytes)" in done.stderr
     assert "text.jpg: not captioned: unreadable image" in done.stderr
     assert "cut.png: not captioned: unreadable image" in done.stderr
@@ -109,8 +113,11 @@ def test_one_command_captions_a_folder_and_reports_each_bad_file(run_dir, photos
         p.name for p in photos.iterdir() if p.suffix.lower() != ".txt"
     )
     assert {r["file"]: r["caption"] for r in rows if "caption" in r} == captioned
+    assert all(r["outside"] is None for r in rows if "caption" in r)
     text = page.read_text()
-    assert text.count("<figure>") == 6 and "good1.jpg" in text and "empty file" in text
+    assert text.count("<figure>") == 6 and "empty file" in text and "mean token logprob" in text
+    assert str(photos) not in text  # names relative to the current folder, not absolute
+    assert "overflow-wrap:anywhere" in text
 
 
 def test_three_lines_of_python_give_the_commands_captions(run_dir, photos):
@@ -128,11 +135,29 @@ def test_three_lines_of_python_give_the_commands_captions(run_dir, photos):
         run.caption([photos / "good0.png"], decoding="beam7")
 
 
+def test_the_api_takes_pil_images_and_names_a_wrong_type(run_dir, photos):
+    from distinctcap import load_run
+
+    run = load_run(run_dir, device="cpu")
+    with Image.open(photos / "good0.png") as image:
+        from_pil = run.caption(image)
+        mixed = run.caption([image.convert("L"), photos / "good0.png"])
+    assert from_pil[0]["file"] == "<PIL image 0>" and mixed[1]["file"].endswith("good0.png")
+    assert from_pil[0]["caption"] == mixed[1]["caption"]  # the same pixels, the same caption
+    for wrong in (42, [photos / "good0.png", b"bytes"]):
+        with pytest.raises(DistinctcapError, match="cannot caption a (int|bytes): give image"):
+            run.caption(wrong)
+
+
 def test_the_console_script_is_the_module_command():
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts == {"distinctcap": "distinctcap.runs.cli:main"}
     done = cli("--help")
-    assert done.returncode == 0 and "caption" in done.stdout and "compare" in done.stdout
+    assert done.returncode == 0 and "trains image captioners" in done.stdout
+    from distinctcap.runs.cli import EXAMPLES, parser
+
+    assert set(EXAMPLES) == set(parser()._subparsers._group_actions[0].choices)
+    assert all(f"  {example}\n" in done.stdout + "\n" for example in EXAMPLES.values())
 
 
 def test_a_run_whose_clip_is_missing_or_different_stops_naming_it(run_dir, tmp_path):
@@ -291,3 +316,63 @@ def test_runs_marks_a_run_whose_model_is_gone_and_shows_none_of_its_numbers(run_
     (results / "runs" / "smile" / "model.pt").unlink()
     listed = run_table(results)
     assert "(stale: model.pt missing) | - | - |" in listed and "1.234" not in listed
+
+
+@pytest.fixture(scope="module")
+def shapes_run(tmp_path_factory):
+    """A run folder on the shipped shapes CLIP, calibrated as rule run_card calibrates one on
+    a small shapes world (its captioner untrained: the flag reads the CLIP's features)."""
+    import torch
+
+    from distinctcap import load_run
+    from distinctcap.clip.load import load_clip
+    from distinctcap.core.io import write_json
+    from distinctcap.data import shapes
+    from distinctcap.data.tokenizer import CaptionTokenizer
+    from distinctcap.features.extract import manifest, pooled_and_grid
+    from distinctcap.runs.calibrate import familiarity
+    from distinctcap.runs.runcard import write_run_card
+
+    results = tmp_path_factory.mktemp("shapes")
+    images, captions = shapes.generate(shapes.ShapesConfig(n_train=120, n_val=40, n_test=2),
+                                       results / "data")
+    clip_path = ROOT / "assets" / "clip" / f"{ARCH}.pt"
+    clip = load_clip(ARCH, str(clip_path))
+    tokenizer = CaptionTokenizer.fit(captions.text.tolist())
+    tokenizer.save(results / "vocab.json")
+    write_json({"manifest": manifest(clip, torch.float32)}, results / "index.json")
+    with torch.inference_mode():
+        pooled, grid = pooled_and_grid(clip.model.visual, torch.zeros(1, 3, 64, 64))
+    run = results / "runs" / "reference"
+    run.mkdir(parents=True)
+    tiny_captioner(tokenizer.vocab_size, grid.shape[-1], pooled.shape[-1]).save(run / "model.pt")
+    card = (run, "reference", {"method": "mle"}, {}, results / "vocab.json",
+            results / "index.json", str(clip_path))
+    write_run_card(*card)
+    files = {split: [results / "data" / f for f in images[images.split == split].file]
+             for split in ("train", "val", "test")}
+    grids = [load_run(run, device="cpu").features(files[s])[1] for s in ("train", "val")]
+    write_run_card(*card, familiarity=familiarity(*grids, held_out="val"))
+    return run, files["test"]
+
+
+def test_caption_flags_a_noise_image_and_not_a_shapes_image(shapes_run, tmp_path, capsys):
+    import numpy as np
+
+    from distinctcap.runs.cli import main  # the command, in this process (cli() starts one)
+
+    run, (shapes_image, _) = shapes_run
+    noise = tmp_path / "noise.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (64, 64, 3), np.uint8)).save(noise)
+    out, page = tmp_path / "c.jsonl", tmp_path / "c.html"
+    args = ["caption", run, shapes_image, noise, "--out", out, "--html", page, "--device", "cpu"]
+    assert main(list(map(str, args))) == 0
+    done = capsys.readouterr()
+    flags = {os.path.basename(r["file"]): r["outside"]
+             for r in map(json.loads, out.read_text().splitlines())}
+    assert flags == {shapes_image.name: False, "noise.png": True}
+    said = dict(line.split("\t", 1) for line in done.out.splitlines())
+    assert "FAR FROM THE TRAINING IMAGES" in said[str(noise)]
+    assert "like the training images" in said[str(shapes_image)]
+    assert "1 image(s) are far from run reference's training images" in done.err
+    assert page.read_text().count("class='outside'") == 1

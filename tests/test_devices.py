@@ -44,6 +44,37 @@ def test_device_auto_warns_once_when_it_falls_back_to_the_cpu(fresh, caplog):
     assert lines[0].startswith("device auto: running on the CPU, CUDA is unusable (")
 
 
+@needs_no_cuda
+def test_the_cpu_fallback_reaches_the_console_once_per_snakemake_run(
+    fresh, tmp_path, monkeypatch
+):
+    """Every job of one invocation falls back: the first says so on the console, the others
+    only in their rule's log; the next invocation (a newer .snakemake/log file) says it again."""
+    import io
+
+    from distinctcap.core import logs
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".snakemake" / "log").mkdir(parents=True)
+    monkeypatch.setattr(logs, "_job_log", None)  # restored after the test, as setup sets it
+
+    def job(name):
+        console = io.StringIO()
+        monkeypatch.setattr(sys, "stderr", console)
+        logs.setup(str(tmp_path / f"{name}.log"))
+        devices._warn_cpu_fallback.cache_clear()  # a new job process
+        resolve_device("auto")
+        logging.getLogger().handlers.clear()
+        return "CUDA is unusable" in console.getvalue(), (tmp_path / f"{name}.log").read_text()
+
+    (tmp_path / ".snakemake/log/2026-01-01T000000.1.snakemake.log").touch()
+    said = [job(name) for name in ("a", "b", "c")]
+    assert [console for console, _ in said] == [True, False, False]
+    assert all("CUDA is unusable" in log for _, log in said)
+    (tmp_path / ".snakemake/log/2026-01-02T000000.1.snakemake.log").touch()
+    assert job("d")[0]
+
+
 def test_cpu_is_cpu_and_warns_nothing_outside_a_gpu_job(fresh, caplog):
     with caplog.at_level(logging.WARNING, logger="distinctcap"):
         assert resolve_device("cpu") == torch.device("cpu")

@@ -137,9 +137,27 @@ def test_a_failing_torchrun_process_logs_its_error(tmp_path):
         assert f"ERROR rank{rank} distinctcap: job data {missing} is missing" in text
 
 
-def test_open_clips_random_init_warning_is_explained_when_training_a_clip(tmp_path):
-    """Training a CLIP from scratch: open_clip's "initialized randomly" warning becomes one
-    INFO line that says why it is expected."""
+def test_a_clip_load_logs_no_open_clip_info_lines(tmp_path):
+    """Loading the shipped CLIP: none of open_clip's ~10 INFO lines, no random-init warning
+    (the weights are loaded)."""
+    import logging
+
+    from distinctcap.clip.load import load_clip
+    from distinctcap.core import logs
+
+    log_file = tmp_path / "caption.log"
+    logs.setup(str(log_file))
+    load_clip("shapes-rn-tiny", str(ROOT / "assets" / "clip" / "shapes-rn-tiny.pt"))
+    logging.getLogger("distinctcap").info("after the load")
+    text = log_file.read_text()
+    logging.getLogger().handlers.clear()
+    assert text.splitlines() == [text.splitlines()[-1]] and "after the load" in text
+
+
+def test_open_clips_random_init_warning_only_where_it_is_true(tmp_path):
+    """A CLIP built to be trained or to receive the shipped weights (weights_follow) drops
+    open_clip's "initialized randomly" warning (train_clip says which of the two in its own
+    line); a CLIP built without weights anywhere else keeps it."""
     import logging
 
     import open_clip
@@ -150,12 +168,15 @@ def test_open_clips_random_init_warning_is_explained_when_training_a_clip(tmp_pa
     assert clip.MODEL_CONFIGS.is_dir()
     log_file = tmp_path / "train_clip.log"
     logs.setup(str(log_file))
-    logs.expect_random_init()
-    open_clip.create_model("shapes-rn-tiny")
+    with logs.quiet_open_clip(weights_follow=True):
+        open_clip.create_model("shapes-rn-tiny")
+    assert log_file.read_text() == ""
+    with logs.quiet_open_clip():
+        open_clip.create_model("shapes-rn-tiny")
     text = log_file.read_text()
-    assert "INFO root: No pretrained weights loaded for model 'shapes-rn-tiny'" in text
-    assert "(expected: clip.pretrained = train" in text and "WARNING" not in text
     logging.getLogger().handlers.clear()
+    (line,) = text.splitlines()
+    assert "WARNING root: No pretrained weights loaded for model 'shapes-rn-tiny'" in line
 
 
 def test_evaluation_logs_its_headline_numbers():
@@ -167,3 +188,34 @@ def test_evaluation_logs_its_headline_numbers():
     line = headline_line(Evaluation(row, {"div2": "one caption per image"}, None))
     assert line.startswith("smile test/greedy: BLEU-4 ↑ 0.477, METEOR ↑ 0.452, CIDEr ↑ 1.454")
     assert "mean rank ↓ 1.1" in line and "Div-2 skipped" in line and "distinct skipped" in line
+
+
+def test_a_pipeline_job_logs_progress_lines_instead_of_drawing_bars(tmp_path, monkeypatch):
+    """Jobs share Snakemake's console: a job (logs.setup with its rule's log) writes whole
+    progress lines, never a bar, even with a terminal on stderr."""
+    import io
+    import logging
+
+    from distinctcap.core import logs
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    console = Terminal()
+    monkeypatch.setattr(logs, "_job_log", None)  # restored after the test, as setup sets it
+    monkeypatch.setattr(sys, "stderr", console)
+    monkeypatch.setattr(logs, "PROGRESS_SECONDS", 0.0)  # a line at every update
+    monkeypatch.setattr(logs, "QUICK_SECONDS", 0.0)
+    logs.setup(str(tmp_path / "job.log"), fmt="%(message)s")
+    assert [i for i in logs.progress(range(3), desc="decode", unit="images")] == [0, 1, 2]
+    with logs.progress(total=4, desc="train smile", unit="steps") as bar:
+        bar.update(4)
+        bar.set_postfix(loss="1.25")
+    logging.getLogger().handlers.clear()
+    lines = console.getvalue().splitlines()
+    assert lines[0].startswith("decode: 1/3 images (") and lines[-1].endswith("), loss=1.25")
+    assert "\r" not in console.getvalue()
+    assert lines == (tmp_path / "job.log").read_text().splitlines()
+    monkeypatch.setattr(logs, "_job_log", None)
+    assert type(logs.progress(range(3))).__name__ == "tqdm"  # a user's own terminal: a bar

@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -234,6 +235,34 @@ def test_gallery_shows_every_run_for_the_chosen_images(tmp_path_factory, tmp_pat
     # the MLE run comes first, before the methods, on every card
     assert page.index("generic (MLE)") < page.index("perfect (SMILE)")
     assert page.count("a picture of some shapes") >= 5  # the generic run's caption each time
+
+
+def test_gallery_marks_claims_and_hides_samples_and_the_showcase_is_chosen(
+    tmp_path_factory, tmp_path
+):
+    from distinctcap.report.gallery import write_showcase
+
+    world = build(tmp_path_factory.getbasetemp() / "evaluate-world")
+    generated = [world.generated(r, d) for r in ("perfect", "generic")
+                 for d in ("greedy", "sample4")]  # fmt: skip
+    images, captions = read_table(world.images), read_table(world.captions)
+    runs = {"generic": {"method": "mle"}, "perfect": {"method": "smile"}}
+    decoding = {"greedy": {"kind": "greedy"}, "sample4": {"kind": "sample", "n": 4}}
+    write_gallery(images, captions, generated, "test", tmp_path / "g.html", count=5, runs=runs,
+                  decoding=decoding)  # fmt: skip
+    page = (tmp_path / "g.html").read_text()
+    cards = page.split("<div class='cards'>")[1]
+    shown, hidden = cards.split("<details>")[0], cards.split("<details>")[1]
+    assert "sample4" not in shown and "sample4" in hidden and page.count("<details>") == 5
+    assert "perfect (SMILE)</span>, greedy:" in shown
+    assert "class='wrong'" not in cards  # the perfect run says its reference: every claim right
+    assert cards.count("class='right'") >= 5 and "(claims nothing)" in cards  # generic
+    write_showcase(images, generated, tmp_path / "showcase.md", runs=runs, decoding=decoding)
+    lines = (tmp_path / "showcase.md").read_text().splitlines()[2:]
+    assert lines[0].startswith("- generic (MLE), greedy, image ") and "0 of 0 claims" in lines[0]
+    assert lines[1].startswith("- perfect (SMILE), greedy, image ")
+    right, claims = re.search(r"(\d+) of (\d+) claims right", lines[1]).groups()
+    assert right == claims != "0"
 
 
 def test_read_metrics_decodes_skips(metrics, tmp_path):

@@ -59,3 +59,13 @@ def test_f1_of_nothing_claimed_is_zero():
 @pytest.mark.parametrize("text", ["", "a", "left of", "a red"])
 def test_degenerate_text_parses(text):
     assert score_caption(text, SCENE)["claims"] == 0
+
+
+def test_claim_marks_name_each_claim_right_or_wrong():
+    from distinctcap.data.scene import claim_marks
+
+    marks = claim_marks("a large green circle right of a blue square on a grey background", SCENE)
+    assert marks == [("circle", True), ("green circle", False), ("large circle", False),
+                     ("square", True), ("blue square", True),
+                     ("large green circle right of blue square", False),
+                     ("grey background", True)]

@@ -191,10 +191,12 @@ rule report_gallery:
         captions=f"{DATA}/captions.parquet",
     output:
         html=report(f"{REPORT}/gallery.html", caption="../report/gallery.rst", **SHOWCASE),
+        showcase=f"{REPORT}/showcase.md",
     params:
         split=GALLERY_SPLIT,
         images=EVALUATE["gallery_images"],
         runs=RUNS,
+        decoding=DECODING,
     log:
         "logs/evaluate/report_gallery.log",
     benchmark:

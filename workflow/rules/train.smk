@@ -30,10 +30,12 @@ rule train_run:
 
 rule run_card:
     """The run folder's card and vocabulary copy, so `distinctcap caption` needs only the
-    folder and its CLIP (distinctcap.runs.runcard)."""
+    folder and its CLIP (distinctcap.runs.runcard), with the threshold that flags images far
+    from the training images (distinctcap.runs.calibrate)."""
     input:
         model=f"{RUN_DIR}/{{run}}/model.pt",
         vocab=f"{DATA}/vocab.json",
+        images=f"{DATA}/images.parquet",
         features=FEATURES_INDEX,
         clip=CLIP_FILES,
     output:
@@ -48,7 +50,7 @@ rule run_card:
     benchmark:
         "benchmarks/run_card/{run}.tsv"
     conda:
-        "../../envs/data.yaml"
+        "../../envs/torch.yaml"
     script:
         "../scripts/run_card.py"
 

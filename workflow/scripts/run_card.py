@@ -1,8 +1,10 @@
-"""Rule run_card: results/runs/{run}/run.json and its vocabulary copy (distinctcap.runs.runcard)."""
+"""Rule run_card: results/runs/{run}/run.json and its vocabulary copy (distinctcap.runs.runcard),
+with the familiarity threshold calibrated on the validation images (distinctcap.runs.calibrate)."""
 
 from pathlib import Path
 
 from distinctcap.core import logs
+from distinctcap.runs.calibrate import calibrate
 from distinctcap.runs.runcard import write_run_card
 
 logs.setup(snakemake.log[0])
@@ -14,4 +16,5 @@ write_run_card(
     snakemake.input.vocab,
     snakemake.input.features,
     snakemake.params.clip,
+    familiarity=calibrate(snakemake.input.features, snakemake.input.images),
 )

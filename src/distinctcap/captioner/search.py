@@ -26,10 +26,10 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from tqdm import tqdm
 
 from distinctcap.captioner.model import Captioner, label_logprobs, make_batch
 from distinctcap.core.errors import DistinctcapError
+from distinctcap.core.logs import progress
 from distinctcap.data.tokenizer import BOS, EOS, PAD
 
 NextToken = Callable[[Tensor], Tensor]  # log-probs (B, V), pad/bos banned -> next ids (B,)
@@ -360,7 +360,7 @@ def generate(
     if method not in METHODS:
         raise DistinctcapError(f"decoding method {method!r}: allowed {', '.join(METHODS)}")
     out: list[list[Caption]] = []
-    with tqdm(total=len(grid), unit="images", desc=f"decode ({method})") as bar:
+    with progress(total=len(grid), unit="images", desc=f"decode ({method})") as bar:
         for s in range(0, len(grid), batch_size):
             g, p = grid[s : s + batch_size], pooled[s : s + batch_size]
             if method == "greedy":

@@ -35,10 +35,10 @@ import torch
 from PIL import Image
 from safetensors import SafetensorError
 from torchvision.transforms import Compose, Normalize, PILToTensor, ToTensor
-from tqdm import tqdm
 
 from distinctcap.clip.weights import resolve_weights
 from distinctcap.core.errors import DistinctcapError, first_line
+from distinctcap.core.logs import progress, quiet_open_clip
 from distinctcap.data.quality import decoding
 
 log = logging.getLogger(__name__)
@@ -72,15 +72,17 @@ def load_clip(
     source = resolve_weights(arch, pretrained, tag)
     kwargs = {k: v for k, v in source.kwargs.items() if v is not None}
     try:
-        model, _, preprocess = open_clip.create_model_and_transforms(
-            source.model_name, pretrained=source.checkpoint, device=device, **kwargs
-        )
+        with quiet_open_clip():
+            model, _, preprocess = open_clip.create_model_and_transforms(
+                source.model_name, pretrained=source.checkpoint, device=device, **kwargs
+            )
     except (RuntimeError, ValueError, OSError, SafetensorError) as error:
         raise DistinctcapError(
             f"clip.pretrained = {pretrained!r}: open_clip could not build {arch} from "
             f"{', '.join(source.files) or source.model_name}: {first_line(error)}"
         ) from error
-    tokenizer = open_clip.get_tokenizer(source.model_name)
+    with quiet_open_clip():
+        tokenizer = open_clip.get_tokenizer(source.model_name)
     return LoadedClip(model.eval(), preprocess, tokenizer, arch, pretrained, source.files, tag)
 
 
@@ -109,7 +111,7 @@ def normalize(batch: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> tor
 def load_images(files: Sequence[str], transform: Compose) -> torch.Tensor:
     """Every image through `transform` (PIL -> uint8), stacked: (N, 3, H, W)."""
     out = []
-    for file in tqdm(files, desc="load images", unit="images"):
+    for file in progress(files, desc="load images", unit="images"):
         with decoding(file), Image.open(file) as image:
             out.append(transform(image))
     return torch.stack(out)

@@ -28,7 +28,6 @@ from distinctcap.core import logs
 from distinctcap.core.devices import CPU
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import atomic_path
-from distinctcap.core.logs import expect_random_init
 from distinctcap.train.checkpoints import (
     Checkpoints,
     Fingerprint,
@@ -104,10 +103,12 @@ def train_clip(
     seed_everything(seed)
     rng = np.random.default_rng(seed)  # epoch sampling
     dev = torch.device(device)  # resolved at the job's start; 'cpu' spelled as text works too
-    expect_random_init()  # open_clip warns that it starts from random weights: the plan here
-    model, _, preprocess = open_clip.create_model_and_transforms(arch, device=dev, output_dict=True)
+    with logs.quiet_open_clip(weights_follow=True):  # random or shipped: said below
+        model, _, preprocess = open_clip.create_model_and_transforms(
+            arch, device=dev, output_dict=True
+        )
+        tokenizer = open_clip.get_tokenizer(arch)
     to_bytes, mean, std = byte_transform(preprocess)
-    tokenizer = open_clip.get_tokenizer(arch)
     split = TrainSplit.load(images, captions, to_bytes, tokenizer)
     n = len(split.pixels)  # run_epoch caps the batch to it
     logs.warn_if_capped(
@@ -120,6 +121,8 @@ def train_clip(
     found = load_shipped(shipped, arch, fingerprint) if settings.use_shipped else None
     if found:
         model.load_state_dict(found[0])
+    else:
+        log.info("training the CLIP %s from random weights (clip.pretrained = train)", arch)
     checkpoints = Checkpoints(checkpoint, Fingerprint(flat_fingerprint(fingerprint)), log)
     progress = (
         TrainProgress(epoch=settings.epochs)

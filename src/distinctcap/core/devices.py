@@ -9,7 +9,7 @@ Devices are explicit:
   config says `device: cuda` stops at its start, before it writes anything, when CUDA is
   unusable; the one-line reason names the torch build and the NVIDIA driver it needs;
 - `device: auto` on a machine where CUDA is unusable runs on the CPU and says so in one
-  warning line (once per process);
+  warning line (on the console once per Snakemake invocation, in every job's log);
 - on a workstation with several GPUs each GPU job claims free cards (`claim_gpus`: one lock
   file per card, held while the job's process lives) and sees only those through
   CUDA_VISIBLE_DEVICES, unless that is set already (SLURM sets it for the job's GPUs).
@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from distinctcap.core import logs
 from distinctcap.core.errors import DistinctcapError
 
 log = logging.getLogger(__name__)
@@ -137,7 +138,11 @@ def require_cuda(why: str) -> None:
 
 @functools.cache
 def _warn_cpu_fallback() -> None:
-    log.warning("device auto: running on the CPU, CUDA is unusable (%s)", cuda_problem())
+    """Once per Snakemake invocation on the console (every job's log file has it)."""
+    extra = {} if logs.first_this_run("cpu-fallback") else logs.FILE_ONLY
+    log.warning(
+        "device auto: running on the CPU, CUDA is unusable (%s)", cuda_problem(), extra=extra
+    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -18,9 +18,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from tqdm import tqdm
-
 from distinctcap.core.errors import DistinctcapError
+from distinctcap.core.logs import progress
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +161,7 @@ def _stream(response, part: Path, offset: int, total: int | None, url: str) -> N
     name = url.rsplit("/", 1)[-1]
     with (
         open(part, mode) as f,
-        tqdm(
+        progress(
             total=total,
             initial=offset,
             unit="B",

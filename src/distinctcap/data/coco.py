@@ -33,11 +33,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pandas as pd
 from PIL import Image
-from tqdm import tqdm
 
 from distinctcap.core.download import download
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import atomic_path
+from distinctcap.core.logs import progress
 from distinctcap.data.quality import check_tables
 
 log = logging.getLogger(__name__)
@@ -208,7 +208,8 @@ def extract(zip_path: str | os.PathLike, dest: str | os.PathLike) -> None:
         log.info("%s already extracted", zip_path.name)
         return
     with zipfile.ZipFile(zip_path) as zf:
-        for member in tqdm(zf.infolist(), unit="files", desc=f"unzip {zip_path.name}", leave=False):
+        members = zf.infolist()
+        for member in progress(members, unit="files", desc=f"unzip {zip_path.name}", leave=False):
             target = dest / member.filename
             if member.is_dir() or (target.is_file() and target.stat().st_size == member.file_size):
                 continue
@@ -329,7 +330,7 @@ def read_karpathy(root: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
         ]
     sizes = [
         _image_size(root / f)
-        for _, f, _ in tqdm(images, unit="images", desc="image sizes", leave=False)
+        for _, f, _ in progress(images, unit="images", desc="image sizes", leave=False)
     ]
     images = pd.DataFrame(
         [(*img, *size) for img, size in zip(images, sizes, strict=True)],

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pandas as pd
 from PIL import Image
-from tqdm import tqdm
 
 from distinctcap.core.errors import DistinctcapError
+from distinctcap.core.logs import progress
 
 QUARANTINE_COLUMNS = ["kind", "id", "file", "reason"]
 
@@ -54,7 +54,7 @@ def _image_problems(paths: list[Path]) -> list[str | None]:
     COCO's 123k images check in parallel."""
     with ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:
         checks = pool.map(image_problem, paths, chunksize=64)
-        return list(tqdm(checks, total=len(paths), desc="check images", unit="images"))
+        return list(progress(checks, total=len(paths), desc="check images", unit="images"))
 
 
 def caption_problem(text: object) -> str | None:

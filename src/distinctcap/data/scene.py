@@ -77,21 +77,40 @@ def relation_holds(scene: dict, a: dict, rel: str, b: dict) -> bool:
                for i, r, j in scene["relations"] if r == rel)
 
 
+def describe(fact: dict) -> str:
+    """An object fact in words: "large blue square", "circle"."""
+    return " ".join(fact[key] for key in ("size", "colour", "shape") if key in fact)
+
+
+def claim_marks(text: str, scene: dict) -> list[tuple[str, bool]]:
+    """Each claim of a caption in words, with whether the scene holds it (module docstring:
+    an object's facts, its relations, the background)."""
+    claims, objs = parse(text), scene["objects"]
+    marks = [
+        (describe(fact), any(matches(fact, o) for o in objs))
+        for claim in claims.objects
+        for fact in object_facts(claim)
+    ]
+    marks += [
+        (
+            f"{describe(claims.objects[i])} {rel} {describe(claims.objects[j])}",
+            relation_holds(scene, claims.objects[i], rel, claims.objects[j]),
+        )
+        for i, rel, j in claims.relations
+    ]
+    if claims.background:
+        marks.append((f"{claims.background} background", claims.background == scene["background"]))
+    return marks
+
+
 def score_caption(text: str, scene: dict) -> dict[str, int]:
     """Counts for one caption: claims, correct claims, scene facts, covered scene facts."""
-    claims, objs = parse(text), scene["objects"]
-    correct = total = 0
-    for claim in claims.objects:
-        for fact in object_facts(claim):
-            total += 1
-            correct += any(matches(fact, o) for o in objs)
-    for i, rel, j in claims.relations:
-        total += 1
-        correct += relation_holds(scene, claims.objects[i], rel, claims.objects[j])
-    if claims.background:
-        total += 1
-        correct += claims.background == scene["background"]
-    return {"claims": total, "correct": correct, **coverage(claims, scene)}
+    marks = claim_marks(text, scene)
+    return {
+        "claims": len(marks),
+        "correct": sum(right for _, right in marks),
+        **coverage(parse(text), scene),
+    }
 
 
 def coverage(claims: Claims, scene: dict) -> dict[str, int]:

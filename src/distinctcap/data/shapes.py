@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from PIL import Image, ImageDraw
-from tqdm import tqdm
+
+from distinctcap.core.logs import progress
 
 SHAPES = {  # name -> synonyms used in captions (first one is canonical)
     "circle": ["circle", "disc"],
@@ -189,7 +190,7 @@ def generate(cfg: ShapesConfig, out_dir: str | Path) -> tuple[pd.DataFrame, pd.D
     weights /= weights.sum()
     splits = ["train"] * cfg.n_train + ["val"] * cfg.n_val + ["test"] * cfg.n_test
     images, captions = [], []
-    for image_id, split in enumerate(tqdm(splits, desc="shapes world", unit="images")):
+    for image_id, split in enumerate(progress(splits, desc="shapes world", unit="images")):
         rng = np.random.default_rng([cfg.seed, image_id])
         scene = make_scene(rng, cfg.max_objects)
         file = f"images/{image_id:07d}.png"

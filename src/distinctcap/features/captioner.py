@@ -18,11 +18,11 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
-from tqdm import tqdm
 
 from distinctcap.captioner.hf import KIND, _transformers, hub_load, load_processor
 from distinctcap.core.devices import CPU
 from distinctcap.core.io import write_json
+from distinctcap.core.logs import progress
 from distinctcap.data.quality import decoding
 from distinctcap.features.extract import (
     FeatureSettings,
@@ -127,7 +127,7 @@ def extract_vision_features(
     ids = images.image_id.to_numpy()
     batches = iter(loader)
     amp = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
-    bar = tqdm(total=sum(len(s.rows) for s in todo), desc="captioner features", unit="images")
+    bar = progress(total=sum(len(s.rows) for s in todo), desc="captioner features", unit="images")
     with bar, ShardWriter() as writer, torch.inference_mode(), amp:
         for shard in todo:
             pooled, grid = [], []

@@ -35,13 +35,13 @@ import torch.nn.functional as F
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import CenterCrop, Compose, Resize
-from tqdm import tqdm
 
 from distinctcap.clip.load import LoadedClip, byte_transform, normalize
 from distinctcap.clip.text import encode_text
 from distinctcap.core.devices import CPU
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import file_sha256, write_json
+from distinctcap.core.logs import progress
 from distinctcap.core.preflight import LOADER_PREFETCH, workers_fitting_shm
 from distinctcap.data.quality import decoding
 from distinctcap.features.decode import (
@@ -271,7 +271,7 @@ def extract_images(
     batches = encode_images(clip, pixels, device, dtype, mean, std)
     ids = images.image_id.to_numpy()
     total = sum(len(s.rows) for s in shards)
-    bar = tqdm(total=total, desc="image features", unit="images", smoothing=0.1)
+    bar = progress(total=total, desc="image features", unit="images", smoothing=0.1)
     with bar, ShardWriter(on_shard) as writer:
         for shard in shards:
             pooled = grid = None
@@ -345,7 +345,7 @@ def extract_texts(
     )
     tokens_of = iter(loader)
     amp = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
-    bar = tqdm(total=sum(len(s.rows) for s in shards), desc="text features", unit="captions")
+    bar = progress(total=sum(len(s.rows) for s in shards), desc="text features", unit="captions")
     with bar, ShardWriter(on_shard) as writer, torch.inference_mode(), amp:
         for shard in shards:
             out, done = [], 0

@@ -24,11 +24,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 from torch import Tensor
-from tqdm import tqdm
 
 from distinctcap.core.devices import CPU
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import atomic_path, read_table
+from distinctcap.core.logs import progress
 from distinctcap.features.read import load_image_features
 
 log = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ def write_neighbours(
     k = neighbour_count(len(ids), fraction)
     emb = emb.to(device)
     with atomic_path(path) as tmp, pq.ParquetWriter(tmp, SCHEMA) as writer:
-        with tqdm(total=len(ids), unit="images", desc=f"neighbours (top {k})") as bar:
+        with progress(total=len(ids), unit="images", desc=f"neighbours (top {k})") as bar:
             for s, rows in _chunks(emb, k, chunk):
                 c = rows.shape[0]
                 offsets = pa.array(np.arange(0, (c + 1) * k, k, dtype=np.int32))

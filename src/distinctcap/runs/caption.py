@@ -2,7 +2,13 @@
 
     from distinctcap import load_run
     run = load_run("results/runs/smile")
-    run.caption(["img.jpg", "my_folder/"])   # [{"file", "caption", "logprob"} or {"file", "error"}]
+    run.caption(["img.jpg", "my_folder/"])   # [{"file", "caption", "mean_logprob", "outside", ...}]
+    run.caption(pil_image)                   # PIL images too, alone or in a list
+
+Each caption comes with how sure it is: `mean_logprob`, the captioner's mean token
+log-probability, and `outside`, whether the image is far from the run's training images (its
+CLIP features' `distance` above the card's calibrated `threshold`, distinctcap.runs.calibrate;
+None when the card predates calibration: "not calibrated").
 
 A run folder holds model.pt, its vocabulary and its card (distinctcap.runs.runcard), which names the
 CLIP the run was trained on. The images go through that CLIP as in feature extraction
@@ -25,7 +31,6 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from PIL import Image
-from tqdm import tqdm
 
 from distinctcap.captioner.load import load_captioner
 from distinctcap.captioner.model import Captioner
@@ -35,34 +40,56 @@ from distinctcap.clip.weights import LOCAL_DIR, resolve_weights
 from distinctcap.core.devices import resolve_device
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import atomic_path, file_sha256
+from distinctcap.core.logs import progress
 from distinctcap.data.quality import image_problem
 from distinctcap.data.tokenizer import CaptionTokenizer
 from distinctcap.evaluate.decode import decode_options
 from distinctcap.features.extract import compute_dtype, pooled_and_grid
+from distinctcap.runs.calibrate import feature_distance
 from distinctcap.runs.runcard import read_run_card, resolve_clip, verified_model
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 BUILTIN_DECODING = {"greedy": {"kind": "greedy"}, "beam3": {"kind": "beam", "k": 3}}
 
 
-def image_files(inputs: Iterable[str | os.PathLike]) -> list[Path]:
-    """Files named, and the image files (by suffix) under folders named, in sorted order."""
+ImageInput = str | os.PathLike | Image.Image
+NOT_CALIBRATED = "not calibrated"
+
+
+def image_files(inputs: Iterable[ImageInput]) -> list[Path | Image.Image]:
+    """Files named, the image files (by suffix) under folders named, in sorted order, and PIL
+    images as they are; anything else is one DistinctcapError naming its type."""
     files = []
-    for item in map(Path, inputs):
-        if item.is_dir():
+    for item in inputs:
+        if isinstance(item, Image.Image):
+            files.append(item)
+        elif not isinstance(item, str | os.PathLike):
+            raise DistinctcapError(
+                f"cannot caption a {type(item).__name__}: give image files, folders or PIL "
+                "images (one, or a list of them)"
+            )
+        elif Path(item).is_dir():
             files += sorted(
-                p for p in item.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES
+                p for p in Path(item).rglob("*")
+                if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES
             )
         else:
-            files.append(item)  # a missing or broken file is reported by `Run.caption`
+            files.append(Path(item))  # a missing or broken file is reported by `Run.caption`
     return files
 
 
-def file_problem(path: Path) -> str | None:
-    """Why `path` cannot be captioned, or None (data.quality.image_problem, plus empty files)."""
-    if path.is_file() and path.stat().st_size == 0:
+def file_problem(item: Path | Image.Image) -> str | None:
+    """Why `item` cannot be captioned, or None (data.quality.image_problem, plus empty files)."""
+    if isinstance(item, Image.Image):
+        return None
+    if item.is_file() and item.stat().st_size == 0:
         return "empty file (0 bytes)"
-    return image_problem(path)
+    return image_problem(item)
+
+
+def label(item: Path | Image.Image, position: int) -> str:
+    """The `file` of a result: the path as given, or "<PIL image k>", k its result's index."""
+    return str(item) if isinstance(item, Path) else f"<PIL image {position}>"
 
 
 class Run:
@@ -110,13 +137,15 @@ class Run:
         return known[setting]
 
     @torch.inference_mode()
-    def features(self, files: Sequence[Path], batch_size: int = 64):
+    def features(self, files: Sequence[Path | Image.Image], batch_size: int = 64):
         """(pooled (N, D) float32 L2-normalised, grid (N, G, Dv) float16) of readable images,
         as feature extraction computes them."""
         dtype = compute_dtype("auto", self.device)
         amp = torch.autocast(self.device.type, dtype=dtype, enabled=dtype != torch.float32)
         pooled, grid = [], []
-        bar = tqdm(total=len(files), desc="CLIP features", unit="images", disable=len(files) < 2)
+        bar = progress(
+            total=len(files), desc="CLIP features", unit="images", disable=len(files) < 2
+        )
         with bar, amp:
             for start in range(0, len(files), batch_size):
                 chunk = files[start : start + batch_size]
@@ -128,42 +157,79 @@ class Run:
                 bar.update(len(chunk))
         return torch.cat(pooled), torch.cat(grid)
 
-    def _image_bytes(self, path: Path) -> torch.Tensor:
-        with Image.open(path) as image:
+    def _image_bytes(self, item: Path | Image.Image) -> torch.Tensor:
+        if isinstance(item, Image.Image):
+            return self.to_bytes(item)
+        with Image.open(item) as image:
             return self.to_bytes(image)
+
+    @property
+    def threshold(self) -> float | None:
+        """The distance beyond which an image is outside the training images (None: the card
+        predates calibration)."""
+        return self.card.get("familiarity", {}).get("threshold")
 
     def caption(
         self,
-        images: str | os.PathLike | Iterable[str | os.PathLike],
+        images: ImageInput | Iterable[ImageInput],
         decoding: str | dict = "greedy",
         seed: int = 0,
     ) -> list[dict]:
-        """One dict per file, in order: {file, caption, logprob} (plus `samples` when the
-        setting samples several), or {file, error} for a file that cannot be read."""
-        if isinstance(images, str | os.PathLike):
-            images = [images]
+        """One dict per input, in order: {file, caption, logprob, mean_logprob, distance,
+        outside} (plus `samples` when the setting samples several), or {file, error} for a file
+        that cannot be read (module docstring)."""
+        if isinstance(images, str | os.PathLike | Image.Image | bytes) or not isinstance(
+            images, Iterable
+        ):
+            images = [images]  # one image; image_files names a wrong type
+        images = list(images)
         files = image_files(images)
         if not files:
             raise DistinctcapError(f"no image files in {[str(i) for i in images]}")
         setting = self.decoding(decoding)
-        problems = {f: file_problem(f) for f in files}
-        good = [f for f in files if problems[f] is None]
-        captions = {}
+        problems = [file_problem(f) for f in files]
+        good = [k for k, problem in enumerate(problems) if problem is None]
+        captions, distances = {}, {}
         if good:
-            pooled, grid = self.features(good)
+            pooled, grid = self.features([files[k] for k in good])
             found = generate(
                 self.model, grid, pooled, setting["kind"],
                 batch_size=setting.get("batch_size", 64),
                 **decode_options(setting, self.device, seed),
             )
             captions = dict(zip(good, found, strict=True))
-        return [self._result(f, captions.get(f), problems[f]) for f in files]
+            distances = dict(zip(good, self.distances(grid), strict=True))
+        return [
+            self._result(label(f, k), captions.get(k), distances.get(k), problems[k])
+            for k, f in enumerate(files)
+        ]
 
-    def _result(self, file: Path, found, problem: str | None) -> dict:
+    def distances(self, grid: torch.Tensor) -> list[float | None]:
+        """Each image's distance from the training images (distinctcap.runs.calibrate)."""
+        familiarity = self.card.get("familiarity")
+        if familiarity is None:
+            return [None] * len(grid)
+        return feature_distance(grid.cpu(), familiarity).tolist()
+
+    def mean_logprob(self, caption) -> float:
+        """The caption's log-probability per scored token (its tokens and the eos, which a
+        caption cut at max_len has not)."""
+        scored = len(caption.tokens) + (len(caption.tokens) < self.model.cfg.max_len)
+        return caption.logprob / max(scored, 1)
+
+    def _result(self, file: str, found, distance: float | None, problem: str | None) -> dict:
         if problem is not None:
-            return {"file": str(file), "error": problem}
+            return {"file": file, "error": problem}
         texts = [self.tokenizer.decode(c.tokens) for c in found]
-        out = {"file": str(file), "caption": texts[0], "logprob": round(found[0].logprob, 4)}
+        threshold = self.threshold
+        out = {
+            "file": file,
+            "caption": texts[0],
+            "logprob": round(found[0].logprob, 4),
+            "mean_logprob": round(self.mean_logprob(found[0]), 4),
+            "distance": None if distance is None else round(distance, 4),
+            "outside": None if threshold is None or distance is None else distance > threshold,
+        }
         return out | ({"samples": texts} if len(texts) > 1 else {})
 
 
@@ -207,22 +273,69 @@ def write_jsonl(results: list[dict], path: str | os.PathLike) -> None:
         tmp.write_text("".join(json.dumps(r) + "\n" for r in results))
 
 
-def write_html(results: list[dict], path: str | os.PathLike, title: str) -> None:
-    """A page of cards, one per image (its picture, linked relative to the page, and caption)."""
-    root = Path(path).resolve().parent
-    cards = []
-    for r in results:
-        src = html.escape(os.path.relpath(Path(r["file"]).resolve(), root))
-        text = html.escape(r.get("caption") or f"not captioned: {r['error']}")
-        cards.append(
-            f'<figure><img src="{src}" alt=""><figcaption><b>{html.escape(r["file"])}</b>'
-            f"<br>{text}</figcaption></figure>"
+def confidence(result: dict) -> str:
+    """How sure a caption is, in words: its mean token log-probability and whether the image
+    is far from the training images ("not calibrated" for a card without a threshold)."""
+    if result["outside"] is None:
+        where = NOT_CALIBRATED
+    elif result["outside"]:
+        where = f"FAR FROM THE TRAINING IMAGES (distance {result['distance']:.2f})"
+    else:
+        where = f"like the training images (distance {result['distance']:.2f})"
+    return f"mean token logprob {result['mean_logprob']:.2f}, {where}"
+
+
+def shown_name(file: str) -> str:
+    """A file as the page shows it: relative to the current folder when under it."""
+    path = Path(file)
+    if not path.is_absolute():
+        return file
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(Path(path.parent.name) / path.name)
+
+
+HTML_STYLE = (
+    "body{font-family:sans-serif;display:flex;flex-wrap:wrap;gap:1em;align-items:flex-start}"
+    "h1{width:100%}figure{width:260px;margin:0;overflow-wrap:anywhere}"
+    "img,.broken{width:256px;height:256px;object-fit:contain;image-rendering:pixelated}"
+    ".broken{display:flex;align-items:center;justify-content:center;background:#eee;"
+    "color:#a00;text-align:center}.name{font-size:small;color:#555}"
+    ".outside{color:#a00;font-weight:bold}.sure{font-size:small;color:#555}"
+)
+
+
+def html_card(result: dict, root: Path) -> str:
+    """One figure: the picture (or the reason it could not be read), the file's name, the
+    caption and how sure it is."""
+    name = html.escape(shown_name(result["file"]))
+    if "error" in result:
+        reason = html.escape(result["error"].replace(result["file"], shown_name(result["file"])))
+        return (
+            f"<figure><div class='broken'>not captioned:<br>{reason}</div>"
+            f"<figcaption><div class='name'>{name}</div></figcaption></figure>"
         )
+    picture = ""
+    if not result["file"].startswith("<"):
+        src = html.escape(os.path.relpath(Path(result["file"]).resolve(), root))
+        picture = f'<img src="{src}" alt="{name}">'
+    sure = "outside" if result["outside"] else "sure"
+    return (
+        f"<figure>{picture}<figcaption><div class='name'>{name}</div>"
+        f"{html.escape(result['caption'])}<div class='{sure}'>"
+        f"{html.escape(confidence(result))}</div></figcaption></figure>"
+    )
+
+
+def write_html(results: list[dict], path: str | os.PathLike, title: str) -> None:
+    """A page of cards, one per image (its picture, linked relative to the page, its name,
+    caption and confidence, or the reason it was not captioned)."""
+    root = Path(path).resolve().parent
     page = (
         f"<!doctype html><meta charset='utf-8'><title>{html.escape(title)}</title>"
-        "<style>body{font-family:sans-serif;display:flex;flex-wrap:wrap;gap:1em}"
-        "figure{width:260px;margin:0}img{width:256px;image-rendering:pixelated}</style>"
-        f"<h1 style='width:100%'>{html.escape(title)}</h1>" + "\n".join(cards)
+        f"<style>{HTML_STYLE}</style><h1>{html.escape(title)}</h1>"
+        + "\n".join(html_card(r, root) for r in results)
     )
     with atomic_path(path) as tmp:
         tmp.write_text(page)

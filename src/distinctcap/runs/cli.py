@@ -18,13 +18,41 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from pathlib import Path
 
 from distinctcap.core.errors import DistinctcapError
 
+WHAT_IT_DOES = (
+    "distinctcap trains image captioners that say what is specific to each image (MLE, UNKT, "
+    "contrastive, SMILE and specificity objectives, one Snakemake pipeline) and this command "
+    "uses what the pipeline made: caption your own images with a trained run, list the runs "
+    "and compare their metrics, fetch what a config needs, check a config."
+)
+# One example per subcommand, shown by `distinctcap --help` and by the subcommand's --help.
+EXAMPLES = {
+    "caption": "distinctcap caption results/runs/smile my_photos/ --html captions.html",
+    "runs": "distinctcap runs --results results",
+    "compare": "distinctcap compare --results results",
+    "fetch": "distinctcap fetch --configfile config.coco.yaml --offline",
+    "check-config": "distinctcap check-config config.yaml presets/quick.yaml",
+}
+
+
+def examples_text(names=None) -> str:
+    names = names or list(EXAMPLES)
+    return "example" + ("s" if len(names) > 1 else "") + ":\n" + "\n".join(
+        f"  {EXAMPLES[name]}" for name in names
+    )
+
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="distinctcap", description=__doc__.split("\n\n")[0])
+    top = argparse.ArgumentParser(
+        prog="distinctcap",
+        description=textwrap.fill(WHAT_IT_DOES, 88),
+        epilog=examples_text(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     commands = top.add_subparsers(dest="command", required=True)
     cap = commands.add_parser("caption", help="caption your own images with a trained run")
     cap.add_argument("run_dir", help="a run folder, e.g. results/runs/smile")
@@ -43,18 +71,35 @@ def parser() -> argparse.ArgumentParser:
     check = commands.add_parser("check-config", help="check config files before snakemake")
     check.add_argument("files", nargs="+", help="config.yaml and presets, in --configfile order")
     check.add_argument("--syntax", action="store_true", help="check only that each is YAML")
+    for name, sub in commands.choices.items():
+        sub.epilog = examples_text([name]) if name in EXAMPLES else None
+        sub.formatter_class = argparse.RawDescriptionHelpFormatter
     return top
 
 
 def caption(args) -> int:
-    from distinctcap.runs.caption import Run, write_html, write_jsonl
+    from distinctcap.runs.caption import Run, confidence, write_html, write_jsonl
 
     run = Run(args.run_dir, clip=args.clip, device=args.device)
+    if run.threshold is None:
+        print(
+            f"distinctcap: run {run.name} is not calibrated (its card predates the threshold "
+            "that flags images far from the training images): no image is flagged; write the "
+            "card again with `snakemake --forcerun run_card`",
+            file=sys.stderr,
+        )
     results = run.caption(args.images, decoding=args.decoding)
     bad = [r for r in results if "error" in r]
     for r in results:
         if "error" not in r:
-            print(f"{r['file']}\t{r['caption']}")
+            print(f"{r['file']}\t{r['caption']}\t({confidence(r)})")
+    outside = sum(bool(r.get("outside")) for r in results)
+    if outside:
+        print(
+            f"distinctcap: {outside} image(s) are far from run {run.name}'s training images "
+            "(above): their captions are guesses",
+            file=sys.stderr,
+        )
     for r in bad:
         print(f"distinctcap: {r['file']}: not captioned: {r['error']}", file=sys.stderr)
     if args.out:

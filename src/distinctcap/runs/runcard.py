@@ -4,7 +4,8 @@ It records the run's effective config block, the decoding settings of its config
 vocabulary (a copy, `vocab.json`, beside `model.pt`) and the CLIP whose features the run was
 trained on: architecture, where its weights were (a tag, or a path relative to the run folder,
 so a moved `results/` keeps working) and their sha256 (the features index records it), and the
-sha256 of `model.pt`. Rule `run_card` writes it (workflow/rules/train.smk);
+sha256 of `model.pt`, and (`familiarity`) the threshold beyond which an image is far from the
+training images (distinctcap.runs.calibrate). Rule `run_card` writes it (workflow/rules/train.smk);
 `distinctcap.runs.caption.load_run` reads it and stops with one line naming the file when
 `model.pt` or the CLIP is missing or differs from its checksum, before deserialising either.
 
@@ -53,8 +54,10 @@ def write_run_card(
     vocab: str | os.PathLike,
     features_index: str | os.PathLike,
     clip_pretrained: str,
+    familiarity: dict | None = None,
 ) -> dict:
-    """Copy the vocabulary into the run folder and write its card (module docstring)."""
+    """Copy the vocabulary into the run folder and write its card (module docstring);
+    `familiarity` is distinctcap.runs.calibrate's block, absent from cards written before it."""
     run_dir = Path(run_dir)
     manifest = read_json(features_index)["manifest"]
     card = {
@@ -73,7 +76,7 @@ def write_run_card(
             "preprocess": manifest["preprocess"],
             "precision": manifest["precision"],
         },
-    }
+    } | ({"familiarity": familiarity} if familiarity else {})
     with atomic_path(run_dir / VOCAB) as tmp:
         shutil.copyfile(vocab, tmp)
     write_json(card, run_dir / CARD)

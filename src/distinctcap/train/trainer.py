@@ -53,7 +53,6 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from tqdm import tqdm
 
 from distinctcap.captioner.hf import HFCaptioner
 from distinctcap.captioner.load import load_captioner
@@ -71,6 +70,7 @@ from distinctcap.core.distributed import (
 )
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import atomic_path, write_json
+from distinctcap.core.logs import progress
 from distinctcap.data.batches import Batch, BatchOrder, encode_batch
 from distinctcap.data.tokenizer import PAD
 from distinctcap.methods import METHODS
@@ -512,7 +512,7 @@ class Trainer:
         resumed = self.try_resume()  # replaces self.state
         tc, s = self.tc, self.state
         self._log_start()
-        bar = tqdm(
+        bar = progress(
             total=tc.steps,
             initial=s.step,
             unit="steps",
@@ -573,7 +573,7 @@ class Trainer:
         minutes = self.tc.checkpoint_minutes
         return bool(minutes) and time.monotonic() - self.checkpointed_at >= 60 * minutes
 
-    def _log_row(self, bar: tqdm, do_val: bool) -> None:
+    def _log_row(self, bar, do_val: bool) -> None:
         """A curve row of the window since the last one, with the validation when it is due
         (run by the main process; the others wait for its early-stopping decision)."""
         s = self.state

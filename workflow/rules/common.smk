@@ -13,6 +13,7 @@ from distinctcap.core.config import (
     entropy_priority,
     load_schema,
     run_priorities,
+    selected_runs,
     validate,
 )
 from distinctcap.core.errors import DistinctcapError
@@ -23,6 +24,7 @@ SCHEMA = Path(workflow.basedir) / "workflow" / "schemas" / "config.schema.yaml"
 CONFIG_SCHEMA = load_schema(SCHEMA)
 try:
     config = validate(config, CONFIG_SCHEMA)
+    config["runs"] = selected_runs(config)  # only_runs: the rest are neither built nor reported
 except DistinctcapError as error:
     sys.stderr.write(f"distinctcap: config error: {error}\n")
     sys.exit(1)

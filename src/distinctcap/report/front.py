@@ -209,14 +209,18 @@ def links(results: Path) -> list[str]:
 # a window-high scrolling box ("flex items-center h-screen overflow-auto"). A page taller than
 # the window overflows above that box's top, where no scrolling reaches: the reader landed
 # mid-page, title and headline table out of reach (the default's page is about 3,400 px high).
-# The text column (capped at 32rem) also grows to the headline table's width: the table ran
-# past it, under the rule graph. The style sits inside the front page, so it holds only while
-# the front page is shown.
+# Beside the text column (capped at 32rem) Snakemake puts the rule graph, a third of the
+# width: the text column takes the whole row here (flex-basis 100%, the row wraps), so the
+# verdicts, the table with its intervals and the forest plot get the width and the rule graph
+# goes below the fold, after the front page. The style sits inside the front page, so it holds
+# only while the front page is shown.
 TOP_ALIGNED = """\
 .. raw:: html
 
    <style>#app div.items-center.justify-center.h-screen.overflow-auto {align-items: flex-start}
-   #app .prose.max-w-lg {max-width: none; width: 32rem; min-width: min-content}</style>
+   #app div.flex.gap-3.items-start:has(#rulegraph) {flex-wrap: wrap}
+   #app div.py-2:has(> .prose.max-w-lg) {flex: 1 1 100%}
+   #app .prose.max-w-lg {max-width: 72rem; width: 100%; min-width: min-content}</style>
 """
 
 

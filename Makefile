@@ -46,7 +46,7 @@ quick-tail:
 	@for run in reference smile; do echo "== captions of $$run"; $(PY) -m distinctcap caption $(QUICK)/results/runs/$$run $$(ls $(QUICK)/results/data/images/*.png | tail -n 6); done
 	@echo "== against the reference"
 	@$(PY) -m distinctcap compare --results $(QUICK)/results
-	@$(MAKE) --no-print-directory report EXP=$(QUICK) CONFIGS=presets/quick.yaml SNAKEMAKE_QUIET=--quiet
+	$(call report_of,$(QUICK),presets/quick.yaml,--quiet)
 	@echo "== where they are"
 	@echo "summary:    $(QUICK)/results/metrics/summary.csv"
 	@echo "comparison: $(QUICK)/results/report/versus.md (distinctcap compare prints it again)"
@@ -56,9 +56,16 @@ quick-tail:
 # Reports what the experiment folder holds; runs nothing (make run first for a full report).
 # Without results in $(EXP) it says so in one line, naming the folders that have them.
 report: install
-	@if $(PY) -m distinctcap.runs.experiments $(EXP); then \
-	  $(SNAKEMAKE) $(SNAKEMAKE_QUIET) --report results/report.html && \
-	  echo "report: $(EXP)/results/report.html"; fi
+	$(call report_of,$(EXP),$(CONFIGS),)
+
+# The report of experiment folder $(1) with presets $(2) and snakemake options $(3), or the
+# one line saying there is nothing to report (distinctcap.runs.experiments)
+define report_of
+@if $(PY) -m distinctcap.runs.experiments $(1); then \
+  $(CHECK_YAML) $(2) && $(VENV)/bin/snakemake --cores $(CORES) --directory $(1) \
+  $(if $(2),--configfile $(2)) $(3) --report results/report.html && \
+  echo "report: $(1)/results/report.html"; fi
+endef
 
 # The shipped screenshot of the report's front page (assets/report_front.png, the README's),
 # from the report of REPORT_EXP (make quick's by default; make report builds it) in headless

@@ -513,6 +513,6 @@ def test_without_results_the_commands_say_where_results_are(tmp_path, monkeypatc
     (quick / "metrics/summary.csv").write_text("run\n")
     assert find_results(None, need_summary=True) == quick
     said = report_check(Path("."))
-    assert said.count("\n") == 0 and "results does not exist" in said and str(quick) in said
+    assert said.count("\n") == 0 and "results/ does not exist" in said and str(quick) in said
     assert report_check(Path("experiments/quick")) is None
     assert find_results("elsewhere", need_summary=True) == Path("elsewhere")

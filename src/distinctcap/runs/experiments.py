@@ -62,7 +62,7 @@ def report_check(experiment: Path) -> str | None:
         "; results are in " + ", ".join(held) + " (make report EXP=<experiment> "
         "CONFIGS=<its presets> reports one)" if held else "; run make quick or make run first"
     )
-    return f"make report: nothing to report, {experiment / 'results'} does not exist{where}"
+    return f"make report: nothing to report, {experiment / 'results'}/ does not exist{where}"
 
 
 def _with_report(results: Path) -> str:

@@ -120,8 +120,9 @@ def headline_table(
     and retrieval columns of decoding `quality`, diversity columns of decoding `diversity`."""
     rows = summary[summary.split == split].set_index(["run", "decoding"])
     n_samples = "".join(c for c in diversity if c.isdigit())
+    samples = f" ({n_samples} samples)" if n_samples else ""  # none: greedy (make quick)
     headers = ["run"] + [f"{h} {arrow}" for h, _, _, arrow in HEADLINE_QUALITY] + [
-        f"{h} ({n_samples} samples) {arrow}" for h, _, _, arrow in HEADLINE_DIVERSITY
+        f"{h}{samples} {arrow}" for h, _, _, arrow in HEADLINE_DIVERSITY
     ]
     table = []
     for name in run_order(runs):

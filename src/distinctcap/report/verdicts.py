@@ -96,9 +96,10 @@ def front_table(
 
 
 def best_values(cells: list[str], arrow: str) -> set[str]:
-    """The best of a column's rounded values (lowest under ↓), as written; none if none."""
+    """The best of a column's rounded values (lowest under ↓), as written; none where the
+    column has no number or all are equal (nothing stands out)."""
     numbers = {c: float(c) for c in cells if _is_number(c)}
-    if not numbers:
+    if len(set(numbers.values())) < 2:
         return set()
     best = (min if arrow == "↓" else max)(numbers.values())
     return {c for c, v in numbers.items() if v == best}

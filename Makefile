@@ -13,7 +13,10 @@ CONFIGS ?=
 CHECK_YAML = $(PY) -m distinctcap check-config --syntax config.yaml
 SNAKEMAKE = $(CHECK_YAML) $(CONFIGS) && $(VENV)/bin/snakemake --cores $(CORES) --directory $(EXP) $(if $(CONFIGS),--configfile $(CONFIGS))
 QUICK := experiments/quick
-QUICK_TARGETS := $(foreach run,reference smile,results/runs/$(run)/run.json results/metrics/$(run)/test-greedy.parquet)
+# presets/quick.yaml's only_runs keeps the reference and SMILE: the summary, the comparison
+# (versus.csv, forest.png) and the plots hold those two
+QUICK_TARGETS := $(foreach run,reference smile,results/runs/$(run)/run.json) \
+	results/metrics/summary.csv results/report/versus.csv results/report/metric_bars.png
 export HF_HUB_OFFLINE ?= 1
 export MPLBACKEND ?= Agg
 
@@ -24,22 +27,52 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $@
 
-.PHONY: install run quick test report readme-table unkt-ablations unkt-ablation-table unkt-seeds unkt-seeds-table seeds cleanup times ship-clip
+.PHONY: install run quick quick-tail test report report-screenshot readme-table unkt-ablations unkt-ablation-table unkt-seeds unkt-seeds-table seeds cleanup times ship-clip
 install: $(VENV)/.installed
 
 run: install
 	$(SNAKEMAKE)
 
-# The MLE reference and its SMILE fine-tune on a small world (presets/quick.yaml), then the
-# captions both give six test images.
+# The MLE reference and its SMILE fine-tune on a small world (presets/quick.yaml), the
+# captions both give six test images, then the summary, SMILE against the reference and the
+# report of the two, and where each is.
 quick: install
 	$(CHECK_YAML) presets/quick.yaml
 	$(VENV)/bin/snakemake $(QUICK_TARGETS) --cores $(CORES) --directory $(QUICK) --configfile presets/quick.yaml
-	for run in reference smile; do echo "== $$run"; $(PY) -m distinctcap caption $(QUICK)/results/runs/$$run $$(ls $(QUICK)/results/data/images/*.png | tail -n 6); done
+	$(MAKE) --no-print-directory quick-tail
+
+# make quick after its jobs: also the end of the quick-path test (tests/test_quick.py)
+quick-tail:
+	@for run in reference smile; do echo "== captions of $$run"; $(PY) -m distinctcap caption $(QUICK)/results/runs/$$run $$(ls $(QUICK)/results/data/images/*.png | tail -n 6); done
+	@echo "== against the reference"
+	@$(PY) -m distinctcap compare --results $(QUICK)/results
+	$(call report_of,$(QUICK),presets/quick.yaml,--quiet)
+	@echo "== where they are"
+	@echo "summary:    $(QUICK)/results/metrics/summary.csv"
+	@echo "comparison: $(QUICK)/results/report/versus.md (distinctcap compare prints it again)"
+	@echo "report:     $(QUICK)/results/report.html"
+	@echo "runs:       $(QUICK)/results/runs/reference, $(QUICK)/results/runs/smile"
 
 # Reports what the experiment folder holds; runs nothing (make run first for a full report).
+# Without results in $(EXP) it says so in one line, naming the folders that have them.
 report: install
-	$(SNAKEMAKE) --report results/report.html  # relative to $(EXP)
+	$(call report_of,$(EXP),$(CONFIGS),)
+
+# The report of experiment folder $(1) with presets $(2) and snakemake options $(3), or the
+# one line saying there is nothing to report (distinctcap.runs.experiments)
+define report_of
+@if $(PY) -m distinctcap.runs.experiments $(1); then \
+  $(CHECK_YAML) $(2) && $(VENV)/bin/snakemake --cores $(CORES) --directory $(1) \
+  $(if $(2),--configfile $(2)) $(3) --report results/report.html && \
+  echo "report: $(1)/results/report.html"; fi
+endef
+
+# The shipped screenshot of the report's front page (assets/report_front.png, the README's),
+# from the report of REPORT_EXP (make quick's by default; make report builds it) in headless
+# Chromium, 1400 x 1000 as the front-page test checks it.
+REPORT_EXP ?= $(QUICK)
+report-screenshot: install
+	$(PY) tools/report_screenshot.py $(REPORT_EXP)/results/report.html assets/report_front.png --width 1400 --height 1000
 
 test: install
 	$(PY) -m pytest -q --durations=30

@@ -475,3 +475,16 @@ def test_check_config_names_the_file_and_line_of_a_broken_preset(tmp_path, capsy
     assert main(["check-config", str(ROOT / "config.yaml"), str(preset), "--syntax"]) == 0
     assert main(["check-config", str(ROOT / "config.yaml"), str(preset)]) == 2
     assert "train.lr = nan is not a finite number" in capsys.readouterr().err
+
+
+def test_only_runs_keeps_the_named_runs_and_those_they_start_from():
+    """Issue 32: presets/quick.yaml names smile; its reference comes with it, nothing else."""
+    from distinctcap.core.config import read_configs, selected_runs
+
+    config = validate(read_configs([ROOT / "config.yaml", ROOT / "presets/quick.yaml"]),
+                      load_schema())  # fmt: skip
+    assert list(selected_runs(config)) == ["reference", "smile"]
+    assert list(selected_runs({**config, "only_runs": []})) == list(config["runs"])
+    assert list(selected_runs({**config, "only_runs": ["unkt"]})) == ["teacher_neg", "unkt"]
+    with pytest.raises(DistinctcapError, match="only_runs: nope names no run"):
+        selected_runs({**config, "only_runs": ["nope"]})

@@ -57,3 +57,40 @@ def test_the_readme_links_into_docs_resolve():
     pages = {p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md")}
     unlinked = pages - set(targets)
     assert not unlinked, f"README.md's Read on does not link {sorted(unlinked)}"
+
+
+def readme_commands() -> list[str]:
+    """The command lines of README.md's bash blocks, comments stripped."""
+    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    lines = [line.split("  #")[0].strip() for block in blocks for line in block.splitlines()]
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def test_the_readme_commands_work_as_written_after_make_quick():
+    """Issue 32: every `make X` is a Makefile target; `distinctcap` comes after the line that
+    puts .venv/bin on the PATH, parses as the command's own parser parses it, and names only
+    paths that `make quick` writes (its experiment folder and the files in it); the image
+    named is one of the quick world's test images."""
+    from distinctcap.core.config import read_configs
+    from distinctcap.runs.cli import parser
+
+    commands = readme_commands()
+    targets = set(re.findall(r"^([a-z][\w-]*):", (ROOT / "Makefile").read_text(), re.M))
+    for line in commands:
+        if line.startswith("make "):
+            assert line.split()[1] in targets, line
+    path_line = commands.index('export PATH="$PWD/.venv/bin:$PATH"')
+    cli = [i for i, line in enumerate(commands) if line.startswith("distinctcap ")]
+    assert cli and min(cli) > path_line
+    quick = re.search(r"^QUICK := (\S+)", (ROOT / "Makefile").read_text(), re.M).group(1)
+    world = read_configs([ROOT / "config.yaml", ROOT / "presets/quick.yaml"])["data"]["shapes"]
+    for i in cli:
+        words = commands[i].split()[1:]
+        parser().parse_args(words)  # exits (fails the test) on a wrong option or argument
+        for word in words:
+            if "/" in word:
+                assert word.startswith(f"{quick}/results/"), commands[i]
+            image = re.search(r"images/(\d+)\.png$", word)
+            if image:
+                first_test = world["n_train"] + world["n_val"]
+                assert first_test <= int(image.group(1)) < first_test + world["n_test"], word

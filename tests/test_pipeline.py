@@ -96,41 +96,56 @@ def chromium() -> None:
         pytest.skip(str(err))
 
 
-def test_the_report_opens_on_the_headline_table_in_chromium(
+def test_the_report_opens_on_the_verdicts_and_the_headline_table_in_chromium(
     tiny_dag, tiny_report, chromium, tmp_path
 ):
-    """Issue 20: the report as a researcher opens it, in headless Chromium. The first table on
-    the rendered front page is the headline table of summary.csv (the arrowed headers, one row
-    per run, reference first), after the title and before how to read it; in a 1400 x 1000
-    window the title and the whole table are in sight, unscrolled, clear of the rule graph
-    beside them; tools/report_screenshot.py writes a PNG of the asked size."""
+    """Issues 20 and 32: the report as a researcher opens it, in headless Chromium. The front
+    page opens on one verdict line per method against the reference, then the headline table
+    of summary.csv (the arrowed headers, the reference, the methods, then the teachers; the
+    intervals of versus.csv beside the numbers), then the forest plot, before how to read it;
+    in a 1400 x 1000 window the title, the verdicts, the whole table and the forest plot are
+    in sight, unscrolled, with the rule graph below them; tools/report_screenshot.py writes a
+    PNG of the asked size."""
     from PIL import Image
 
     from distinctcap.report.browser import layout, parse_page, render_dom
-    from distinctcap.report.summary import headline_table, pick_decodings
+    from distinctcap.report.summary import pick_decodings
+    from distinctcap.report.verdicts import front_table, verdict_lines
 
     workdir, config = tiny_dag
     page = parse_page(render_dom(tiny_report))
     assert page.tables, page.text[:3000]
     first = page.tables[0]
     summary = pd.read_csv(workdir / "results/metrics/summary.csv")
+    versus = pd.read_csv(workdir / "results/report/versus.csv")
     runs = yaml.safe_load((workdir / "config.yaml").read_text())["runs"]  # as snakemake read it
-    headers, rows = headline_table(summary, runs, "test", *pick_decodings(summary))
-    assert first.rows == [headers, *rows], page.text[:3000]
+    quality, diversity = pick_decodings(summary)
+    headers, rows = front_table(summary, versus, runs, quality, diversity)
+    shown = [[f"{value} {interval}".strip() for value, interval, _ in row] for row in rows]
+    assert first.rows == [headers, *shown], page.text[:3000]
     assert first.rows[0][:2] == ["run", "BLEU-4 ↑"] and "mean rank ↓" in first.rows[0]
     assert first.rows[1][0] == "reference (MLE)" and len(first.rows) == 1 + len(config["runs"])
+    assert [r[0] for r in first.rows[2:6]] == ["unkt", "cl", "smile", "specificity"]
+    assert "[" in first.rows[2][headers.index("CIDEr ↑")]  # an interval beside the number
     before = page.text[: first.at]
     assert "distinctcap: distinctive captioning on shapes" in before and "Headline" in before
     assert "How to read it" not in before and "What was run" not in before
+    lines = verdict_lines(versus, runs, quality)
+    assert len(lines) == 4 and all(line in before for line in lines), before[-3000:]
 
     # Snakemake centres the front page in a window-high box: unless report.front top-aligns
     # it, a page taller than the window starts above the window, out of reach of scrolling.
-    at = layout(tiny_report, {"title": "#app .document h1", "table": "#app .document table",
-                         "graph": "#rulegraph"}, width=1400, height=1000)  # fmt: skip
-    title, table, graph = at["title"], at["table"], at["graph"]
+    at = layout(tiny_report, {"title": "#app .document h1", "verdicts": "#app .document ul",
+                              "table": "#app .document table", "forest": "#distinctcap-forest",
+                              "graph": "#rulegraph"}, width=1400, height=1000)  # fmt: skip
+    title, verdicts, table, forest, graph = (at[k] for k in
+                                             ("title", "verdicts", "table", "forest", "graph"))
     assert at["window"] == {"width": 1400, "height": 1000}
-    assert 0 <= title["top"] < title["bottom"] <= table["top"], at
-    assert table["bottom"] <= 1000 and table["right"] <= graph["left"], at
+    assert 0 <= title["top"] < title["bottom"] <= verdicts["top"] < verdicts["bottom"], at
+    assert verdicts["bottom"] <= table["top"] < table["bottom"] <= forest["top"], at
+    assert forest["bottom"] - forest["top"] > 100 and forest["bottom"] <= 1000, at
+    assert table["right"] <= 1400 and forest["right"] <= 1400, at
+    assert graph["top"] >= forest["bottom"], at  # out of the way, below the front page
 
     png = tmp_path / "front.png"
     tool = [sys.executable, str(ROOT / "tools/report_screenshot.py"), str(tiny_report), str(png)]

@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -310,7 +311,9 @@ def test_report_rules_run_and_the_html_report_builds(tiny_dag, tiny_report):
     # the front page opens on the headline table; R@1 is never a mailto: link
     front = (workdir / ".snakemake/distinctcap/front.rst").read_text()
     assert front.index("**Headline**") < front.index("How to read it")
-    assert "   * - reference (MLE)" in front and "- smile, sample5:" in front
+    assert "   * - reference (MLE)" in front and "- smile: " in front
+    assert front.index("**Verdict**") < front.index("**Headline**") < front.index("forest")
+    assert "forest.png" in page
     assert "<strong>Headline</strong>" in page and 'href=\\"mailto:' not in page
 
 
@@ -443,3 +446,102 @@ def test_front_page_table_cells_render_as_written():
     html = publish_parts("\n".join(rst_table(headers, rows)), writer=Writer())["body"]
     assert "<li>" not in html
     assert parse_page(html).tables[0].rows == [headers, *rows]
+
+
+VERSUS_ROWS = [  # run, decoding, metric, difference, ci_low, ci_high, verdict (test split)
+    ("smile", "greedy", "cider", 0.2, 0.1, 0.3, "better"),
+    ("smile", "greedy", "r_at_1", 0.1, -0.05, 0.2, "no significant difference"),
+    ("smile", "greedy", "mean_rank", 1.0, 0.5, 1.5, "worse"),
+    ("smile", "sample20", "cider", -0.5, -0.6, -0.4, "worse"),
+    ("teacher_neg", "greedy", "cider", -0.2, -0.3, -0.1, "worse"),
+]
+FRONT_RUNS = {"reference": {"method": "mle"}, "teacher_neg": {"method": "mle", "data": "D-"},
+              "smile": {"method": "smile"}}  # fmt: skip
+
+
+@pytest.fixture
+def versus() -> pd.DataFrame:
+    rows = [{"run": r, "decoding": d, "split": "test", "metric": m, "value": 1.0,
+             "reference_value": 1.0 - diff, "difference": diff, "ci_low": lo, "ci_high": hi,
+             "verdict": v} for r, d, m, diff, lo, hi, v in VERSUS_ROWS]  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def front_summary() -> pd.DataFrame:
+    """Headline columns of three runs: smile best on CIDEr, the reference on mean rank."""
+    rows = []
+    for run, cider, rank in (("reference", 1.0, 2.0), ("teacher_neg", 0.8, 9.0),
+                             ("smile", 1.2, 3.0)):
+        rows.append({"run": run, "split": "test", "decoding": "greedy", "bleu4": 0.3,
+                     "meteor": 0.3, "cider": cider, "r_at_1": 0.4, "mean_rank": rank,
+                     "clipscore": 0.9, "scene_f1": 0.5, "div2": np.nan, "distinct": np.nan})
+    return pd.DataFrame(rows)
+
+
+def test_each_method_gets_one_verdict_line_with_its_intervals(versus):
+    """Issue 32: what each method wins and loses against the reference, with the interval;
+    teachers (MLE runs) get no verdict line, and only the asked decoding is read."""
+    from distinctcap.report.verdicts import verdict_lines
+
+    assert verdict_lines(versus, FRONT_RUNS, "greedy") == [
+        "smile: wins CIDEr +0.200 [+0.100, +0.300]; loses mean rank +1.000 [+0.500, +1.500]; "
+        "no clear difference on R@1"
+    ]
+
+
+def test_the_front_table_has_methods_before_teachers_intervals_and_the_best_marked(versus):
+    from docutils.core import publish_parts
+    from docutils.writers.html4css1 import Writer
+
+    from distinctcap.report.front import front_cell, rst_table
+    from distinctcap.report.verdicts import front_table, methods_first
+
+    assert methods_first(FRONT_RUNS) == ["reference", "smile", "teacher_neg"]
+    headers, rows = front_table(front_summary(), versus, FRONT_RUNS, "greedy", "greedy")
+    assert [row[0][0] for row in rows] == ["reference (MLE)", "smile", "teacher_neg (MLE on D-)"]
+    cider, rank = headers.index("CIDEr ↑"), headers.index("mean rank ↓")
+    assert rows[1][cider] == ("1.200", "[+0.100, +0.300]", True)  # best, with its interval
+    assert rows[0][rank] == ("2.0", "", True)  # lowest is best under ↓; no interval for itself
+    assert rows[2][cider] == ("0.800", "[-0.300, -0.100]", False)
+    cells = [[front_cell(*c) for c in row] for row in rows]
+    html = publish_parts("\n".join(rst_table(headers, cells, escaped=True)), writer=Writer())
+    assert "<strong>1.200</strong> [+0.100, +0.300]" in html["body"]
+
+
+def test_the_forest_plot_and_the_bars_with_intervals_are_written(versus, tmp_path):
+    from distinctcap.report.plots import interval_errors, plot_forest
+    from distinctcap.report.versus import HEADERS
+
+    plot_forest(versus, ["smile", "teacher_neg"], "greedy", HEADERS, tmp_path / "forest.png")
+    assert (tmp_path / "forest.png").read_bytes()[:4] == PNG
+    errors = interval_errors(versus, ["reference", "smile"], "test/greedy", "cider",
+                             np.array([1.0, 1.2]))  # fmt: skip
+    assert np.allclose(errors, [[0.0, 0.1], [0.0, 0.1]])  # the interval around smile's value
+    metrics = front_summary().assign(n_samples=1)
+    plot_metric_bars(metrics, tmp_path / "bars.png", order=["reference", "smile", "teacher_neg"],
+                     versus=versus)  # fmt: skip
+    assert (tmp_path / "bars.png").read_bytes()[:4] == PNG
+
+
+def test_without_results_the_commands_say_where_results_are(tmp_path, monkeypatch):
+    """`distinctcap runs/compare` take the newest results folder with what they need; `make
+    report` with nothing to report names the folders that hold results, in one line."""
+    from distinctcap.runs.experiments import find_results, report_check
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DistinctcapError, match="run make quick first"):
+        find_results(None, need_summary=True)
+    assert "run make quick or make run first" in report_check(Path("."))
+    quick = Path("experiments/quick/results")
+    (quick / "runs/smile").mkdir(parents=True)
+    (quick / "runs/smile/run.json").write_text("{}")
+    assert find_results(None, need_summary=False) == quick
+    with pytest.raises(DistinctcapError, match="experiments/quick/results"):
+        find_results(None, need_summary=True)
+    (quick / "metrics").mkdir()
+    (quick / "metrics/summary.csv").write_text("run\n")
+    assert find_results(None, need_summary=True) == quick
+    said = report_check(Path("."))
+    assert said.count("\n") == 0 and "results/ does not exist" in said and str(quick) in said
+    assert report_check(Path("experiments/quick")) is None
+    assert find_results("elsewhere", need_summary=True) == Path("elsewhere")

@@ -14,6 +14,7 @@ from distinctcap.core.config import (
     load_schema,
     run_priorities,
     seed_runs,
+    selected_runs,
     validate,
 )
 from distinctcap.core.errors import DistinctcapError
@@ -24,6 +25,7 @@ SCHEMA = Path(workflow.basedir) / "workflow" / "schemas" / "config.schema.yaml"
 CONFIG_SCHEMA = load_schema(SCHEMA)
 try:
     config = validate(config, CONFIG_SCHEMA)
+    config["runs"] = selected_runs(config)  # only_runs: the rest are neither built nor reported
 except DistinctcapError as error:
     sys.stderr.write(f"distinctcap: config error: {error}\n")
     sys.exit(1)

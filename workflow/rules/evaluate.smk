@@ -150,6 +150,7 @@ rule versus_reference:
         csv=report(f"{REPORT}/versus.csv", caption="../report/versus.rst", **TABLES),
         markdown=f"{REPORT}/versus.md",
         latex=f"{REPORT}/versus.tex",
+        forest=report(f"{REPORT}/forest.png", caption="../report/forest.rst", **PLOTS),
     params:
         reference=reference_run(RUNS),
         runs=config["runs"],
@@ -170,10 +171,14 @@ rule report_plots:
         metrics=METRICS,
         training=[f"{RUN_DIR}/{run}/curve.csv" for run in RUNS],
         cider=CIDER_CURVES,
+        # the metric bars' error bars: each run's interval against the reference
+        versus=[f"{REPORT}/versus.csv"] if reference_run(RUNS) else [],
     output:
         training=report(f"{REPORT}/training.png", caption="../report/training.rst", **TRAINING),
         bars=report(f"{REPORT}/metric_bars.png", caption="../report/metric_bars.rst", **PLOTS),
         cider=report(f"{REPORT}/cider_vs_n.png", caption="../report/cider_vs_n.rst", **PLOTS),
+    params:
+        runs=RUNS,
     log:
         "logs/evaluate/report_plots.log",
     benchmark:

@@ -4,7 +4,9 @@ from pathlib import Path
 
 from distinctcap.core import logs
 from distinctcap.core.io import read_table
-from distinctcap.report.versus import compare_runs, write_versus
+from distinctcap.report.plots import plot_forest
+from distinctcap.report.verdicts import methods_first, versus_decoding
+from distinctcap.report.versus import HEADERS, compare_runs, write_versus
 
 logs.setup(snakemake.log[0])
 generated, per_image = {}, {}
@@ -28,3 +30,5 @@ table = compare_runs(
 )
 out = snakemake.output
 write_versus(table, snakemake.params.reference, Path(out.csv), Path(out.markdown), Path(out.latex))
+order = methods_first(snakemake.params.runs)
+plot_forest(table, order, versus_decoding(table, "greedy"), HEADERS, out.forest)

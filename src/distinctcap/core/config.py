@@ -318,6 +318,26 @@ def seeded_runs(config: dict) -> dict[str, dict]:
     return {name: run.block for name, run in seed_runs(config).items()}
 
 
+def selected_runs(config: dict) -> dict:
+    """The `runs` this config builds: those named in `only_runs` and the runs they depend on
+    (init, teacher, reference), in config order; every run when `only_runs` is empty."""
+    runs, wanted = config.get("runs", {}), list(config.get("only_runs") or [])
+    unknown = [name for name in wanted if name not in runs]
+    if unknown:
+        raise DistinctcapError(
+            f"only_runs: {', '.join(unknown)} names no run; defined runs: {', '.join(sorted(runs))}"
+        )
+    if not wanted:
+        return runs
+    keep: set[str] = set()
+    while wanted:
+        name = wanted.pop()
+        if name not in keep:
+            keep.add(name)
+            wanted.extend(run_dependencies(runs[name]))
+    return {name: block for name, block in runs.items() if name in keep}
+
+
 def run_priorities(run_configs: dict[str, dict]) -> dict[str, int]:
     """Scheduling priority of each run's training job (effective configs by name): its steps
     plus the largest priority among the runs that wait for it, so the head of the longest

@@ -1,21 +1,30 @@
-"""The report's front page (`snakemake --report`): what was run, the headline table, the
-significant differences against the reference, the CLIP's retrieval, the entropy extremes,
-how to read it, and links to everything else. reStructuredText, as Snakemake wants for the
-global `report:` description; written from whatever exists under results/ when the report is
-built (a run that has not finished yet gets a page saying what is missing).
+"""The report's front page (`snakemake --report`): one verdict line per method against the
+reference, the headline table with the intervals of its differences and its best values in
+bold, the forest plot of those differences, how to read it, what was run, the CLIP's
+retrieval, the entropy extremes, and links to everything else. reStructuredText, as Snakemake
+wants for the global `report:` description; written from whatever exists under results/ when
+the report is built (a run that has not finished yet gets a page saying what is missing).
 
 Light (pandas, json): the Snakefile calls it while parsing the workflow for `--report`.
 """
 
 from __future__ import annotations
 
+import base64
 import re
 from pathlib import Path
 
 import pandas as pd
 
 from distinctcap.core.io import atomic_path, read_json
-from distinctcap.report.summary import headline_table, pick_decodings, run_label, run_order
+from distinctcap.report.summary import pick_decodings, reference_run, run_label
+from distinctcap.report.verdicts import (
+    front_table,
+    methods_first,
+    read_versus,
+    verdict_lines,
+    versus_decoding,
+)
 
 HOW_TO_READ = """\
 **How to read it.** The MLE *reference* is the baseline every method starts from or is
@@ -33,6 +42,7 @@ where its paired bootstrap 95 % interval excludes 0.
 LINKS = (  # (file name in the report, what it is)
     ("headline.csv", "the headline table (also .md and .tex beside it)"),
     ("versus.csv", "every run against the reference, with confidence intervals"),
+    ("forest.png", "the differences from the reference with their intervals"),
     ("summary.csv", "every metric of every run, split and decoding"),
     ("tables.html", "the papers' table layouts beside their published numbers"),
     ("gallery.html", "captions of test images, every run side by side"),
@@ -56,40 +66,61 @@ def cell(text: object) -> str:
     return re.sub(r"^([-+])", r"\\\1", escape(text))
 
 
-def rst_table(headers: list[str], rows: list[list[str]]) -> list[str]:
+def rst_table(headers: list[str], rows: list[list[str]], escaped: bool = False) -> list[str]:
+    """A list-table; `escaped`: the rows' cells are reStructuredText already (headers never)."""
     lines = [".. list-table::", "   :header-rows: 1", ""]
-    for row in [headers, *rows]:
-        lines.append(f"   * - {cell(row[0])}")
-        lines += [f"     - {cell(text)}" for text in row[1:]]
+    for k, row in enumerate([headers, *rows]):
+        say = (lambda text: text) if escaped and k else cell
+        lines.append(f"   * - {say(row[0])}")
+        lines += [f"     - {say(text)}" for text in row[1:]]
     return [*lines, ""]
 
 
-def what_was_run(config: dict) -> list[str]:
-    data, clip = config["data"], config["clip"]
+def what_was_run(config: dict, results: Path) -> list[str]:
+    """The data, the CLIP as it was obtained, the decodings, and the runs of the config that
+    have a run folder (run.json) in `results`; the others are named as not built."""
+    data = config["data"]
     if data["source"] == "shapes":
         s = data["shapes"]
         source = (f"the generated shapes world ({s['n_train']} / {s['n_val']} / {s['n_test']} "
                   "train / val / test images)")
     else:
         source = f"MS COCO ({data.get('coco', {}).get('split', 'karpathy')} split)"
-    trained = clip["pretrained"] == "train"
-    how = f"trained here for {clip['train']['epochs']} epochs" if trained else clip["pretrained"]
+    runs = config["runs"]
+    built = [n for n in methods_first(runs) if (results / "runs" / n / "run.json").is_file()]
+    clip = config["clip"]
     lines = [
         "**What was run.**", "",
         f"- Data: {escape(source)}.",
-        f"- CLIP: {escape(clip['arch'])}, {escape(how)}.",
+        f"- CLIP: {escape(clip['arch'])}, {escape(clip_origin(clip, results))}.",
         "- Decoding: " + ", ".join(escape(n) for n in config["decoding"]) + ".",
-        "- Runs:", "",
+        "- Runs:" if built else "- Runs: none has finished yet.", "",
     ]
-    runs = config["runs"]
-    for name in run_order(runs):
+    for name in built:
         edges = ", ".join(f"{k} {runs[name][k]}" for k in ("init", "teacher", "reference")
                           if runs[name].get(k))
         data_part = runs[name].get("data", "all")
         lines.append(f"  - {escape(run_label(name, runs[name]))}: method "
                      f"{escape(runs[name]['method'])}, data {escape(data_part)}"
                      + (f", {escape(edges)}" if edges else ""))
+    waiting = [n for n in methods_first(runs) if n not in built]
+    if waiting:
+        lines += ["", f"- Not built (yet): {escape(', '.join(waiting))}."]
     return [*lines, ""]
+
+
+def clip_origin(clip: dict, results: Path) -> str:
+    """How this experiment got its CLIP: a named one, the weights shipped in assets/clip/, or
+    trained here (results/clip/retrieval.json says which of the last two)."""
+    if clip["pretrained"] != "train":
+        return clip["pretrained"]
+    path = results / "clip" / "retrieval.json"
+    weights = read_json(path).get("weights", "") if path.is_file() else ""
+    if weights.startswith("shipped"):
+        return f"the weights shipped in assets/clip/ ({weights.split(' (')[0]}), not trained here"
+    if weights == "trained":
+        return f"trained here for {clip['train']['epochs']} epochs"
+    return "not built yet (trained here, or the shipped weights when their fingerprint matches)"
 
 
 def headline(results: Path, runs: dict) -> list[str]:
@@ -99,26 +130,48 @@ def headline(results: Path, runs: dict) -> list[str]:
                 "run ``snakemake`` (``make run``) to build it; this report shows what exists.", ""]
     summary = pd.read_csv(path)
     quality, diversity = pick_decodings(summary)
-    headers, rows = headline_table(summary, runs, "test", quality, diversity)
+    headers, rows = front_table(summary, read_versus(results), runs, quality, diversity)
+    cells = [[front_cell(*c) for c in row] for row in rows]
     return [f"**Headline** (test split; {escape(quality)} decoding, diversity over "
-            f"{escape(diversity)}).", "", *rst_table(headers, rows)]
+            f"{escape(diversity)}; best value of each column in bold; [ ]: the 95 % interval "
+            "of the run's difference from the reference).", "",
+            *rst_table(headers, cells, escaped=True)]
 
 
-def versus(results: Path) -> list[str]:
-    path = results / "report" / "versus.csv"
+def front_cell(value: str, interval: str, best: bool) -> str:
+    text = f"**{escape(value)}**" if best else cell(value)
+    return f"{text} {escape(interval)}" if interval else text
+
+
+def verdicts(results: Path, runs: dict) -> list[str]:
+    """One line per method: what it wins and loses against the reference (versus.csv)."""
+    versus = read_versus(results)
+    if versus is None or versus.empty:
+        return []
+    summary = results / "metrics" / "summary.csv"
+    quality = pick_decodings(pd.read_csv(summary))[0] if summary.is_file() else "greedy"
+    decoding = versus_decoding(versus, quality)
+    lines = verdict_lines(versus, runs, decoding)
+    if not lines:
+        return []
+    return [f"**Verdict** against the MLE reference, run {escape(reference_run(runs))} "
+            f"({escape(decoding)}, test split; difference [paired bootstrap 95 % interval]; won "
+            "or lost only where the interval excludes 0):", "",
+            *(f"- {escape(line)}" for line in lines), ""]
+
+
+def forest(results: Path) -> list[str]:
+    """The forest plot of versus_reference (forest.png), inlined: the front page is one file."""
+    path = results / "report" / "forest.png"
     if not path.is_file():
         return []
-    table = pd.read_csv(path)
-    lines = ["**Against the reference** (paired bootstrap 95 % interval over the test images; "
-             "only differences whose interval excludes 0):", ""]
-    for (run, decoding), group in table.groupby(["run", "decoding"], sort=False):
-        said = [f"{v} on {m} ({d:+.3f} [{lo:+.3f}, {hi:+.3f}])"
-                for m, v, d, lo, hi in group[["metric", "verdict", "difference", "ci_low",
-                                               "ci_high"]].itertuples(index=False)
-                if v in ("better", "worse")]
-        lines.append(f"- {escape(run)}, {escape(decoding)}: "
-                     + (escape("; ".join(said)) if said else "no significant difference"))
-    return [*lines, ""]
+    data = base64.b64encode(path.read_bytes()).decode("ascii")
+    # in lines: docutils drops a line over 10,000 characters; a URL parser drops the newlines
+    lines = [data[i:i + 76] for i in range(0, len(data), 76)]
+    return [".. raw:: html", "",
+            '   <img id="distinctcap-forest" alt="differences from the reference with their '
+            '95 % intervals" style="max-width: 100%" src="data:image/png;base64,',
+            *(f"   {line}" for line in lines[:-1]), f'   {lines[-1]}">', ""]
 
 
 def clip_retrieval(results: Path) -> list[str]:
@@ -159,14 +212,18 @@ def links(results: Path) -> list[str]:
 # a window-high scrolling box ("flex items-center h-screen overflow-auto"). A page taller than
 # the window overflows above that box's top, where no scrolling reaches: the reader landed
 # mid-page, title and headline table out of reach (the default's page is about 3,400 px high).
-# The text column (capped at 32rem) also grows to the headline table's width: the table ran
-# past it, under the rule graph. The style sits inside the front page, so it holds only while
-# the front page is shown.
+# Beside the text column (capped at 32rem) Snakemake puts the rule graph, a third of the
+# width: the text column takes the whole row here (flex-basis 100%, the row wraps), so the
+# verdicts, the table with its intervals and the forest plot get the width and the rule graph
+# goes below the fold, after the front page. The style sits inside the front page, so it holds
+# only while the front page is shown.
 TOP_ALIGNED = """\
 .. raw:: html
 
    <style>#app div.items-center.justify-center.h-screen.overflow-auto {align-items: flex-start}
-   #app .prose.max-w-lg {max-width: none; width: 32rem; min-width: min-content}</style>
+   #app div.flex.gap-3.items-start:has(#rulegraph) {flex-wrap: wrap}
+   #app div.py-2:has(> .prose.max-w-lg) {flex: 1 1 100%}
+   #app .prose.max-w-lg {max-width: 72rem; width: 100%; min-width: min-content}</style>
 """
 
 
@@ -174,8 +231,9 @@ def front_page(config: dict, results: Path) -> str:
     title = f"distinctcap: distinctive captioning on {config['data']['source']}"
     lines = [
         title, "=" * len(title), "",
-        *headline(results, config["runs"]), *versus(results), HOW_TO_READ,
-        *what_was_run(config), *clip_retrieval(results), *entropy_extremes(results),
+        *verdicts(results, config["runs"]), *headline(results, config["runs"]),
+        *forest(results), HOW_TO_READ,
+        *what_was_run(config, results), *clip_retrieval(results), *entropy_extremes(results),
         *links(results), TOP_ALIGNED,
     ]
     return "\n".join(lines)

@@ -114,12 +114,20 @@ def informative(values: pd.Series) -> bool:
     return bool(len(values)) and float(values.abs().max()) > NOISE
 
 
-def plot_metric_bars(metrics: pd.DataFrame, path: str | Path) -> None:
-    """One panel per metric: a bar per run, grouped by decoding, values on the metric's own
-    scale; skipped metrics and those all zero up to noise are left out."""
+def plot_metric_bars(
+    metrics: pd.DataFrame, path: str | Path, order: Sequence[str] | None = None,
+    versus: pd.DataFrame | None = None,
+) -> None:
+    """One panel per metric: a bar per run (in `order`, the front page's table order, where
+    given), grouped by decoding, values on the metric's own scale; where `versus` has the
+    run's paired bootstrap interval of its difference from the reference, an error bar spans
+    that interval around the run's value. Skipped metrics and those all zero up to noise are
+    left out."""
     plt = pyplot()
     panels = [(m, t) for m, t in BAR_METRICS if m in metrics and informative(metrics[m])]
-    runs = list(dict.fromkeys(metrics.run))
+    present = list(dict.fromkeys(metrics.run))
+    runs = [r for r in order if r in present] + [r for r in present if r not in order] \
+        if order else present
     decodings = list(dict.fromkeys(metrics.split + "/" + metrics.decoding))
     cols = 4
     rows = max(1, math.ceil(len(panels) / cols))
@@ -129,12 +137,78 @@ def plot_metric_bars(metrics: pd.DataFrame, path: str | Path) -> None:
     for ax, (metric, title) in zip(axes.flat, panels, strict=False):
         for j, dec in enumerate(decodings):
             sub = metrics[metrics.split + "/" + metrics.decoding == dec].set_index("run")
-            values = [sub[metric].get(r, np.nan) for r in runs]
-            ax.bar(x + j * width - 0.4 + width / 2, values, width, label=dec)
+            values = np.array([sub[metric].get(r, np.nan) for r in runs], dtype=float)
+            errors = interval_errors(versus, runs, dec, metric, values)
+            ax.bar(x + j * width - 0.4 + width / 2, values, width, label=dec, yerr=errors,
+                   error_kw={"elinewidth": 0.8, "capsize": 2})
         ax.set_xticks(x, runs, rotation=30, ha="right", fontsize=7)
         ax.set_title(title, fontsize=9)
         ax.grid(axis="y", alpha=0.3)
-    _finish_panels(fig, axes, len(panels), "Metrics per run (bars: split/decoding)", path)
+    title = "Metrics per run (bars: split/decoding"
+    title += "; error bars: 95 % interval of the difference from the reference)" if (
+        versus is not None and len(versus)) else ")"
+    _finish_panels(fig, axes, len(panels), title, path)
+
+
+def interval_errors(
+    versus: pd.DataFrame | None, runs: Sequence[str], split_decoding: str, metric: str,
+    values: np.ndarray,
+) -> np.ndarray | None:
+    """(2, runs) lower and upper error bar lengths: the interval of each run's difference from
+    the reference (versus.csv) around its value; 0 where there is none."""
+    if versus is None or versus.empty:
+        return None
+    split, decoding = split_decoding.split("/", 1)
+    at = versus[(versus.split == split) & (versus.decoding == decoding)
+                & (versus.metric == metric)].set_index("run")  # fmt: skip
+    if at.empty:
+        return None
+    errors = np.zeros((2, len(runs)))
+    for k, run in enumerate(runs):
+        if run in at.index and np.isfinite(values[k]) and at.verdict[run] != "undefined":
+            row = at.loc[run]
+            errors[:, k] = row.difference - row.ci_low, row.ci_high - row.difference
+    return errors
+
+
+FOREST_COLOURS = {"better": "tab:green", "worse": "tab:red"}  # others grey
+
+
+def plot_forest(
+    versus: pd.DataFrame, order: Sequence[str], decoding: str, headers: dict, path: str | Path
+) -> None:
+    """The differences from the reference with their 95 % intervals (versus.csv), one panel per
+    metric, one row per run in `order` (top to bottom), test split, `decoding`: green where the
+    run is better, red where worse (the interval excludes 0), grey otherwise."""
+    plt = pyplot()
+    at = versus[(versus.decoding == decoding) & (versus.split == "test")]
+    runs = [r for r in order if (at.run == r).any()]
+    metrics = list(dict.fromkeys(at.metric))
+    fig, axes = plt.subplots(1, max(1, len(metrics)), squeeze=False,
+                             figsize=(2.3 * max(1, len(metrics)), 0.9 + 0.32 * len(runs)))
+    y = np.arange(len(runs))[::-1]
+    for ax, metric in zip(axes.flat, metrics, strict=False):
+        rows = at[at.metric == metric].set_index("run")
+        for k, run in zip(y, runs, strict=True):
+            if run not in rows.index or rows.verdict[run] == "undefined":
+                continue
+            r = rows.loc[run]
+            colour = FOREST_COLOURS.get(r.verdict, "0.5")
+            ax.plot([r.ci_low, r.ci_high], [k, k], color=colour, lw=2)
+            ax.plot([r.difference], [k], "o", color=colour, ms=4)
+        ax.axvline(0, color="black", lw=0.8)
+        ax.set_yticks(y, runs if ax is axes.flat[0] else [""] * len(runs), fontsize=8)
+        ax.set_ylim(-0.6, len(runs) - 0.4)
+        ax.set_title(headers.get(metric, metric), fontsize=9)
+        ax.tick_params(axis="x", labelsize=7)
+        ax.grid(axis="x", alpha=0.3)
+    if not metrics:
+        ax = axes.flat[0]
+        ax.text(0.5, 0.5, "no run to compare", ha="center", transform=ax.transAxes)
+    fig.suptitle(f"Difference from the reference, 95 % interval ({decoding}, test; green "
+                 "better, red worse, grey no clear difference)", fontsize=9)
+    fig.tight_layout()
+    save_png(fig, path)
 
 
 def plot_cider_vs_n(curve_paths: Sequence[str | Path], path: str | Path) -> None:

@@ -197,8 +197,9 @@ def headline_table(
     a run over several seeds shows each cell's mean ± sd (n seeds) (`spread`)."""
     rows = pooled_rows(summary, split)
     n_samples = "".join(c for c in diversity if c.isdigit())
+    samples = f" ({n_samples} samples)" if n_samples else ""  # none: greedy (make quick)
     headers = ["run"] + [f"{h} {arrow}" for h, _, _, arrow in HEADLINE_QUALITY] + [
-        f"{h} ({n_samples} samples) {arrow}" for h, _, _, arrow in HEADLINE_DIVERSITY
+        f"{h}{samples} {arrow}" for h, _, _, arrow in HEADLINE_DIVERSITY
     ]
     table = []
     for name in run_order(runs):

@@ -2,8 +2,10 @@
 
     distinctcap caption RUN_DIR IMAGE_OR_FOLDER... [--decoding beam3] [--out captions.jsonl]
                                                    [--html vis.html] [--clip PATH]
-    distinctcap runs [--results results]       the trained runs with their headline metrics
-    distinctcap compare [--results results]    the headline table (the README's 9 columns)
+    distinctcap runs [--results DIR]           the trained runs with their headline metrics
+    distinctcap compare [--results DIR]        the headline table (the README's 9 columns) and
+                                               each method's verdict against the reference
+                                               (DIR: default the newest results folder)
     distinctcap fetch [--configfile config.coco.yaml] [--offline]
                                                download what the config's jobs read (COCO, the
                                                CLIP tag, the captioner, SPICE's jars), or with
@@ -64,7 +66,8 @@ def parser() -> argparse.ArgumentParser:
     cap.add_argument("--device", default="auto", help="auto (GPU if usable), cpu or cuda")
     for name, text in (("runs", "list the trained runs"), ("compare", "the headline table")):
         sub = commands.add_parser(name, help=text)
-        sub.add_argument("--results", default="results", help="the results folder of a run")
+        sub.add_argument("--results", help="a results folder (default: the newest of results/ "
+                         "and experiments/*/results)")
     fetch = commands.add_parser("fetch", help="download what a config's jobs will read")
     fetch.add_argument("--configfile", default="config.yaml", help="the run's config file")
     fetch.add_argument("--offline", action="store_true", help="download nothing, only check")
@@ -117,15 +120,19 @@ def caption(args) -> int:
 
 def runs(args) -> int:
     from distinctcap.report.summary import run_table
+    from distinctcap.runs.experiments import find_results
 
-    print(run_table(Path(args.results)), end="")
+    results = find_results(args.results, need_summary=False)
+    print(f"{results}:\n{run_table(results)}", end="")
     return 0
 
 
 def compare(args) -> int:
-    from distinctcap.report.summary import compare_table
+    from distinctcap.report.verdicts import compare_text
+    from distinctcap.runs.experiments import find_results
 
-    print(compare_table(Path(args.results)), end="")
+    results = find_results(args.results, need_summary=True)
+    print(f"{results}:\n{compare_text(results)}", end="")
     return 0
 
 

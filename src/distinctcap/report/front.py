@@ -16,6 +16,7 @@ import pandas as pd
 
 from distinctcap.core.io import atomic_path, read_json
 from distinctcap.report.summary import headline_table, pick_decodings, run_label, run_order
+from distinctcap.report.tables import source_label
 
 HOW_TO_READ = """\
 **How to read it.** The MLE *reference* is the baseline every method starts from or is
@@ -66,12 +67,7 @@ def rst_table(headers: list[str], rows: list[list[str]]) -> list[str]:
 
 def what_was_run(config: dict) -> list[str]:
     data, clip = config["data"], config["clip"]
-    if data["source"] == "shapes":
-        s = data["shapes"]
-        source = (f"the generated shapes world ({s['n_train']} / {s['n_val']} / {s['n_test']} "
-                  "train / val / test images)")
-    else:
-        source = f"MS COCO ({data.get('coco', {}).get('split', 'karpathy')} split)"
+    source = source_label(data)
     trained = clip["pretrained"] == "train"
     how = f"trained here for {clip['train']['epochs']} epochs" if trained else clip["pretrained"]
     lines = [

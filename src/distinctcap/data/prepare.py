@@ -81,6 +81,8 @@ def prepare(data_cfg: dict, on_bad_input: str, outputs: dict) -> dict:
     tokenizer.save(outputs["vocab"])
     write_table(images, outputs["images"], "images")
     counts = {"images": len(images), "captions": len(captions), "skipped": len(quarantine),
-              "vocab": tokenizer.vocab_size, "skipped_by_reason": reason_counts(quarantine)}
+              "vocab": tokenizer.vocab_size}
+    if len(quarantine):
+        counts["skipped_by_reason"] = reason_counts(quarantine)
     write_json(counts, out_dir / "counts.json")
     return counts

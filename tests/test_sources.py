@@ -172,7 +172,7 @@ def file_dag(tmp_path_factory):
             workdir = copy_workflow(tmp_path_factory.mktemp(f"dag-{source}"))
             (workdir / "in").mkdir()
             config = shrunk(BUILD[source](workdir / "in"))
-            result = snakemake(workdir, config=config, timeout=900)
+            result = snakemake(workdir, config=config, timeout=1500)
             assert result.returncode == 0, result.stderr[-4000:]
             done[source] = workdir
         return done[source]

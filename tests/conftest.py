@@ -23,13 +23,18 @@ def tiny_config() -> dict:
     return config
 
 
+def copy_workflow(workdir: Path) -> Path:
+    """A copy of the workflow (Snakefile, rules, schemas) in `workdir`."""
+    for name in ("Snakefile", "workflow", "envs", "config.yaml"):
+        src = ROOT / name
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, workdir / name)
+    return workdir
+
+
 @pytest.fixture
 def workdir(tmp_path) -> Path:
     """A copy of the workflow (Snakefile, rules, schemas) in a fresh directory."""
-    for name in ("Snakefile", "workflow", "envs", "config.yaml"):
-        src = ROOT / name
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / name)
-    return tmp_path
+    return copy_workflow(tmp_path)
 
 
 def snakemake(
@@ -45,9 +50,7 @@ def snakemake(
 
 def run_tiny_dag(workdir: Path) -> tuple[Path, dict]:
     """The whole tiny DAG in a fresh copy of the workflow at `workdir`."""
-    for name in ("Snakefile", "workflow", "envs", "config.yaml"):
-        src = ROOT / name
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, workdir / name)
+    copy_workflow(workdir)
     config = tiny_config()
     result = snakemake(workdir, config=config, timeout=1500)
     assert result.returncode == 0, result.stderr[-5000:]

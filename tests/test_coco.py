@@ -25,6 +25,7 @@ from distinctcap.core.download import download
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.data import coco
 from distinctcap.data.quality import check_tables
+from distinctcap.data.readers import normalize_caption
 
 KARPATHY_ZIP = "/people/karpathy/deepimagesent/caption_datasets.zip"
 
@@ -269,13 +270,13 @@ def test_config_and_url_rebasing():
 
 
 def test_normalize_caption():
-    assert coco.normalize_caption("A Man's  RED-hat, on   the\ttable.") == (
+    assert normalize_caption("A Man's  RED-hat, on   the\ttable.") == (
         "a mans red hat on the table"
     )
-    assert coco.normalize_caption("Two dogs;   playing!!  ") == "two dogs playing"
-    assert coco.normalize_caption("ÉLAN café_bar 3rd") == "élan café bar 3rd"
-    assert coco.normalize_caption("one two three four", max_words=2) == "one two"
-    assert coco.normalize_caption("...!?") == ""
+    assert normalize_caption("Two dogs;   playing!!  ") == "two dogs playing"
+    assert normalize_caption("ÉLAN café_bar 3rd") == "élan café bar 3rd"
+    assert normalize_caption("one two three four", max_words=2) == "one two"
+    assert normalize_caption("...!?") == ""
 
 
 def test_captions_are_normalised_and_truncated_in_the_table(mini):

@@ -1,4 +1,7 @@
-"""Data stage: the generated shapes world or MS COCO, as images/captions tables + tokeniser."""
+"""Data stage: the generated shapes world, MS COCO, a Karpathy-format split file or a folder
+of images with a captions file, as images/captions tables + tokeniser."""
+
+from distinctcap.core.config import data_stage_params
 
 
 rule prepare_data:
@@ -10,7 +13,7 @@ rule prepare_data:
         quarantine=f"{DATA}/quarantine.parquet",
         vocab=f"{DATA}/vocab.json",
     params:
-        data=config["data"],
+        data=data_stage_params(config["data"]),
         on_bad_input=config["on_bad_input"],
     log:
         "logs/data/prepare_data.log",

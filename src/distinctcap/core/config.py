@@ -367,11 +367,38 @@ def entropy_priority(run_configs: dict[str, dict], priorities: dict[str, int]) -
 def check_values(config: dict) -> None:
     """Checks the schema cannot express."""
     check_captioner(config.get("captioner", {}), config.get("runs", {}))
+    check_data_source(config.get("data", {}))
     check_run_options(config.get("runs", {}))
     fraction = config.get("entropy", {}).get("fraction")
     if fraction is not None and not 0 < fraction < 1:
         raise DistinctcapError(
             f"entropy.fraction = {fraction} leaves D- or D+ empty; choose 0 < fraction < 1"
+        )
+
+
+# data.source -> the keys of its block it cannot do without
+SOURCE_KEYS = {"karpathy": ("file", "images"), "folder": ("images", "captions")}
+
+
+def data_stage_params(data: dict) -> dict:
+    """The data block as rule prepare_data's param: the shapes and coco blocks always (as before
+    the file sources existed, so a finished experiment's data stays up to date), the block of a
+    file source only when it is the one chosen."""
+    return {k: v for k, v in data.items() if k not in SOURCE_KEYS or k == data["source"]}
+
+
+def check_data_source(data: dict) -> None:
+    """A file-based source names its files (the schema's defaults are null)."""
+    source = data.get("source")
+    for key in SOURCE_KEYS.get(source, ()):
+        if not data.get(source, {}).get(key):
+            raise DistinctcapError(
+                f"data.{source}.{key} is required when data.source is {source}"
+            )
+    held_out = data.get("folder", {})
+    if held_out.get("val_fraction", 0) + held_out.get("test_fraction", 0) >= 1:
+        raise DistinctcapError(
+            "data.folder.val_fraction + test_fraction leave no training images; keep the sum < 1"
         )
 
 

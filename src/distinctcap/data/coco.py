@@ -10,35 +10,28 @@ Two split styles:
   ``mrnn_val_images`` (4,000) for val and the rest (1,000) for test. The paper names the sizes
   but not the image lists, so this deterministic rule stands in for them.
 
-Captions are normalised the way the papers describe (CL §4.1, specificity §4: lowercase,
-punctuation removed): NFKC, lowercase, apostrophes deleted ("man's" -> "mans"), every other
-character that is not a letter or digit becomes a space, whitespace collapsed, and the caption
-truncated (not dropped) to its first ``max_words`` words, as CL truncates to 18 words.
-
-Captions whose bytes are not valid UTF-8 are kept as ``bytes`` so that
-``distinctcap.data.quality.check_tables`` quarantines them (or fails naming them).
+Captions are normalised the way the papers describe (``readers.normalize_caption``); Karpathy's
+file is read by ``distinctcap.data.karpathy``, the reader of every data set in its format.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import re
-import unicodedata
 import zipfile
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import pandas as pd
-from PIL import Image
 
 from distinctcap.core.download import download
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import atomic_path
 from distinctcap.core.logs import progress
+from distinctcap.data.karpathy import read_karpathy_file
 from distinctcap.data.quality import check_tables
+from distinctcap.data.readers import load_json, normalize_texts, raw_text
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +114,6 @@ KARPATHY_JSON = (
     "karpathy/dataset_coco.json",
     "caption_datasets/dataset_coco.json",
 )
-KARPATHY_SPLITS = {"train": "train", "restval": "train", "val": "val", "test": "test"}
 
 
 @dataclass(frozen=True)
@@ -292,60 +284,10 @@ def check_root(root: Path, split: str) -> None:
 # captions and splits
 
 
-_APOSTROPHES = re.compile(r"['\u2019`]")
-_NOT_ALNUM = re.compile(r"[\W_]+")
-
-
-def normalize_caption(text: str, max_words: int = 20) -> str:
-    """Lowercase, punctuation removed, whitespace collapsed, first `max_words` words kept."""
-    text = _APOSTROPHES.sub("", unicodedata.normalize("NFKC", text).lower())
-    return " ".join(_NOT_ALNUM.sub(" ", text).split()[:max_words])
-
-
-def load_json(path: Path) -> dict:
-    """Parse JSON whose strings may hold invalid UTF-8 (kept as lone surrogates)."""
-    return json.loads(path.read_bytes().decode("utf-8", "surrogateescape"))
-
-
-def _raw_text(text: object) -> object:
-    """Invalid UTF-8 (lone surrogates after surrogateescape) back to its raw bytes."""
-    if isinstance(text, str):
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            return text.encode("utf-8", "surrogateescape")
-    return text
-
-
 def read_karpathy(root: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Images (image_id = cocoid, file = filepath/filename) and captions (caption_id = sentid,
     the COCO annotation id) from dataset_coco.json; restval joins train."""
-    data = load_json(find_karpathy_json(root))
-    images, captions = [], []
-    for img in data["images"]:
-        split = KARPATHY_SPLITS[img["split"]]
-        images.append((img["cocoid"], f"{img['filepath']}/{img['filename']}", split))
-        captions += [
-            (s["sentid"], img["cocoid"], split, _raw_text(s["raw"])) for s in img["sentences"]
-        ]
-    sizes = [
-        _image_size(root / f)
-        for _, f, _ in progress(images, unit="images", desc="image sizes", leave=False)
-    ]
-    images = pd.DataFrame(
-        [(*img, *size) for img, size in zip(images, sizes, strict=True)],
-        columns=["image_id", "file", "split", "width", "height"],
-    )
-    return images, pd.DataFrame(captions, columns=["caption_id", "image_id", "split", "text"])
-
-
-def _image_size(path: Path) -> tuple[int, int]:
-    """(width, height) from the header; (0, 0) when unreadable (quality checks report why)."""
-    try:
-        with Image.open(path) as im:
-            return im.size
-    except Exception:  # missing or broken: check_tables quarantines it with the reason
-        return 0, 0
+    return read_karpathy_file(find_karpathy_json(root), root)
 
 
 def read_mrnn(root: Path, val_images: int = 4000) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -380,7 +322,7 @@ def _read_coco_annotations(root: Path, part: str) -> tuple[pd.DataFrame, pd.Data
         columns=["image_id", "file", "width", "height"],
     )
     captions = pd.DataFrame(
-        [(a["id"], a["image_id"], _raw_text(a["caption"])) for a in data["annotations"]],
+        [(a["id"], a["image_id"], raw_text(a["caption"])) for a in data["annotations"]],
         columns=["caption_id", "image_id", "text"],
     )
     return images, captions
@@ -399,10 +341,7 @@ def read_tables(
         images, captions = read_karpathy(root)
     else:
         images, captions = read_mrnn(root, mrnn_val_images)
-    captions["text"] = [
-        normalize_caption(t, max_words) if isinstance(t, str) else t for t in captions.text
-    ]
-    return images, captions
+    return images, normalize_texts(captions, max_words)
 
 
 def build_tables(

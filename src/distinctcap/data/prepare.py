@@ -9,7 +9,7 @@ import pandas as pd
 
 from distinctcap.core.io import write_json, write_table
 from distinctcap.data import shapes
-from distinctcap.data.quality import check_tables
+from distinctcap.data.quality import check_tables, set_aside
 from distinctcap.data.tokenizer import CaptionTokenizer
 
 log = logging.getLogger(__name__)
@@ -21,10 +21,31 @@ def shapes_tables(cfg: dict, out_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame,
     return images, captions, out_dir
 
 
-def coco_tables(cfg: dict) -> tuple[pd.DataFrame, pd.DataFrame, Path]:
+def coco_tables(cfg: dict, _out_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame, Path]:
     from distinctcap.data import coco
 
     return coco.prepare_tables(cfg)
+
+
+def karpathy_tables(cfg: dict, _out_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame, Path]:
+    from distinctcap.data import karpathy
+
+    return karpathy.prepare_tables(cfg)
+
+
+def folder_tables(cfg: dict, _out_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame, Path, list]:
+    from distinctcap.data import folder
+
+    return folder.prepare_tables(cfg)
+
+
+# data.source -> its reader: (images, captions, image root[, rows it set aside itself])
+SOURCES = {
+    "shapes": shapes_tables,
+    "coco": coco_tables,
+    "karpathy": karpathy_tables,
+    "folder": folder_tables,
+}
 
 
 def tokenize(captions: pd.DataFrame) -> tuple[pd.DataFrame, CaptionTokenizer]:
@@ -34,14 +55,23 @@ def tokenize(captions: pd.DataFrame) -> tuple[pd.DataFrame, CaptionTokenizer]:
     return captions, tokenizer
 
 
+def reason_counts(quarantine: pd.DataFrame) -> dict[str, int]:
+    """How many items each kind of reason set aside ("caption: empty caption": 3); reasons
+    that name an item ("its image 7 is missing") count under their first words."""
+    general = quarantine.reason.str.replace(r"(?:\s\d|\s*[(:']).*", "", regex=True)
+    kinds = quarantine.kind + ": " + general
+    return {k: int(v) for k, v in kinds.value_counts().sort_index().items()}
+
+
 def prepare(data_cfg: dict, on_bad_input: str, outputs: dict) -> dict:
     """Write images, captions, quarantine and vocab; return counts for the log."""
     out_dir = Path(outputs["images"]).parent
-    if data_cfg["source"] == "shapes":
-        images, captions, root = shapes_tables(data_cfg["shapes"], out_dir)
-    else:
-        images, captions, root = coco_tables(data_cfg["coco"])
+    source = data_cfg["source"]
+    images, captions, root, *own = SOURCES[source](data_cfg.get(source, {}), out_dir)
+    set_apart = set_aside(own[0] if own else [], on_bad_input)
     images, captions, quarantine = check_tables(images, captions, root, on_bad_input)
+    if len(set_apart):
+        quarantine = pd.concat([set_apart, quarantine], ignore_index=True)
     if len(quarantine):
         log.warning("skipped %d bad items, listed in %s", len(quarantine), outputs["quarantine"])
     captions, tokenizer = tokenize(captions)
@@ -52,5 +82,7 @@ def prepare(data_cfg: dict, on_bad_input: str, outputs: dict) -> dict:
     write_table(images, outputs["images"], "images")
     counts = {"images": len(images), "captions": len(captions), "skipped": len(quarantine),
               "vocab": tokenizer.vocab_size}
+    if len(quarantine):
+        counts["skipped_by_reason"] = reason_counts(quarantine)
     write_json(counts, out_dir / "counts.json")
     return counts

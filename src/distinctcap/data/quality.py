@@ -77,6 +77,19 @@ def _repeated_captions(captions: pd.DataFrame, image_ids: set) -> pd.Series:
     return of_twins & captions.duplicated(["image_id", "text"], keep="first")
 
 
+def bad_input(kind: str, item_id: object, file: str, reason: str) -> DistinctcapError:
+    """The error that stops the data stage under `on_bad_input: fail`."""
+    return DistinctcapError(f"bad {kind} {item_id} ({file}): {reason}")
+
+
+def set_aside(rows: list[tuple[str, str, str, str]], on_bad_input: str) -> pd.DataFrame:
+    """A source's own bad rows (kind, id, file, reason) as a quarantine, or the first one's
+    error under `on_bad_input: fail`."""
+    if rows and on_bad_input == "fail":
+        raise bad_input(*rows[0])
+    return pd.DataFrame(rows, columns=QUARANTINE_COLUMNS)
+
+
 def check_tables(
     images: pd.DataFrame, captions: pd.DataFrame, image_root: str | Path, on_bad_input: str
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -90,7 +103,7 @@ def check_tables(
 
     def flag(kind, item_id, file, reason):
         if on_bad_input == "fail":
-            raise DistinctcapError(f"bad {kind} {item_id} ({file}): {reason}")
+            raise bad_input(kind, item_id, file, reason)
         bad.append((kind, str(item_id), str(file), reason))
 
     dup_images = images.image_id.duplicated(keep="first")

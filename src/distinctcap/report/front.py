@@ -18,6 +18,7 @@ import pandas as pd
 
 from distinctcap.core.io import atomic_path, read_json
 from distinctcap.report.summary import pick_decodings, reference_run, run_label
+from distinctcap.report.tables import source_label
 from distinctcap.report.verdicts import (
     front_table,
     methods_first,
@@ -80,12 +81,7 @@ def what_was_run(config: dict, results: Path) -> list[str]:
     """The data, the CLIP as it was obtained, the decodings, and the runs of the config that
     have a run folder (run.json) in `results`; the others are named as not built."""
     data = config["data"]
-    if data["source"] == "shapes":
-        s = data["shapes"]
-        source = (f"the generated shapes world ({s['n_train']} / {s['n_val']} / {s['n_test']} "
-                  "train / val / test images)")
-    else:
-        source = f"MS COCO ({data.get('coco', {}).get('split', 'karpathy')} split)"
+    source = source_label(data)
     runs = config["runs"]
     built = [n for n in methods_first(runs) if (results / "runs" / n / "run.json").is_file()]
     clip = config["clip"]

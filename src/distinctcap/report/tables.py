@@ -101,18 +101,40 @@ def paper_section(
     )
 
 
+# sources whose runs no published number describes -> how the markdown / HTML tables name them
+OTHER_DATA = {"shapes": ("shapes-world", "shapes"), "folder": ("own-data", "own-data")}
+
+
 def comparability(source: str) -> str:
-    if source == "shapes":
+    if source in ("shapes", "folder"):
+        data = "the synthetic shapes world" if source == "shapes" else "your own data"
         return (
-            "Our runs are on the synthetic shapes world, so the published MS COCO / "
+            f"Our runs are on {data}, so the published MS COCO / "
             "Flickr30K numbers are NOT comparable with ours: other data, other models, "
             "other CLIP and retrieval pools. They show each paper's layout and the "
             "direction of its effects, not targets."
         )
+    same = "the same benchmark" if source == "coco" else (
+        "the same benchmark where data.karpathy.file is COCO's or Flickr30K's split file"
+    )
     return (
-        "Published numbers for reference: the same benchmark, but other model sizes, "
+        f"Published numbers for reference: {same}, but other model sizes, "
         "features, retrieval models and pools; compare directions, not decimals."
     )
+
+
+def source_label(data: dict) -> str:
+    """The data a config runs on, in words (the report's front page)."""
+    source = data["source"]
+    if source == "shapes":
+        s = data["shapes"]
+        return (f"the generated shapes world ({s['n_train']} / {s['n_val']} / {s['n_test']} "
+                "train / val / test images)")
+    if source == "karpathy":
+        return f"the Karpathy-format split file {data['karpathy']['file']}"
+    if source == "folder":
+        return f"the images of {data['folder']['images']} with {data['folder']['captions']}"
+    return f"MS COCO ({data.get('coco', {}).get('split', 'karpathy')} split)"
 
 
 def _suffix_ns(metrics: pd.DataFrame, prefix: str) -> list[int]:
@@ -371,7 +393,10 @@ def tables_markdown(metrics: pd.DataFrame, source: str, reference: str | None = 
         lines += [f"## {section.title}", "", section.intro, ""]
         lines += _md_table(section.ours) + [""]
         if section.published:
-            caveat = " Not comparable with shapes-world runs." if source == "shapes" else ""
+            caveat = (
+                f" Not comparable with {OTHER_DATA[source][0]} runs." if source in OTHER_DATA
+                else ""
+            )
             lines += [f"> Reference block: the papers' published numbers.{caveat}", ""]
         for block in section.published:
             lines += _md_table(block) + [""]
@@ -410,11 +435,11 @@ def tables_html(metrics: pd.DataFrame, source: str, reference: str | None = None
             _html_table(section.ours, "ours"),
         ]
         if section.published:
-            parts.append(
-                "<p><b>Reference block: published numbers</b>"
-                f"{' (not comparable with shapes runs)' if source == 'shapes' else ''}"
-                "</p>"
+            other = (
+                f" (not comparable with {OTHER_DATA[source][1]} runs)" if source in OTHER_DATA
+                else ""
             )
+            parts.append(f"<p><b>Reference block: published numbers</b>{other}</p>")
         parts += [_html_table(b, "published") for b in section.published]
     return "\n".join(parts + ["</body></html>"])
 

@@ -12,6 +12,11 @@
                                                --offline say what is missing
     distinctcap check-config FILE... [--syntax] the config files merged as --configfile merges
                                                them, checked; a YAML error names file and line
+    distinctcap evaluate RESULTS.json... --data results/data [--versus BASELINE.json]
+                         [--out scores.csv] [--split test] [--configfile config.yaml]
+                                               score any captioner's results file (COCO caption
+                                               format) as the evaluate rule scores the
+                                               pipeline's captions; bootstrap against --versus
 
 Light at import: torch loads only inside `caption`.
 """
@@ -38,6 +43,7 @@ EXAMPLES = {
     "compare": "distinctcap compare --results results",
     "fetch": "distinctcap fetch --configfile config.coco.yaml --offline",
     "check-config": "distinctcap check-config config.yaml presets/quick.yaml",
+    "evaluate": "distinctcap evaluate my_results.json --data experiments/quick/results/data",
 }
 
 
@@ -74,10 +80,26 @@ def parser() -> argparse.ArgumentParser:
     check = commands.add_parser("check-config", help="check config files before snakemake")
     check.add_argument("files", nargs="+", help="config.yaml and presets, in --configfile order")
     check.add_argument("--syntax", action="store_true", help="check only that each is YAML")
+    evaluate_parser(commands)
     for name, sub in commands.choices.items():
         sub.epilog = examples_text([name]) if name in EXAMPLES else None
         sub.formatter_class = argparse.RawDescriptionHelpFormatter
     return top
+
+
+def evaluate_parser(commands) -> None:
+    ev = commands.add_parser(
+        "evaluate", help="score a results file (COCO caption format) as the pipeline scores its own"
+    )
+    ev.add_argument("results", nargs="+", help='[{"image_id": 42, "caption": "..."}] JSON files')
+    ev.add_argument("--data", required=True, help="an experiment's prepared data, results/data")
+    ev.add_argument("--versus", help="a baseline results file: paired bootstrap against it")
+    ev.add_argument("--out", help="write one row per results file here (summary.csv's columns)")
+    ev.add_argument("--split", default="test", help="the split whose images were captioned")
+    ev.add_argument("--configfile", default="config.yaml",
+                    help="the experiment's config (its evaluate block and seed)")  # fmt: skip
+    ev.add_argument("--features", help="its CLIP features index (default: beside --data)")
+    ev.add_argument("--device", default="cpu", help="cpu or cuda, for CLIP")
 
 
 def caption(args) -> int:
@@ -156,12 +178,43 @@ def check_config(args) -> int:
     return 0
 
 
+def evaluate(args) -> int:
+    from distinctcap.core.config import EvalSettings, load
+    from distinctcap.core.schema import SCHEMA_PATH
+    from distinctcap.evaluate import resultsfile as rf
+    from distinctcap.report.summary import write_summary
+    from distinctcap.report.versus import markdown
+
+    if not Path(args.configfile).is_file():
+        raise DistinctcapError(f"--configfile {args.configfile}: no such file")
+    config = load(args.configfile, SCHEMA_PATH)
+    settings = EvalSettings.from_config(config["evaluate"], seed=config["seed"], device=args.device)
+    data = rf.DataFolder.open(args.data, args.features)
+    files = [*args.results, *([args.versus] if args.versus else [])]
+    if len({Path(f).stem for f in files}) < len(files):
+        raise DistinctcapError("results files are named by their stems: give each its own name")
+    scored = []
+    for path in files:
+        results = rf.read_results(path, data, args.split)
+        for line in rf.problem_lines(results):
+            print(f"distinctcap: {line}", file=sys.stderr)
+        scored.append((results, rf.score(results, data, args.split, settings)))
+    print(rf.headline([e for _, e in scored]), end="")
+    for ours in scored[: len(args.results)] if args.versus else []:
+        table = rf.versus(ours, scored[-1], data, args.split, config["seed"])
+        print("\n" + markdown(table, scored[-1][0].name), end="")
+    if args.out:
+        write_summary(rf.summary_rows([e for _, e in scored]), args.out)
+    return 1 if any(r.problems for r, _ in scored) else 0
+
+
 COMMANDS = {
     "caption": caption,
     "runs": runs,
     "compare": compare,
     "fetch": fetch,
     "check-config": check_config,
+    "evaluate": evaluate,
 }
 
 

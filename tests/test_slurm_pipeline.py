@@ -316,6 +316,24 @@ def test_every_job_ran_under_slurm_and_completed(pipeline: PipelineRun) -> None:
     assert len(pd.read_csv(report)) >= len(pipeline.jobs)
 
 
+def test_a_local_run_of_the_same_config_gives_the_same_numbers(
+    pipeline: PipelineRun, tmp_path
+) -> None:
+    """Determinism across executors and job order: the same config run again with plain
+    snakemake in another directory gives every summary value of the SLURM run exactly. Its
+    jobs get one core each, as the profile's SLURM jobs do: a CPU reduction over another
+    number of threads may differ in the last bit (evaluate's metrics do not: they are split by
+    image, and the parallel rows equal the serial ones)."""
+    workdir = copy_workflow(tmp_path, pipeline.config)
+    cmd = ["timeout", "-k", "10", "900", SNAKEMAKE, "--cores", "1"]
+    done = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    local, under_slurm = (
+        pd.read_csv(w / "results/metrics/summary.csv") for w in (workdir, pipeline.workdir)
+    )
+    pd.testing.assert_frame_equal(local, under_slurm, check_exact=True)
+
+
 def test_gpu_rules_were_submitted_with_a_gpu_request(pipeline: PipelineRun) -> None:
     for job in pipeline.jobs:
         on_gpu = job.rule in GPU_RULES or job.rule.startswith(GROUP)

@@ -8,7 +8,7 @@ import sys
 import pandas as pd
 import pytest
 import yaml
-from conftest import ROOT, run_tiny_dag, snakemake
+from conftest import ROOT, snakemake
 
 pytestmark = pytest.mark.slow
 

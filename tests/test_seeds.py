@@ -196,8 +196,8 @@ def test_two_seeds_through_the_dag(workdir):
     assert sorted(p.name for p in runs.iterdir()) == ["cl", "cl_s1", "reference", "reference_s1"]
     weights = {p.name: (p / "model.pt").read_bytes() for p in runs.iterdir()}
     assert weights["reference"] != weights["reference_s1"] and weights["cl"] != weights["cl_s1"]
-    card = json.loads((runs / "cl_s1" / "run.json").read_text())["run"]
-    assert (card["init"], card["reference"], card["seed"]) == ("reference_s1",) * 2 + (1,)
+    trained = json.loads((runs / "cl_s1" / "summary.json").read_text())["config"]
+    assert (trained["init"], trained["reference"], trained["seed"]) == ("reference_s1",) * 2 + (1,)
     summary = pd.read_csv(workdir / "results/metrics/summary.csv")
     assert sorted(zip(summary.run, summary.seed, strict=True)) == [
         ("cl", 0), ("cl", 1), ("reference", 0), ("reference", 1)]

@@ -133,8 +133,10 @@ def test_a_failing_torchrun_process_logs_its_error(tmp_path):
     text = log.read_text()
     assert text.startswith("the job's own line\n")
     missing = tmp_path / "no-such-data.pt"
-    for rank in (0, 1):  # one line each, naming the file (issue 28: no traceback for bad data)
-        assert f"ERROR rank{rank} distinctcap: job data {missing} is missing" in text
+    # one line naming the file (issue 28); torchrun stops the other process as soon as one
+    # fails, so under load the second may be gone before it reads the data (seen in CI)
+    said = [f"ERROR rank{rank} distinctcap: job data {missing} is missing" in text for rank in (0, 1)]
+    assert any(said), text
 
 
 def test_a_clip_load_logs_no_open_clip_info_lines(tmp_path):

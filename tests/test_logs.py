@@ -135,8 +135,8 @@ def test_a_failing_torchrun_process_logs_its_error(tmp_path):
     missing = tmp_path / "no-such-data.pt"
     # one line naming the file (issue 28); torchrun stops the other process as soon as one
     # fails, so under load the second may be gone before it reads the data (seen in CI)
-    said = [f"ERROR rank{rank} distinctcap: job data {missing} is missing" in text for rank in (0, 1)]
-    assert any(said), text
+    line = "ERROR rank{} distinctcap: job data " + f"{missing} is missing"
+    assert any(line.format(rank) in text for rank in (0, 1)), text
 
 
 def test_a_clip_load_logs_no_open_clip_info_lines(tmp_path):

@@ -180,12 +180,12 @@ def plot_forest(
     """The differences from the reference with their 95 % intervals (versus.csv), one panel per
     metric, one row per run in `order` (top to bottom), test split, `decoding`: green where the
     run is better, red where worse (the interval excludes 0), grey otherwise."""
-    plt = pyplot()
+    plt = pyplot()  # rows kept low: the plot must fit under the headline in a 1000 px window
     at = versus[(versus.decoding == decoding) & (versus.split == "test")]
     runs = [r for r in order if (at.run == r).any()]
     metrics = list(dict.fromkeys(at.metric))
     fig, axes = plt.subplots(1, max(1, len(metrics)), squeeze=False,
-                             figsize=(2.3 * max(1, len(metrics)), 0.9 + 0.32 * len(runs)))
+                             figsize=(2.3 * max(1, len(metrics)), 0.6 + 0.16 * len(runs)))
     y = np.arange(len(runs))[::-1]
     for ax, metric in zip(axes.flat, metrics, strict=False):
         rows = at[at.metric == metric].set_index("run")
@@ -197,7 +197,7 @@ def plot_forest(
             ax.plot([r.ci_low, r.ci_high], [k, k], color=colour, lw=2)
             ax.plot([r.difference], [k], "o", color=colour, ms=4)
         ax.axvline(0, color="black", lw=0.8)
-        ax.set_yticks(y, runs if ax is axes.flat[0] else [""] * len(runs), fontsize=8)
+        ax.set_yticks(y, runs if ax is axes.flat[0] else [""] * len(runs), fontsize=7)
         ax.set_ylim(-0.6, len(runs) - 0.4)
         ax.set_title(headers.get(metric, metric), fontsize=9)
         ax.tick_params(axis="x", labelsize=7)

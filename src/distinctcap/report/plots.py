@@ -185,7 +185,7 @@ def plot_forest(
     runs = [r for r in order if (at.run == r).any()]
     metrics = list(dict.fromkeys(at.metric))
     fig, axes = plt.subplots(1, max(1, len(metrics)), squeeze=False,
-                             figsize=(2.3 * max(1, len(metrics)), 0.6 + 0.16 * len(runs)))
+                             figsize=(2.3 * max(1, len(metrics)), 0.6 + 0.16 * max(4, len(runs))))
     y = np.arange(len(runs))[::-1]
     for ax, metric in zip(axes.flat, metrics, strict=False):
         rows = at[at.metric == metric].set_index("run")

@@ -124,7 +124,7 @@ def gpu_check(tmp_path, *args) -> tuple[subprocess.CompletedProcess, list[dict]]
 
 def test_gpu_check_without_a_gpu_says_why_in_one_json_line(tmp_path):
     if shutil.which("nvidia-smi"):
-        pytest.skip("nvidia-smi is on this machine: gpu_check.sh would run its GPU parts, not the no-GPU exit this test checks")
+        pytest.skip("nvidia-smi found: gpu_check.sh takes its GPU path, not the no-GPU exit")
     done, lines = gpu_check(tmp_path)
     assert done.returncode == 1 and "no usable GPU" in done.stderr
     assert [line["part"] for line in lines] == ["gpu"] and "no usable GPU" in lines[0]["tail"]

@@ -153,14 +153,26 @@ def test_a_parallel_job_gives_the_serial_numbers_and_reuses_reference_tokens(
     with CocoTools(workers=1, cache_dir=tmp_path) as job:  # one session: METEOR starts twice
         expected = evaluate_captions(**case, tools=job)
         assert job.launches["meteor"] == 1 and job.launches["ptb"] == 1
-        job.workers = 2
+        job.workers = 4  # two METEOR servers: half the cores
         assert same(evaluate_captions(**case, tools=job).values, expected.values)
-        assert job.launches["meteor"] == 2 and job.launches["ptb"] == 3  # samples, neighbours
+        assert job.launches["meteor"] == 2 and job.launches["ptb"] == 4  # the samples cut in 3
     assert len(list(tmp_path.glob("ptb-*.txt.gz"))) == 2  # gts and the training captions
     with CocoTools(workers=2, cache_dir=tmp_path) as later:  # the next job or run
         refs = (case["gts"], case["train_refs"])
         assert later.tokenize_groups(*refs, keep=(0, 1)) == job.tokenize_groups(*refs)
         assert later.launches["ptb"] == 0
+
+
+def test_meteor_servers_take_half_the_cores_and_score_each_distinct_pair_once(monkeypatch):
+    assert [coco_module.meteor_server_count(25_000, w) for w in (1, 2, 3, 4, 16)] == [1, 1, 2, 2, 3]
+    assert coco_module.meteor_server_count(0, 8) == 1
+    refs = ("a dog runs on the grass", "a brown dog on a lawn")
+    pairs = [("a dog on grass", refs), ("a cat", refs), ("a dog on grass", list(refs))]
+    monkeypatch.setattr(coco_module, "METEOR_PAIRS_PER_SERVER", 1)
+    with CocoTools(workers=4) as tools:
+        scores = tools.meteor_segments(pairs)
+        assert tools.launches["meteor"] == 2  # two distinct pairs
+        assert scores[0] == scores[2] and scores == tools.meteor(pairs)[1]
 
 
 def test_document_frequencies_are_counted_once_per_job(case):

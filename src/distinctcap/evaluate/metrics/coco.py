@@ -66,9 +66,14 @@ QUALITY_METRICS = ("bleu1", "bleu2", "bleu3", "bleu4", "meteor", "rouge_l", "cid
 _PUNCT = frozenset(ptbtokenizer.PUNCTUATIONS)
 # A tokenizer JVM per this many captions at most (its start is ~1 CPU s), up to `workers`.
 PTB_LINES_PER_JVM = 20_000
-# A METEOR server per this many pairs at most, up to `workers`: a server's start (its
-# paraphrase table) is ~10 CPU s, a pair with 5 references ~3 ms.
+# A METEOR server per this many pairs at most, up to half the job's `workers` (the forked
+# Python scorers use the other half): a server's start (its paraphrase table) is ~15 CPU s,
+# a pair with 5 references ~1.4 ms.
 METEOR_PAIRS_PER_SERVER = 10_000
+# The JVMs run with the client compiler only: a METEOR server or tokenizer lives a minute,
+# too short for C2's optimising compiles to repay their CPU (measured: ~1.4 instead of ~2.1
+# CPU ms a pair); the scores are the same (Java's floating point is strict since 17).
+JIT_OPTIONS = ("-XX:TieredStopAtLevel=1",)
 MAX_METEOR_SERVERS = 4  # ~1 GB resident each (the evaluate rule's mem_mb counts on it)
 
 
@@ -128,6 +133,7 @@ class _Meteor:
         # table load (~0.6 instead of ~1.2 GiB) without changing any score.
         cmd = [
             java,
+            *JIT_OPTIONS,
             "-XX:+UseSerialGC",
             f"-Xmx{memory}",
             "-jar",
@@ -254,6 +260,7 @@ class CocoTools:
             path.write_text("\n".join(lines) + "\n", encoding="utf-8")
             cmd = [
                 self.java,
+                *JIT_OPTIONS,
                 "-cp",
                 str(PTB_JAR),
                 "edu.stanford.nlp.process.PTBTokenizer",
@@ -331,18 +338,22 @@ class CocoTools:
         return self._meteor(0).score(pairs)
 
     def meteor_segments(self, pairs: Sequence[Pair]) -> list[float]:
-        """Per-pair METEOR of many pairs, cut over up to `workers` servers side by side (a
-        pair's score depends on its own statistics only, so the split changes no digit)."""
-        wanted = -(-len(pairs) // METEOR_PAIRS_PER_SERVER)
-        count = min(self.workers, MAX_METEOR_SERVERS, wanted)
-        bounds = chunk_bounds(len(pairs), count) if pairs else []
+        """Per-pair METEOR of many pairs: each distinct pair once, cut over the servers of
+        `meteor_server_count` side by side (a pair's score depends on its own statistics
+        only, so neither the split nor the deduplication changes a digit)."""
+        keys = [(_clean(h), tuple(_clean(r) for r in refs)) for h, refs in pairs]
+        unique = list(dict.fromkeys(keys))
+        bounds = chunk_bounds(len(unique), meteor_server_count(len(unique), self.workers))
         if len(bounds) <= 1:
-            return self.meteor(pairs)[1]
-        servers = [self._meteor(k) for k in range(len(bounds))]  # they load side by side
-        parts = [pairs[a:b] for a, b in bounds]
-        with ThreadPoolExecutor(len(bounds)) as pool:
-            done = pool.map(lambda server, part: server.score(part)[1], servers, parts)
-            return [s for part in done for s in part]
+            scores = self.meteor(unique)[1]
+        else:
+            servers = [self._meteor(k) for k in range(len(bounds))]  # they load side by side
+            parts = [unique[a:b] for a, b in bounds]
+            with ThreadPoolExecutor(len(bounds)) as pool:
+                done = pool.map(lambda server, part: server.score(part)[1], servers, parts)
+                scores = [s for part in done for s in part]
+        by_key = dict(zip(unique, scores, strict=True))
+        return [by_key[k] for k in keys]
 
     def spice(self, pairs: Sequence[Pair]) -> list[float] | None:
         """Per-pair SPICE F-scores (one Java run for the pairs not seen yet); None if skipped."""
@@ -380,6 +391,15 @@ class CocoTools:
             results = json.loads(dst.read_text())
         f_by_id = {r["image_id"]: r["scores"]["All"]["f"] for r in results}
         return [math.nan if f_by_id[i] is None else float(f_by_id[i]) for i in range(len(pairs))]
+
+
+def meteor_server_count(pairs: int, workers: int) -> int:
+    """METEOR servers for `pairs` distinct pairs on a job of `workers` cores: one per
+    METEOR_PAIRS_PER_SERVER pairs, at most half the cores (they score beside the forked
+    Python workers; a further server's ~15 CPU s start only pays where a core is free) and
+    MAX_METEOR_SERVERS."""
+    wanted = -(-pairs // METEOR_PAIRS_PER_SERVER)
+    return max(1, min(wanted, -(-workers // 2), MAX_METEOR_SERVERS))
 
 
 def spice_speed_options(workers: int, cache_dir: Path | None, tmp: str) -> list[str]:

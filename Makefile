@@ -102,11 +102,13 @@ unkt-seeds-table: install
 
 # The shapes default over training seeds 0-2 (presets/seeds.yaml, docs/seeds.md): seed 0 is the
 # default's own models (not retrained), seeds 1-2 are <run>_s1/_s2; then the headline table
-# with each cell's mean ± sd over the seeds (n).
+# with each cell's mean ± sd over the seeds (n), and which of the README's ten effects hold
+# on every seed (report.effects).
 seeds: install
 	$(CHECK_YAML) presets/seeds.yaml
 	$(SNAKEMAKE) --configfile config.yaml presets/seeds.yaml
 	$(PY) -m distinctcap.report.summary $(EXP)/results/metrics/summary.csv config.yaml presets/seeds.yaml
+	$(PY) -m distinctcap.report.effects $(EXP)/results/metrics/summary.csv $(EXP)/results/report/versus.csv
 
 # Delete the downloaded COCO zips (~38 GB) whose extraction finished; others are kept.
 COCO_DIR ?= resources/coco

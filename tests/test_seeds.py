@@ -156,6 +156,38 @@ def test_the_tables_mean_is_the_mean_of_the_per_seed_rows(tmp_path):
     assert "| unkt | greedy | test | n/a | 0.250 ± 0.000 (2) | 1.200 ± 0.283 (2) |" in tables
 
 
+def test_an_effect_holds_across_seeds_only_where_every_seed_and_the_interval_show_it():
+    from distinctcap.report.effects import EFFECTS, effects_table
+
+    cider = {"reference": [1.0, 1.1, 0.9], "cl": [1.2, 1.3, 1.0], "smile": [1.2, 1.0, 1.1],
+             "teacher_pos": [0.5] * 3, "teacher_neg": [0.6, 0.4, 0.4]}  # fmt: skip
+    summary = pd.DataFrame([
+        {"run": run, "seed": seed, "split": "test", "decoding": "greedy", "cider": value,
+         "r_at_1": value if run.startswith("teacher") else 0.3}
+        for run, values in cider.items() for seed, value in enumerate(values)
+    ])  # fmt: skip
+    versus = pd.DataFrame([
+        {"run": run, "decoding": "greedy", "split": "test", "metric": "cider", "difference": d,
+         "ci_low": low, "ci_high": high, "verdict": v}
+        for run, d, low, high, v in (("cl", 0.17, 0.01, 0.3, "better"),
+                                     ("smile", 0.1, -0.1, 0.3, "no significant difference"))
+    ])  # fmt: skip
+    table = effects_table(summary, versus).set_index("effect")
+    assert len(EFFECTS) == 10 and len(table) == 11
+    cl = table.loc["CL: greedy CIDEr above the reference's"]
+    assert (cl.seeds, cl.holds, cl["difference per seed"]) == (3, "yes", "+0.200, +0.200, +0.100")
+    assert cl["mean ± sd"] == "+0.167 ± 0.058"
+    assert cl["interval (seeds, images)"] == "+0.170 [+0.010, +0.300]"
+    assert table.loc["SMILE: greedy CIDEr above the reference's"].holds == "no: on 2 of 3 seeds"
+    assert table.loc["CL: greedy R@1 above the reference's"].holds == "no: on 0 of 3 seeds"
+    teachers = table.loc["D+ teacher: greedy R@1 above the D- teacher's"]  # paired by seed
+    assert (teachers.holds, teachers["interval (seeds, images)"]) == ("no: on 2 of 3 seeds", "")
+    assert table.loc["UNKT: greedy CIDEr above the reference's"].holds == "not run"
+    versus.loc[0, ["ci_low", "verdict"]] = [-0.01, "no significant difference"]
+    cl = effects_table(summary, versus).set_index("effect").loc[cl.name]
+    assert cl.holds == "on every seed, interval includes 0"
+
+
 def test_one_seed_gives_todays_tables(tmp_path):
     """One seed a run: summary.csv only gains its seed column; the headline, paper-layout
     tables and summary_seeds.csv's means are today's numbers."""

@@ -1,0 +1,125 @@
+"""The effects the README reports on the shapes default, each judged across training seeds
+(issue 34, docs/seeds.md).
+
+An effect is "run's metric above that of `than`" under one decoding on the test split. Per
+seed, the difference is the run's value minus `than`'s of the same seed (summary.csv). An
+effect holds across seeds where every seed shows it and, for the metrics versus_reference
+compares with the reference, where its interval over seeds and images (versus.csv, the
+two-stage bootstrap) also excludes 0.
+
+    python -m distinctcap.report.effects results/metrics/summary.csv results/report/versus.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import NamedTuple
+
+import pandas as pd
+
+from distinctcap.report.summary import markdown_table
+
+
+class Effect(NamedTuple):
+    claim: str
+    run: str
+    metric: str
+    decoding: str
+    than: str = "reference"
+
+
+# The ten the README's results paragraph reports: the fine-tunes' and UNKT's gains over the
+# MLE reference (CL, SMILE and specificity: quality and distinctiveness; UNKT: also diversity)
+# and the entropy split's two teachers.
+EFFECTS = (
+    Effect("CL: greedy CIDEr above the reference's", "cl", "cider", "greedy"),
+    Effect("CL: greedy R@1 above the reference's", "cl", "r_at_1", "greedy"),
+    Effect("SMILE: greedy CIDEr above the reference's", "smile", "cider", "greedy"),
+    Effect("SMILE: greedy R@1 above the reference's", "smile", "r_at_1", "greedy"),
+    Effect("specificity: greedy CIDEr above the reference's", "specificity", "cider", "greedy"),
+    Effect("specificity: greedy R@1 above the reference's", "specificity", "r_at_1", "greedy"),
+    Effect("UNKT: greedy CIDEr above the reference's", "unkt", "cider", "greedy"),
+    Effect("UNKT: greedy R@1 above the reference's", "unkt", "r_at_1", "greedy"),
+    Effect("UNKT: Div-2 of 20 samples above the reference's", "unkt", "div2", "sample20"),
+    Effect(
+        "D+ teacher: greedy R@1 above the D- teacher's",
+        "teacher_pos",
+        "r_at_1",
+        "greedy",
+        "teacher_neg",
+    ),  # fmt: skip
+)
+# UNKT's Table 1 claim that the shapes default does not show (docs/unkt-sampled-captions.md)
+UNMET = Effect(
+    "UNKT: oracle CIDEr-D@20 above the reference's", "unkt", "oracle_cider_20", "sample20"
+)
+COLUMNS = ["effect", "seeds", "difference per seed", "mean ± sd", "interval (seeds, images)",
+           "holds"]  # fmt: skip
+
+
+def seed_differences(summary: pd.DataFrame, effect: Effect, split: str = "test") -> pd.Series:
+    """seed -> the run's value minus `than`'s of the same seed (seeds both have)."""
+    rows = summary[(summary.split == split) & (summary.decoding == effect.decoding)]
+    if effect.metric not in rows:
+        return pd.Series(dtype=float)
+    if "seed" not in rows:  # a summary from before seeds: one seed
+        rows = rows.assign(seed=0)
+    values = rows.pivot_table(index="seed", columns="run", values=effect.metric)
+    if effect.run not in values or effect.than not in values:
+        return pd.Series(dtype=float)
+    return (values[effect.run] - values[effect.than]).dropna()
+
+
+def versus_row(versus: pd.DataFrame | None, effect: Effect, split: str = "test"):
+    """The effect's versus.csv row, where versus_reference compares its run and metric."""
+    if versus is None or effect.than != "reference":
+        return None
+    match = versus[(versus.run == effect.run) & (versus.metric == effect.metric)
+                   & (versus.decoding == effect.decoding) & (versus.split == split)]  # fmt: skip
+    return None if match.empty else match.iloc[0]
+
+
+def interval_text(row) -> str:
+    return f"[{row.ci_low:+.3f}, {row.ci_high:+.3f}]"
+
+
+def judge(effect: Effect, summary: pd.DataFrame, versus: pd.DataFrame | None) -> list:
+    """One row of COLUMNS."""
+    diffs = seed_differences(summary, effect)
+    if diffs.empty:
+        return [effect.claim, 0, "", "", "", "not run"]
+    shown = int((diffs > 0).sum())
+    row = versus_row(versus, effect)
+    interval = "" if row is None else f"{row.difference:+.3f} " + interval_text(row)
+    if shown == len(diffs) and (row is None or row.verdict == "better"):
+        holds = "yes"
+    elif shown == len(diffs):
+        holds = "on every seed, interval includes 0"
+    else:
+        holds = f"no: on {shown} of {len(diffs)} seeds"
+    spread = f"{diffs.mean():+.3f}" + (f" ± {diffs.std():.3f}" if len(diffs) > 1 else "")
+    per_seed = ", ".join(f"{d:+.3f}" for d in diffs)
+    return [effect.claim, len(diffs), per_seed, spread, interval, holds]
+
+
+def effects_table(summary: pd.DataFrame, versus: pd.DataFrame | None = None) -> pd.DataFrame:
+    """EFFECTS then UNMET, each judged over the summary's seeds."""
+    rows = [judge(effect, summary, versus) for effect in (*EFFECTS, UNMET)]
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("summary", type=Path, help="results/metrics/summary.csv")
+    parser.add_argument("versus", type=Path, nargs="?", help="results/report/versus.csv")
+    args = parser.parse_args(argv)
+    if not args.summary.is_file():
+        parser.error(f"{args.summary} does not exist: run the pipeline first (make seeds)")
+    versus = pd.read_csv(args.versus) if args.versus and args.versus.exists() else None
+    table = effects_table(pd.read_csv(args.summary), versus)
+    print(markdown_table(COLUMNS, table.astype(str).values.tolist()))
+
+
+if __name__ == "__main__":
+    main()

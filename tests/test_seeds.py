@@ -188,6 +188,19 @@ def test_an_effect_holds_across_seeds_only_where_every_seed_and_the_interval_sho
     assert cl.holds == "on every seed, interval includes 0"
 
 
+def test_the_bars_of_a_run_over_seeds_stand_at_its_mean_with_a_dot_per_seed(tmp_path):
+    from distinctcap.report.plots import bar_heights, plot_metric_bars
+    from distinctcap.report.summary import with_seeds
+
+    metrics = seed_metrics({"reference": 0.9, "reference_s1": 1.1, "unkt": 1.0, "unkt_s1": 1.4})
+    runs = ["reference", "unkt"]
+    heights, (at, values) = bar_heights(with_seeds(metrics, SEED_OF), runs, "test/greedy", "cider")
+    assert heights.tolist() == pytest.approx([1.0, 1.2])
+    assert (at, values.tolist()) == ([0, 0, 1, 1], pytest.approx([0.9, 1.1, 1.0, 1.4]))
+    plot_metric_bars(metrics, tmp_path / "bars.png", order=runs, seed_of=SEED_OF)
+    assert (tmp_path / "bars.png").read_bytes()[:4] == b"\x89PNG"
+
+
 def test_one_seed_gives_todays_tables(tmp_path):
     """One seed a run: summary.csv only gains its seed column; the headline, paper-layout
     tables and summary_seeds.csv's means are today's numbers."""

@@ -179,6 +179,7 @@ rule report_plots:
         cider=report(f"{REPORT}/cider_vs_n.png", caption="../report/cider_vs_n.rst", **PLOTS),
     params:
         runs=RUNS,
+        seed_of=SEED_OF,
     log:
         "logs/evaluate/report_plots.log",
     benchmark:

@@ -14,5 +14,6 @@ curves = {Path(p).parent.name: p for p in snakemake.input.training}
 plot_training_curves(curves, snakemake.output.training)
 versus = pd.read_csv(snakemake.input.versus[0]) if snakemake.input.versus else None
 plot_metric_bars(read_metrics(list(snakemake.input.metrics)), snakemake.output.bars,
-                 order=methods_first(snakemake.params.runs), versus=versus)
+                 order=methods_first(snakemake.params.runs), versus=versus,
+                 seed_of=snakemake.params.seed_of)
 plot_cider_vs_n(list(snakemake.input.cider), snakemake.output.cider)

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from distinctcap.core.io import atomic_path
+from distinctcap.report.summary import with_seeds
 
 
 def pyplot():
@@ -116,14 +117,18 @@ def informative(values: pd.Series) -> bool:
 
 def plot_metric_bars(
     metrics: pd.DataFrame, path: str | Path, order: Sequence[str] | None = None,
-    versus: pd.DataFrame | None = None,
+    versus: pd.DataFrame | None = None, seed_of: dict | None = None,
 ) -> None:
     """One panel per metric: a bar per run (in `order`, the front page's table order, where
     given), grouped by decoding, values on the metric's own scale; where `versus` has the
     run's paired bootstrap interval of its difference from the reference, an error bar spans
-    that interval around the run's value. Skipped metrics and those all zero up to noise are
-    left out."""
+    that interval around the run's value. A run over several seeds (`seed_of`: model ->
+    (run, seed)) is one bar at its mean over seeds, each seed's value a dot on it. Skipped
+    metrics and those all zero up to noise are left out."""
     plt = pyplot()
+    if seed_of:
+        metrics = with_seeds(metrics, seed_of)
+    several = bool(seed_of) and metrics.duplicated(["run", "split", "decoding"]).any()
     panels = [(m, t) for m, t in BAR_METRICS if m in metrics and informative(metrics[m])]
     present = list(dict.fromkeys(metrics.run))
     runs = [r for r in order if r in present] + [r for r in present if r not in order] \
@@ -136,18 +141,33 @@ def plot_metric_bars(
     x = np.arange(len(runs))
     for ax, (metric, title) in zip(axes.flat, panels, strict=False):
         for j, dec in enumerate(decodings):
-            sub = metrics[metrics.split + "/" + metrics.decoding == dec].set_index("run")
-            values = np.array([sub[metric].get(r, np.nan) for r in runs], dtype=float)
+            values, seeds = bar_heights(metrics, runs, dec, metric)
             errors = interval_errors(versus, runs, dec, metric, values)
-            ax.bar(x + j * width - 0.4 + width / 2, values, width, label=dec, yerr=errors,
+            at = x + j * width - 0.4 + width / 2
+            ax.bar(at, values, width, label=dec, yerr=errors,
                    error_kw={"elinewidth": 0.8, "capsize": 2})
+            if several:
+                ax.plot(at[seeds[0]], seeds[1], ".", color="black", ms=3, label="_seed")
         ax.set_xticks(x, runs, rotation=30, ha="right", fontsize=7)
         ax.set_title(title, fontsize=9)
         ax.grid(axis="y", alpha=0.3)
     title = "Metrics per run (bars: split/decoding"
+    title += "; dots: each seed" if several else ""
     title += "; error bars: 95 % interval of the difference from the reference)" if (
         versus is not None and len(versus)) else ")"
     _finish_panels(fig, axes, len(panels), title, path)
+
+
+def bar_heights(
+    metrics: pd.DataFrame, runs: Sequence[str], split_decoding: str, metric: str
+) -> tuple[np.ndarray, tuple[list[int], np.ndarray]]:
+    """Each run's bar under one split/decoding, its mean over its rows (its seeds), and every
+    row as (run positions, values): the dots of a run over several seeds."""
+    sub = metrics[metrics.split + "/" + metrics.decoding == split_decoding]
+    sub = sub[sub.run.isin(runs)]
+    means = sub.groupby("run")[metric].mean()
+    heights = np.array([means.get(r, np.nan) for r in runs], dtype=float)
+    return heights, ([list(runs).index(r) for r in sub.run], sub[metric].to_numpy(float))
 
 
 def interval_errors(

@@ -115,14 +115,16 @@ def share(n_images: int, of_coco: int, least: int) -> int:
 
 
 def split_counts(n_images: int) -> SplitCounts:
-    """COCO's split sizes scaled to `n_images` (COCO's own at 123,287); at least one image in
-    each Karpathy split and two in val2017, so every split exists at any size >= 8."""
+    """COCO's split sizes scaled to `n_images` (COCO's own at 123,287); at least two images in
+    every val and test split, Karpathy's and mrnn's (the validation selection's CIDEr-D needs
+    two images' references for its document frequencies), so every split exists at any size
+    >= 8."""
     if n_images < 8:
         raise ValueError(f"a synthetic COCO needs at least 8 images, not {n_images}")
-    val2014 = share(n_images, COCO_SHARES["val2014"], 4)
-    kval = share(n_images, COCO_SHARES["karpathy_val"], 1)
-    ktest = share(n_images, COCO_SHARES["karpathy_test"], 1)
-    val2017 = share(n_images, COCO_SHARES["val2017"], 2)
+    val2014 = share(n_images, COCO_SHARES["val2014"], 6)
+    kval = share(n_images, COCO_SHARES["karpathy_val"], 2)
+    ktest = share(n_images, COCO_SHARES["karpathy_test"], 2)
+    val2017 = share(n_images, COCO_SHARES["val2017"], 4)
     return SplitCounts(
         train2014=n_images - val2014,
         val2014=val2014,
@@ -131,7 +133,7 @@ def split_counts(n_images: int) -> SplitCounts:
         karpathy_test=ktest,
         train2017=n_images - val2017,
         val2017=val2017,
-        mrnn_val_images=min(val2017 - 1, max(1, round(val2017 * 4 / 5))),
+        mrnn_val_images=min(val2017 - 2, max(2, round(val2017 * 4 / 5))),
     )
 
 

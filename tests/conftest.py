@@ -15,6 +15,8 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 ROOT = Path(__file__).resolve().parents[1]
 TINY_CAPTIONER = dict(width=16, enc_layers=1, dec_layers=2, heads=2, ffn=32, dropout=0.0, max_len=8)
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
+# the shapes CLIP the repository ships: a DAG that needs a CLIP but does not test its training
+SHIPPED_CLIP = ROOT / "assets" / "clip" / "shapes-rn-tiny.pt"
 
 
 def tiny_config() -> dict:

@@ -6,7 +6,7 @@ import shutil
 
 import pandas as pd
 import pytest
-from conftest import ROOT, snakemake, tiny_config
+from conftest import ROOT, SHIPPED_CLIP, snakemake, tiny_config
 from tiny_blip import save_tiny_blip
 
 pytestmark = pytest.mark.slow
@@ -16,7 +16,8 @@ def blip_config(blip_dir) -> dict:
     """The tiny config on the tiny BLIP: the reference and its SMILE fine-tune, greedy only."""
     config = tiny_config()
     config["captioner"] = {"kind": "transformers", "pretrained": str(blip_dir), "max_len": 16}
-    config["clip"]["train"]["epochs"] = 5  # the CLIP serves entropy and evaluation only here
+    # the CLIP serves entropy and evaluation only here: the shipped one, not trained
+    config["clip"] = {**config["clip"], "pretrained": str(SHIPPED_CLIP)}
     config["runs"] = {
         "reference": {"method": "mle", "data": "all"},
         "smile": {"method": "smile", "init": "reference",

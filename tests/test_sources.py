@@ -9,7 +9,7 @@ import shutil
 
 import pandas as pd
 import pytest
-from conftest import ROOT, copy_workflow, snakemake, tiny_config
+from conftest import SHIPPED_CLIP, copy_workflow, snakemake, tiny_config
 
 from distinctcap.core.config import load_schema, validate
 from distinctcap.core.errors import DistinctcapError
@@ -20,7 +20,6 @@ from distinctcap.evaluate.metrics.result import KEYS
 from distinctcap.runs.cli import main
 
 WORLD = {"n_train": 100, "n_val": 16, "n_test": 16, "image_size": 32, "seed": 3}
-SHIPPED_CLIP = ROOT / "assets" / "clip" / "shapes-rn-tiny.pt"
 RESTVAL = 10  # the last training images are listed as restval, which joins train
 
 

@@ -19,6 +19,7 @@ from typing import NamedTuple
 import pandas as pd
 
 from distinctcap.report.summary import markdown_table
+from distinctcap.report.verdicts import interval
 
 
 class Effect(NamedTuple):
@@ -80,10 +81,6 @@ def versus_row(versus: pd.DataFrame | None, effect: Effect, split: str = "test")
     return None if match.empty else match.iloc[0]
 
 
-def interval_text(row) -> str:
-    return f"[{row.ci_low:+.3f}, {row.ci_high:+.3f}]"
-
-
 def judge(effect: Effect, summary: pd.DataFrame, versus: pd.DataFrame | None) -> list:
     """One row of COLUMNS."""
     diffs = seed_differences(summary, effect)
@@ -91,7 +88,7 @@ def judge(effect: Effect, summary: pd.DataFrame, versus: pd.DataFrame | None) ->
         return [effect.claim, 0, "", "", "", "not run"]
     shown = int((diffs > 0).sum())
     row = versus_row(versus, effect)
-    interval = "" if row is None else f"{row.difference:+.3f} " + interval_text(row)
+    span = "" if row is None else interval(row)
     if shown == len(diffs) and (row is None or row.verdict == "better"):
         holds = "yes"
     elif shown == len(diffs):
@@ -100,7 +97,7 @@ def judge(effect: Effect, summary: pd.DataFrame, versus: pd.DataFrame | None) ->
         holds = f"no: on {shown} of {len(diffs)} seeds"
     spread = f"{diffs.mean():+.3f}" + (f" ± {diffs.std():.3f}" if len(diffs) > 1 else "")
     per_seed = ", ".join(f"{d:+.3f}" for d in diffs)
-    return [effect.claim, len(diffs), per_seed, spread, interval, holds]
+    return [effect.claim, len(diffs), per_seed, spread, span, holds]
 
 
 def effects_table(summary: pd.DataFrame, versus: pd.DataFrame | None = None) -> pd.DataFrame:

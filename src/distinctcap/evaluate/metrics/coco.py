@@ -124,6 +124,12 @@ def _clean(text: str) -> str:
     return " ".join(text.replace("|||", " ").split())
 
 
+def _pair_key(pair: Pair) -> tuple[str, tuple[str, ...]]:
+    """A (candidate, references) pair as METEOR reads it: one key per distinct pair."""
+    hypothesis, references = pair
+    return _clean(hypothesis), tuple(_clean(r) for r in references)
+
+
 class _Meteor:
     """A METEOR 1.5 `-stdio` server (the protocol of pycocoevalcap's Meteor), stats cached."""
 
@@ -164,7 +170,7 @@ class _Meteor:
 
     def stats(self, pairs: Sequence[Pair], chunk: int = 64) -> list[str]:
         """METEOR sufficient statistics per pair; chunks keep both pipes far below 64 KiB."""
-        keys = [(_clean(h), tuple(_clean(r) for r in refs)) for h, refs in pairs]
+        keys = [_pair_key(pair) for pair in pairs]
         todo = list(dict.fromkeys(k for k in keys if k not in self._stats))
         for start in range(0, len(todo), chunk):
             part = todo[start : start + chunk]
@@ -341,7 +347,7 @@ class CocoTools:
         """Per-pair METEOR of many pairs: each distinct pair once, cut over the servers of
         `meteor_server_count` side by side (a pair's score depends on its own statistics
         only, so neither the split nor the deduplication changes a digit)."""
-        keys = [(_clean(h), tuple(_clean(r) for r in refs)) for h, refs in pairs]
+        keys = [_pair_key(pair) for pair in pairs]
         unique = list(dict.fromkeys(keys))
         bounds = chunk_bounds(len(unique), meteor_server_count(len(unique), self.workers))
         if len(bounds) <= 1:

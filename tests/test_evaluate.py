@@ -171,30 +171,35 @@ def test_metrics_parquet_round_trip(results, tmp_path):
     assert json.loads(read_table(files[0]).skipped[0]) == results["perfect", "greedy"].skipped
 
 
-def test_the_split_parallel_jobs_give_the_one_process_serial_rows(results, world, tmp_path):
-    """The rules' path: evaluate_gpu's torch part in one job, the text metrics in the CPU job
-    on two workers with a token cache: every value, skip and per-image number of the
-    one-process serial evaluation, to the last digit. (One job covers both runs here, so
-    METEOR starts once.)"""
+@pytest.mark.parametrize("gpu_job", [True, False], ids=["evaluate_gpu-job", "one-job"])
+def test_the_rules_parallel_jobs_give_the_one_process_serial_rows(
+    results, world, tmp_path, gpu_job
+):
+    """The rules' paths: with a GPU profile evaluate_gpu's torch part in its own job, else in
+    the evaluate job itself; the text metrics on two workers with a token cache. Either gives
+    every value, skip and per-image number of the one-process serial evaluation, to the last
+    digit. (One job covers both runs here, so METEOR starts once.)"""
     block = {**metric_block(vars(SETTINGS)), "device": "cpu"}
     keys = [(run, dec) for run in RUNS for dec in DECODINGS]
     names = ("images", "captions", "vocab", "features", "model")
     common = {name: getattr(world, name) for name in names}
     common["generated"] = [world.generated(run, dec) for run, dec in keys]
     evaluations = [("test", dec) for _, dec in keys]
-    device = [str(tmp_path / f"{run}-{dec}-gpu.parquet") for run, dec in keys]
     per_image = [str(tmp_path / f"{run}-{dec}-per_image.parquet") for run, dec in keys]
-    evaluate_device_stage(common, {"device": device, "per_image": per_image}, evaluations, block)
+    outputs = {
+        "metrics": [str(tmp_path / f"{run}-{dec}.parquet") for run, dec in keys],
+        "curve": [str(tmp_path / f"{run}-{dec}.csv") for run, dec in keys],
+    }
+    inputs = common
+    if gpu_job:
+        device = [str(tmp_path / f"{run}-{dec}-gpu.parquet") for run, dec in keys]
+        outputs_gpu = {"device": device, "per_image": per_image}
+        evaluate_device_stage(common, outputs_gpu, evaluations, block)
+        inputs = {**common, "device": device, "per_image": per_image}
+    else:
+        outputs["per_image"] = per_image
     done = evaluate_stage(
-        {**common, "device": device, "per_image": per_image},
-        {
-            "metrics": [str(tmp_path / f"{run}-{dec}.parquet") for run, dec in keys],
-            "curve": [str(tmp_path / f"{run}-{dec}.csv") for run, dec in keys],
-        },
-        evaluations,
-        block,
-        workers=2,
-        cache_dir=str(tmp_path / "cache"),
+        inputs, outputs, evaluations, block, workers=2, cache_dir=str(tmp_path / "cache")
     )
     for key, evaluation, table in zip(keys, done, per_image, strict=True):
         want = results[key]

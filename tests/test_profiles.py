@@ -38,8 +38,9 @@ def load(name: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def workflow_rules(tmp_path_factory) -> set[str]:
-    """Rule names of the workflow, from `snakemake --list-rules` on a copy of it."""
+def rule_sets(tmp_path_factory) -> dict[str, set[str]]:
+    """Rule names of the workflow on a copy of it: "plain" without a profile, "gpu" with the
+    local-gpu profile (which adds evaluate_gpu)."""
     import shutil
 
     work = tmp_path_factory.mktemp("rules")
@@ -47,8 +48,20 @@ def workflow_rules(tmp_path_factory) -> set[str]:
         src = ROOT / name
         if src.exists():
             (shutil.copytree if src.is_dir() else shutil.copy)(src, work / name)
+    return {"plain": rule_names(work), "gpu": rule_names(work, "local-gpu")}
+
+
+@pytest.fixture(scope="module")
+def workflow_rules(rule_sets) -> set[str]:
+    """Every rule a profile can run."""
+    return rule_sets["gpu"]
+
+
+def rule_names(work, profile: str | None = None) -> set[str]:
+    """`snakemake --list-rules` in `work`, with the named workflow profile or none."""
+    option = ["--workflow-profile", f"workflow/profiles/{profile}"] if profile else []
     out = subprocess.run(
-        ["timeout", "-k", "10", "120", SNAKEMAKE, "--list-rules"],
+        ["timeout", "-k", "10", "120", SNAKEMAKE, "--list-rules", *option],
         cwd=work,
         capture_output=True,
         text=True,
@@ -56,6 +69,15 @@ def workflow_rules(tmp_path_factory) -> set[str]:
     assert out.returncode == 0, out.stderr
     # "name (docstring)", the docstring's further lines indented
     return {line.split()[0] for line in out.stdout.splitlines() if line[:1].strip()}
+
+
+def test_evaluates_torch_part_is_its_own_job_only_where_a_profile_gives_it_a_gpu(
+    rule_sets: dict[str, set[str]],
+) -> None:
+    """A plain `snakemake` computes the torch part in the evaluate job (one process start and
+    CLIP load per run); the GPU profiles give it its own GPU job, evaluate_gpu."""
+    assert "evaluate_gpu" not in rule_sets["plain"]
+    assert rule_sets["gpu"] == rule_sets["plain"] | {"evaluate_gpu"}
 
 
 @pytest.mark.parametrize("name", sorted(PROFILES))

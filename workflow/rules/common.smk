@@ -183,15 +183,20 @@ def report_front_page():
 
 # --- Checks before the first job (the Snakefile's onstart) -----------------------------------
 
-def preflight_holds_a_gpu():
-    """Does the profile give rule preflight a GPU the config uses? Then preflight checks java
-    on the GPU node, where evaluate runs, instead of this (submitting) machine."""
-    asked = (workflow.resource_settings.overwrite_resources or {}).get("preflight", {})
+def profile_gives_a_gpu(rule):
+    """Does the profile (set-resources) give `rule` a GPU that the config uses?"""
+    asked = (workflow.resource_settings.overwrite_resources or {}).get(rule, {})
     gpu = asked["gpu"] if "gpu" in asked else 0  # a snakemake Resource, or a plain value
     try:
         return int(getattr(gpu, "value", gpu) or 0) > 0 and config["device"] != "cpu"
     except (TypeError, ValueError):
         return False
+
+
+def preflight_holds_a_gpu():
+    """With a GPU, rule preflight checks java on the GPU node, where evaluate runs, instead of
+    this (submitting) machine."""
+    return profile_gives_a_gpu("preflight")
 
 
 def require_java(jobs):

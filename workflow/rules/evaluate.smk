@@ -27,24 +27,37 @@ SHOWCASE = {"category": "Evaluation", "subcategory": "Caption gallery"}
 TRAINING = {"category": "Training"}
 
 
-if PER_RUN:  # a rule needs outputs; `decoding: {}` evaluates nothing
+# The torch part of a run's evaluation (CLIP retrieval and CLIPScore, the captioner's
+# self-retrieval, GPT-2 perplexity) is minutes of GPU work. Where the profile gives it a GPU
+# (local-gpu, slurm) it is its own job, evaluate_gpu, so that the evaluate job's CPU metrics
+# (minutes to hours of them at COCO size) hold no GPU. Without one (a plain `snakemake`), the
+# evaluate job computes it itself: one process start and CLIP load per run instead of two.
+EVALUATE_GPU_JOB = profile_gives_a_gpu("evaluate_gpu")
+GENERATED = [f"results/generated/{{run}}/{s}-{d}.parquet" for s, d in PER_RUN]
+PER_IMAGE_OUT = [f"results/metrics/{{run}}/{s}-{d}-per_image.parquet" for s, d in PER_RUN]
+DEVICE_PART = [f"results/metrics/{{run}}/{s}-{d}-gpu.parquet" for s, d in PER_RUN]
+TEXT_INPUTS = dict(
+    generated=GENERATED,
+    images=f"{DATA}/images.parquet",
+    captions=f"{DATA}/captions.parquet",
+    vocab=f"{DATA}/vocab.json",
+    features=FEATURES_INDEX,
+)
+TORCH_INPUTS = dict(
+    clip=CLIP_FILES,
+    model=f"{RUN_DIR}/{{run}}/model.pt",
+    captioner_features=CAPTIONER_FEATURES,
+)
 
-    # The torch part of a run's evaluation (CLIP retrieval and CLIPScore, the captioner's
-    # self-retrieval, GPT-2 perplexity): minutes of GPU work, in its own job, so that the
-    # evaluate job's CPU metrics (minutes to hours of them at COCO size) hold no GPU.
+if PER_RUN and EVALUATE_GPU_JOB:  # a rule needs outputs; `decoding: {}` evaluates nothing
+
     rule evaluate_gpu:
         input:
-            generated=[f"results/generated/{{run}}/{s}-{d}.parquet" for s, d in PER_RUN],
-            images=f"{DATA}/images.parquet",
-            captions=f"{DATA}/captions.parquet",
-            vocab=f"{DATA}/vocab.json",
-            features=FEATURES_INDEX,
-            clip=CLIP_FILES,
-            model=f"{RUN_DIR}/{{run}}/model.pt",
-            captioner_features=CAPTIONER_FEATURES,
+            **TEXT_INPUTS,
+            **TORCH_INPUTS,
         output:
-            device=[temp(f"results/metrics/{{run}}/{s}-{d}-gpu.parquet") for s, d in PER_RUN],
-            per_image=[f"results/metrics/{{run}}/{s}-{d}-per_image.parquet" for s, d in PER_RUN],
+            device=[temp(path) for path in DEVICE_PART],
+            per_image=PER_IMAGE_OUT,
         params:
             evaluations=PER_RUN,
             settings=metric_block(EVALUATE),
@@ -61,22 +74,23 @@ if PER_RUN:  # a rule needs outputs; `decoding: {}` evaluates nothing
         script:
             "../scripts/evaluate_gpu.py"
 
+if PER_RUN:
+
     rule evaluate:
         input:
-            generated=[f"results/generated/{{run}}/{s}-{d}.parquet" for s, d in PER_RUN],
-            images=f"{DATA}/images.parquet",
-            captions=f"{DATA}/captions.parquet",
-            vocab=f"{DATA}/vocab.json",
-            features=FEATURES_INDEX,
-            device=[f"results/metrics/{{run}}/{s}-{d}-gpu.parquet" for s, d in PER_RUN],
-            per_image=[f"results/metrics/{{run}}/{s}-{d}-per_image.parquet" for s, d in PER_RUN],
+            **TEXT_INPUTS,
+            **(dict(device=DEVICE_PART, per_image=PER_IMAGE_OUT) if EVALUATE_GPU_JOB else {}),
+            **({} if EVALUATE_GPU_JOB else TORCH_INPUTS),
         output:
             metrics=[f"results/metrics/{{run}}/{s}-{d}.parquet" for s, d in PER_RUN],
             curve=[f"results/metrics/{{run}}/{s}-{d}-cider_vs_n.csv" for s, d in PER_RUN],
+            **({} if EVALUATE_GPU_JOB else dict(per_image=PER_IMAGE_OUT)),
         params:
             evaluations=PER_RUN,
             settings=metric_block(EVALUATE),
             seed=config["seed"],
+            # the torch part's device when it is computed here; torch gets one thread
+            device="cpu" if EVALUATE_GPU_JOB else config["device"],
             # reference token sets by content hash, reused by later jobs and runs (and
             # SPICE's parse cache): inside the results folder, never outside it
             cache="results/cache/evaluate",

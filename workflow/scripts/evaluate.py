@@ -1,19 +1,22 @@
 """Rule evaluate: every metric of one run's captions under each decoding setting and split, on
-the job's CPU cores; the torch part comes from the run's evaluate_gpu job."""
+the job's CPU cores; the torch part comes from the run's evaluate_gpu job where there is one,
+else it is computed here first."""
 
-from distinctcap.core import logs
+from distinctcap.core.jobs import start_job
 from distinctcap.evaluate.stage import evaluate_stage
 
-logs.setup(snakemake.log[0])
+device = start_job(snakemake, threads="all-on-cuda")
 inputs = dict(snakemake.input.items())
 for name in ("generated", "device", "per_image"):
-    inputs[name] = list(getattr(snakemake.input, name))
+    if name in inputs:
+        inputs[name] = list(getattr(snakemake.input, name))
 evaluate_stage(
     inputs,
-    {name: list(getattr(snakemake.output, name)) for name in ("metrics", "curve")},
+    {name: list(getattr(snakemake.output, name)) for name in snakemake.output.keys()},
     evaluations=snakemake.params.evaluations,
     block=snakemake.params.settings,
     seed=snakemake.params.seed,
+    device=device,
     workers=snakemake.threads,
     cache_dir=snakemake.params.cache,
 )

@@ -25,9 +25,6 @@ rule train_clip:
         checkpoint=lambda w, output: str(
             Path(output.weights).parent / "checkpoints" / Path(output.weights).name
         ),
-        # weights the pipeline trained on the default config, taken only when their training
-        # fingerprint equals this run's (distinctcap.clip.assets; make ship-clip writes them)
-        shipped=str(Path(workflow.basedir) / "assets" / "clip"),
     threads: 2  # the conv tower steps 1.55x faster on two threads than on one (2-core box)
     log:
         "logs/features/train_clip.log",

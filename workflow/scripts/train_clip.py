@@ -1,8 +1,16 @@
 """Rule train_clip: contrastive training of the tiny CLIP on the train split (shapes world)."""
 
+from pathlib import Path
+
 from distinctcap.clip.train import TrainSettings, save_weights, train_clip
 from distinctcap.core.io import read_table, write_json
 from distinctcap.core.jobs import start_job
+
+# Weights the pipeline trained on the default config, taken only when their training fingerprint
+# equals this run's (distinctcap.clip.assets; make ship-clip writes them). Found from this
+# script, not a rule param: an absolute path there would retrain the CLIP, and everything
+# below it, of an experiment folder whose workflow moved.
+SHIPPED = Path(__file__).resolve().parents[2] / "assets" / "clip"
 
 device = start_job(snakemake, threads="all")
 model, metrics = train_clip(
@@ -13,7 +21,7 @@ model, metrics = train_clip(
     seed=snakemake.params.seed,
     device=device,
     checkpoint=snakemake.params.checkpoint,
-    shipped=snakemake.params.shipped,
+    shipped=SHIPPED,
 )
 save_weights(model, snakemake.output.weights)
 write_json(metrics, snakemake.output.retrieval)

@@ -158,9 +158,33 @@ def test_a_parallel_job_gives_the_serial_numbers_and_reuses_reference_tokens(
         assert job.launches["meteor"] == 2 and job.launches["ptb"] == 4  # the samples cut in 3
     assert len(list(tmp_path.glob("ptb-*.txt.gz"))) == 2  # gts and the training captions
     with CocoTools(workers=2, cache_dir=tmp_path) as later:  # the next job or run
-        refs = (case["gts"], case["train_refs"])
-        assert later.tokenize_groups(*refs, keep=(0, 1)) == job.tokenize_groups(*refs)
-        assert later.launches["ptb"] == 0
+        groups = (case["gts"], case["samples"], case["neighbour_captions"], case["train_refs"])
+        assert later.tokenize_groups(*groups, keep=(0, 3)) == job.tokenize_groups(*groups)
+        assert later.launches["ptb"] == 2  # the samples and neighbours only, in two parts
+
+
+def test_tokens_are_the_serial_files_wherever_the_captions_are_cut(tmp_path, monkeypatch):
+    """The PTB tokenizer reads past a line's end: a final "a." stays one token at the end of
+    the file and is split before a line that starts "A". Parts tokenised side by side and groups
+    found in the cache give the tokens of the one serial file (the full-size COCO benchmark
+    found one training caption cut at a part's end)."""
+    lines = ["A dog with a.", "A man on a.", "Two dogs and a.", "A cat on a."]
+    with CocoTools(workers=1) as serial:
+        expected = serial.tokenize(lines)
+        assert expected[0] == "a dog with a" and serial.tokenize(lines[:1]) == ["a dog with a."]
+        before_a_lowercase_line = serial.tokenize([*lines[:2], "the end."])[:2]
+    monkeypatch.setattr(coco_module, "PTB_LINES_PER_JVM", 1)
+    with CocoTools(workers=4, cache_dir=tmp_path) as parts:
+        assert parts.tokenize(lines) == expected
+        groups = ({0: lines[:2]}, {1: lines[2:]})
+        assert parts.tokenize_groups(*groups, keep=(0,)) == [{0: expected[:2]}, {1: expected[2:]}]
+    with CocoTools(workers=4, cache_dir=tmp_path) as later:  # the first group from the cache
+        assert later.tokenize_groups(*groups, keep=(0,))[0] == {0: expected[:2]}
+        assert later.launches["ptb"] == 2
+        # before another line the same group is tokenised again, as in that serial file
+        other = later.tokenize_groups(groups[0], {1: ["the end."]}, keep=(0,))
+        assert other[0] == {0: before_a_lowercase_line}
+        assert later.launches["ptb"] == 2 + 3  # both groups again, a part a line
 
 
 def test_meteor_servers_take_half_the_cores_and_score_each_distinct_pair_once(monkeypatch):

@@ -244,26 +244,33 @@ class CocoTools:
             server.close()
         self._meteors = []
 
-    def tokenize(self, texts: Sequence[str]) -> list[str]:
+    def tokenize(self, texts: Sequence[str], then: str | None = None) -> list[str]:
         """PTB-tokenise, lower-case and drop punctuation tokens (pycocoevalcap PTBTokenizer);
-        a long list is cut into parts tokenised by up to `workers` JVMs side by side (the
-        tokenizer reads each line on its own: -preserveLines)."""
+        a long list is cut into parts tokenised by up to `workers` JVMs side by side. `then`:
+        the text that follows `texts` in the one file a serial run would tokenise (None: the
+        end of the file). The tokenizer reads past a line's end (a final "a." stays one
+        token before the end of the file, and is split before a capitalised line), so each
+        part is tokenised with the line that follows it and that line's tokens are dropped:
+        the parts give the serial file's tokens."""
         lines = [_clean(t) for t in texts]
         if not lines:
             return []
         parts = min(self.workers, -(-len(lines) // PTB_LINES_PER_JVM))
         bounds = chunk_bounds(len(lines), parts)
+        follows = [lines[end] for _, end in bounds[:-1]] + [None if then is None else _clean(then)]
         self.launches["ptb"] += len(bounds)
         if len(bounds) == 1:
-            return self._run_ptb(lines)
+            return self._run_ptb(lines, follows[0])
         with ThreadPoolExecutor(len(bounds)) as pool:
-            done = pool.map(lambda b: self._run_ptb(lines[b[0] : b[1]]), bounds)
+            done = pool.map(lambda b, f: self._run_ptb(lines[b[0] : b[1]], f), bounds, follows)
             return [t for part in done for t in part]
 
-    def _run_ptb(self, lines: Sequence[str]) -> list[str]:
+    def _run_ptb(self, lines: Sequence[str], then: str | None) -> list[str]:
+        """The tokens of `lines`, tokenised with the line `then` after them (not returned)."""
+        text = [*lines] if then is None else [*lines, then]
         with tempfile.TemporaryDirectory(prefix="distinctcap-ptb-") as tmp:
             path = Path(tmp) / "captions.txt"
-            path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+            path.write_text("\n".join(text) + "\n", encoding="utf-8")
             cmd = [
                 self.java,
                 *JIT_OPTIONS,
@@ -278,29 +285,32 @@ class CocoTools:
             ]
             proc = subprocess.run(cmd, capture_output=True, cwd=tmp)
         out = proc.stdout.decode("utf-8").split("\n")
-        if proc.returncode != 0 or len(out) != len(lines) + 1:
+        if proc.returncode != 0 or len(out) != len(text) + 1:
             raise DistinctcapError(
                 f"PTB tokenizer failed (exit {proc.returncode}, {len(out) - 1} lines for "
-                f"{len(lines)} captions): {proc.stderr.decode(errors='replace')[-2000:]}"
+                f"{len(text)} captions): {proc.stderr.decode(errors='replace')[-2000:]}"
             )
-        return [" ".join(w for w in line.split() if w not in _PUNCT) for line in out[:-1]]
+        return [" ".join(w for w in line.split() if w not in _PUNCT) for line in out[: len(lines)]]
 
     def tokenize_groups(
         self, *groups: Captions, keep: Collection[int] = ()
     ) -> list[dict[Hashable, list[str]]]:
-        """Tokenise several {id: captions} mappings with a single tokenizer launch. The
-        groups at the positions in `keep` (reference sets) are tokenised once per session
-        and, with a `cache_dir`, found there by content hash by later sessions."""
+        """Tokenise several {id: captions} mappings as one file of all their captions in
+        order (the tokens a single tokenizer launch gives). The groups at the positions in
+        `keep` (reference sets) are tokenised once per session and, with a `cache_dir`, found
+        there by content hash (with the line that follows them) by later sessions."""
         flats = [[c for caps in group.values() for c in caps] for group in groups]
-        keys = {k: _content_key(flats[k]) for k in keep if flats[k]}
+        then = [next((f[0] for f in flats[k + 1 :] if f), None) for k in range(len(flats))]
+        keys = {k: _content_key([*flats[k], f"\x1fthen {then[k]}"]) for k in keep if flats[k]}
         known = {k: self._known_tokens(key) for k, key in keys.items()}
         stale = [k for k, tokens in known.items() if tokens and len(tokens) != len(flats[k])]
         todo = [k for k in range(len(groups)) if known.get(k) is None or k in stale]
-        tokens = iter(self.tokenize([c for k in todo for c in flats[k]]))
-        for k in todo:
-            known[k] = [next(tokens) for _ in flats[k]]
-            if k in keys:
-                self._store_tokens(keys[k], known[k])
+        for run in _consecutive(todo):
+            tokens = iter(self.tokenize([c for k in run for c in flats[k]], then[run[-1]]))
+            for k in run:
+                known[k] = [next(tokens) for _ in flats[k]]
+                if k in keys:
+                    self._store_tokens(keys[k], known[k])
         out = []
         for k, group in enumerate(groups):
             it = iter(known[k])
@@ -415,6 +425,17 @@ def spice_speed_options(workers: int, cache_dir: Path | None, tmp: str) -> list[
     cache = Path(cache_dir) / "spice" if cache_dir is not None else Path(tmp) / "spice-cache"
     cache.mkdir(parents=True, exist_ok=True)
     return ["-threads", str(max(1, workers)), "-cache", str(cache)]
+
+
+def _consecutive(positions: Sequence[int]) -> list[list[int]]:
+    """[0, 1, 3] -> [[0, 1], [3]]: runs of consecutive positions."""
+    runs: list[list[int]] = []
+    for k in positions:
+        if runs and runs[-1][-1] == k - 1:
+            runs[-1].append(k)
+        else:
+            runs.append([k])
+    return runs
 
 
 def _content_key(lines: Sequence[str]) -> str:

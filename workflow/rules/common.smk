@@ -184,19 +184,19 @@ def report_front_page():
 # --- Checks before the first job (the Snakefile's onstart) -----------------------------------
 
 def profile_gives_a_gpu(rule):
-    """Does the profile (set-resources) give `rule` a GPU that the config uses?"""
+    """Does the profile (set-resources) give `rule` a GPU?"""
     asked = (workflow.resource_settings.overwrite_resources or {}).get(rule, {})
     gpu = asked["gpu"] if "gpu" in asked else 0  # a snakemake Resource, or a plain value
     try:
-        return int(getattr(gpu, "value", gpu) or 0) > 0 and config["device"] != "cpu"
+        return int(getattr(gpu, "value", gpu) or 0) > 0
     except (TypeError, ValueError):
         return False
 
 
 def preflight_holds_a_gpu():
-    """With a GPU, rule preflight checks java on the GPU node, where evaluate runs, instead of
-    this (submitting) machine."""
-    return profile_gives_a_gpu("preflight")
+    """With a GPU the config uses, rule preflight checks java on the GPU node, where evaluate
+    runs, instead of this (submitting) machine."""
+    return profile_gives_a_gpu("preflight") and config["device"] != "cpu"
 
 
 def require_java(jobs):

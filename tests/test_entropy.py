@@ -163,8 +163,8 @@ def jobs_planned(result) -> dict[str, int]:
 @pytest.mark.slow
 def test_stage_end_to_end_reruns_only_what_changed(tiny_dag, tmp_path):
     """On a copy of the shared tiny run (snakemake --cores 2 through the D-/D+ shards and the
-    report), moved away from its workflow: a rerun does nothing; editing entropy.fraction reruns only the split and the
-    report; generic captions land in D-."""
+    report), moved away from its workflow: a rerun does nothing; editing entropy.fraction
+    reruns only the split and the report; generic captions land in D-."""
     shared, config = tiny_dag
     workdir = shutil.copytree(shared, tmp_path / "run", symlinks=True)
     config = copy.deepcopy(config)

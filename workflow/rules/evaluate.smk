@@ -79,8 +79,8 @@ if PER_RUN:
     rule evaluate:
         input:
             **TEXT_INPUTS,
-            **(dict(device=DEVICE_PART, per_image=PER_IMAGE_OUT) if EVALUATE_GPU_JOB else {}),
-            **({} if EVALUATE_GPU_JOB else TORCH_INPUTS),
+            # the evaluate_gpu job's values, or what computing the torch part here reads
+            **(dict(device=DEVICE_PART, per_image=PER_IMAGE_OUT) if EVALUATE_GPU_JOB else TORCH_INPUTS),
         output:
             metrics=[f"results/metrics/{{run}}/{s}-{d}.parquet" for s, d in PER_RUN],
             curve=[f"results/metrics/{{run}}/{s}-{d}-cider_vs_n.csv" for s, d in PER_RUN],

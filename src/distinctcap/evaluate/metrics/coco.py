@@ -68,12 +68,17 @@ _PUNCT = frozenset(ptbtokenizer.PUNCTUATIONS)
 PTB_LINES_PER_JVM = 20_000
 # A METEOR server per this many pairs at most, up to half the job's `workers` (the forked
 # Python scorers use the other half): a server's start (its paraphrase table) is ~15 CPU s,
-# a pair with 5 references ~1.4 ms.
+# a pair with 5 references ~1.1-2.3 CPU ms.
 METEOR_PAIRS_PER_SERVER = 10_000
-# The JVMs run with the client compiler only: a METEOR server or tokenizer lives a minute,
-# too short for C2's optimising compiles to repay their CPU (measured: ~1.4 instead of ~2.1
-# CPU ms a pair); the scores are the same (Java's floating point is strict since 17).
-JIT_OPTIONS = ("-XX:TieredStopAtLevel=1",)
+# The tokenizer's JVMs run with the client compiler only: a launch lives seconds, too short
+# for C2's optimising compiles to repay their CPU. METEOR's servers keep Java's default
+# tiered compiler: C2 loads the paraphrase table in ~13 instead of ~19 s and scores faster
+# from a few hundred pairs on (docs/performance.md). Scores are the same either way (Java's
+# floating point is strict since 17).
+PTB_JIT_OPTIONS = ("-XX:TieredStopAtLevel=1",)
+# The serial GC halves the resident memory of the paraphrase table load (~0.6 instead of
+# ~1.1 GiB) without changing any score.
+METEOR_JVM_OPTIONS = ("-XX:+UseSerialGC",)
 MAX_METEOR_SERVERS = 4  # ~1 GB resident each (the evaluate rule's mem_mb counts on it)
 
 
@@ -133,14 +138,11 @@ def _pair_key(pair: Pair) -> tuple[str, tuple[str, ...]]:
 class _Meteor:
     """A METEOR 1.5 `-stdio` server (the protocol of pycocoevalcap's Meteor), stats cached."""
 
-    def __init__(self, java: str, memory: str):
+    def __init__(self, java: str, memory: str, jvm_options: Sequence[str] = METEOR_JVM_OPTIONS):
         self._stderr = tempfile.TemporaryFile()
-        # pycocoevalcap's command; the serial GC halves the resident memory of the paraphrase
-        # table load (~0.6 instead of ~1.2 GiB) without changing any score.
-        cmd = [
+        cmd = [  # pycocoevalcap's command
             java,
-            *JIT_OPTIONS,
-            "-XX:+UseSerialGC",
+            *jvm_options,
             f"-Xmx{memory}",
             "-jar",
             str(METEOR_JAR),
@@ -273,7 +275,7 @@ class CocoTools:
             path.write_text("\n".join(text) + "\n", encoding="utf-8")
             cmd = [
                 self.java,
-                *JIT_OPTIONS,
+                *PTB_JIT_OPTIONS,
                 "-cp",
                 str(PTB_JAR),
                 "edu.stanford.nlp.process.PTBTokenizer",
@@ -345,7 +347,7 @@ class CocoTools:
         return self._meteors[k]
 
     def start_meteor(self) -> None:
-        """Start the first METEOR server now, so that its paraphrase table (~10 CPU s) loads
+        """Start the first METEOR server now, so that its paraphrase table (~15 CPU s) loads
         while the tokenizer and the n-gram metrics run."""
         self._meteor(0)
 

@@ -6,6 +6,8 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 CORES ?= 2
+# pytest-xdist workers of `make test` (tests/conftest.py groups the tests that share a fixture)
+TEST_WORKERS ?= 2
 EXP ?= .
 CONFIGS ?=
 # Snakemake reads --configfile files before the workflow and names neither file nor line of a
@@ -75,7 +77,7 @@ report-screenshot: install
 	$(PY) tools/report_screenshot.py $(REPORT_EXP)/results/report.html assets/report_front.png --width 1400 --height 1000
 
 test: install
-	$(PY) -m pytest -q --durations=30
+	$(PY) -m pytest -q --durations=30 -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 # The README's results table, rendered from the run's summary (paste it; never edit numbers).
 readme-table: install

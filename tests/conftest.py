@@ -19,6 +19,35 @@ SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 SHIPPED_CLIP = ROOT / "assets" / "clip" / "shapes-rn-tiny.pt"
 
 
+SHARED_RUN_FIXTURES = {"tiny_dag", "tiny_report"}
+# `make test` runs two pytest-xdist workers (`--dist loadgroup`); each takes whole groups.
+# The longest groups (the last CI's durations: the SLURM module ~17 min, the shared tiny run
+# and its readers ~13 min, the source DAGs ~6 min) go first, so the workers end together.
+LONGEST_GROUPS_FIRST = ("slurm", "tiny_dag", "test_sources", "test_hf_pipeline", "test_rehearsal")
+
+
+def xdist_group_of(item: pytest.Item, modules_on_the_shared_run: set[str]) -> str:
+    """The xdist group of a test: the SLURM tests share one cluster, the modules that read
+    the shared tiny run share its session fixture, any other module runs its module fixtures
+    once."""
+    if item.get_closest_marker("slurm"):
+        return "slurm"
+    module = item.module.__name__
+    return "tiny_dag" if module in modules_on_the_shared_run else module
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    on_shared_run = {
+        item.module.__name__ for item in items if SHARED_RUN_FIXTURES & set(item.fixturenames)
+    }
+    groups = {item: xdist_group_of(item, on_shared_run) for item in items}
+    for item, group in groups.items():
+        item.add_marker(pytest.mark.xdist_group(group))
+    rank = {group: k for k, group in enumerate(LONGEST_GROUPS_FIRST)}
+    items.sort(key=lambda item: rank.get(groups[item], len(rank)))  # stable: file order after
+
+
 def tiny_config() -> dict:
     """The embedded default config, shrunk so the whole DAG runs in a few minutes on 2 cores."""
     config = yaml.safe_load((ROOT / "tests" / "tiny_config.yaml").read_text())

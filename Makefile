@@ -77,7 +77,7 @@ report-screenshot: install
 	$(PY) tools/report_screenshot.py $(REPORT_EXP)/results/report.html assets/report_front.png --width 1400 --height 1000
 
 test: install
-	$(PY) -m pytest -q --durations=30 -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+	$(PY) -m pytest -q --durations=30 -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 # The README's results table, rendered from the run's summary (paste it; never edit numbers).
 readme-table: install

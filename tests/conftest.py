@@ -19,33 +19,56 @@ SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 SHIPPED_CLIP = ROOT / "assets" / "clip" / "shapes-rn-tiny.pt"
 
 
+# `make test` runs two pytest-xdist workers, and a worker runs a group of modules whole: the
+# SLURM tests share one cluster, the readers of the shared tiny run its session fixture (one
+# DAG run), any other module is a group of its own (its module fixtures run once). The
+# groups are named here because the controller that deals them out sees node ids only
+# (xdist's own xdist_group marks write `item._nodeid`, which pytest 9 no longer reads).
+MODULE_GROUPS = {
+    "slurm": ("test_slurm_cluster", "test_slurm_pipeline"),
+    "tiny_dag": ("test_entropy", "test_pipeline", "test_quick", "test_report", "test_seeds"),
+}
 SHARED_RUN_FIXTURES = {"tiny_dag", "tiny_report"}
-# `make test` runs two pytest-xdist workers (`--dist loadgroup`); each takes whole groups.
-# The longest groups (the last CI's durations: the SLURM module ~17 min, the shared tiny run
-# and its readers ~13 min, the source DAGs ~6 min) go first, so the workers end together.
+# The longest groups (the last serial CI's durations: SLURM ~17 min, the shared tiny run and
+# its readers ~13 min, the source DAGs ~6 min) go first, so that the workers end together.
 LONGEST_GROUPS_FIRST = ("slurm", "tiny_dag", "test_sources", "test_hf_pipeline", "test_rehearsal")
 
 
-def xdist_group_of(item: pytest.Item, modules_on_the_shared_run: set[str]) -> str:
-    """The xdist group of a test: the SLURM tests share one cluster, the modules that read
-    the shared tiny run share its session fixture, any other module runs its module fixtures
-    once."""
-    if item.get_closest_marker("slurm"):
-        return "slurm"
+def module_group(module: str) -> str:
+    """The group of the test module named `module` (its file's stem)."""
+    return next((g for g, modules in MODULE_GROUPS.items() if module in modules), module)
+
+
+def ungrouped_module(item: pytest.Item) -> str | None:
+    """The module of `item` if it needs a group that MODULE_GROUPS does not give it."""
     module = item.module.__name__
-    return "tiny_dag" if module in modules_on_the_shared_run else module
+    if item.get_closest_marker("slurm") and module_group(module) != "slurm":
+        return module
+    if SHARED_RUN_FIXTURES & set(item.fixturenames) and module_group(module) != "tiny_dag":
+        return module
+    return None
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    on_shared_run = {
-        item.module.__name__ for item in items if SHARED_RUN_FIXTURES & set(item.fixturenames)
-    }
-    groups = {item: xdist_group_of(item, on_shared_run) for item in items}
-    for item, group in groups.items():
-        item.add_marker(pytest.mark.xdist_group(group))
+    """Check the groups, and put the longest first (stable: file order after)."""
+    missing = sorted({m for m in map(ungrouped_module, items) if m})
+    if missing:
+        raise pytest.UsageError(f"tests/conftest.py: MODULE_GROUPS must group {missing}")
     rank = {group: k for k, group in enumerate(LONGEST_GROUPS_FIRST)}
-    items.sort(key=lambda item: rank.get(groups[item], len(rank)))  # stable: file order after
+    items.sort(key=lambda item: rank.get(module_group(item.module.__name__), len(rank)))
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's scope scheduler, with the groups above for scopes."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModuleGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return module_group(Path(nodeid.split("::")[0]).stem)
+
+    return ByModuleGroup(config, log)
 
 
 def tiny_config() -> dict:

@@ -49,7 +49,6 @@ def ungrouped_module(item: pytest.Item) -> str | None:
     return None
 
 
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Check the groups, and put the longest first (stable: file order after)."""
     missing = sorted({m for m in map(ungrouped_module, items) if m})

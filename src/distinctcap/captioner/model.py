@@ -117,20 +117,24 @@ class Attention(nn.Module):
         n, s, g = q.shape[2], k.shape[2], q.shape[0] // k.shape[0]
         if g > 1:
             q = q.unflatten(0, (-1, g)).transpose(1, 2).flatten(2, 3)  # (B/g, H, g*N, Dh)
-        causal = causal and n > 1  # a single query (the newest position) sees every key
         p_drop = self.dropout if self.training else 0.0
         probs = None
+        # Branches, not `is_causal=causal and n > 1`: with dynamic caption lengths under
+        # torch.compile that is a symbolic bool, which attention cannot take (a graph break in
+        # every block); an `if` on it is a guard instead
         if need_weights:
             scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, N, S)
             if causal:
                 scores = scores.masked_fill(~causal_mask(n, s, x.device), float("-inf"))
             probs = scores.softmax(dim=-1)
             out = F.dropout(probs, p_drop, self.training) @ v  # (B, H, N, Dh)
-        elif causal and n != s:  # several new tokens after a cached prefix
+        elif not causal or n == 1:  # a single query (the newest position) sees every key
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=p_drop)
+        elif n != s:  # several new tokens after a cached prefix
             mask = causal_mask(n, s, x.device)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p_drop)
         else:
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=p_drop, is_causal=causal)
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=p_drop, is_causal=True)
         if g > 1:
             out = out.unflatten(2, (g, n)).transpose(1, 2).flatten(0, 1)  # (B, H, N, Dh)
         out = out.transpose(1, 2).flatten(2)  # (B, N, W)

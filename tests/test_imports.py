@@ -3,6 +3,9 @@ functions too): a cycle hidden by a function-level import still ties the modules
 the folder tree is only the architecture while dependencies point one way (ARCHITECTURE.md)."""
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from conftest import ROOT
@@ -91,3 +94,28 @@ def test_the_graph_counts_imports_inside_functions():
     # evaluate.stage loads the CLIP inside a function (torch stays out of its import time)
     assert "distinctcap.clip.load" in graph["distinctcap.evaluate.stage"]
     assert "distinctcap.core.errors" in graph["distinctcap.core.config"]
+
+
+BLOCKED_FOR_TRAINING = ("pycocoevalcap", "distinctcap.report", "distinctcap.evaluate.stage",
+                        "distinctcap.evaluate.metrics.coco", "snakemake")  # fmt: skip
+TRAINING_MODULES = ("distinctcap.train.trainer", "distinctcap.train.launch",
+                    "distinctcap.methods.mle", "distinctcap.methods.unkt", "distinctcap.methods.cl",
+                    "distinctcap.methods.smile", "distinctcap.methods.specificity")  # fmt: skip
+
+
+def test_training_imports_no_evaluation_java_or_report():
+    """A GPU node may lack pycocoevalcap, Java and snakemake (issue 42): the trainer and every
+    method import with those modules blocked, so the metrics that need them load lazily."""
+    blocker = f"""
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.startswith({BLOCKED_FOR_TRAINING!r}):
+            raise ImportError(f"blocked for training: {{name}}")
+sys.meta_path.insert(0, Block())
+for module in {TRAINING_MODULES!r}:
+    importlib.import_module(module)
+"""
+    done = subprocess.run([sys.executable, "-c", blocker], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -11,17 +11,20 @@ captioner of the same shape, specificity's CLIP a random open_clip model (ViT-B-
 Runs as config.coco.yaml sets them: batch 50 grouped by image, specificity batch 2 shuffled
 (loss ccos); every other option the method's default.
 
-Variants per method, each a fresh trainer, timed in alternating windows after a warm-up:
+Variants per method, each a fresh trainer, built, warmed up and timed in turn:
   before    the host data path (gather on the host, copy each batch: train.data.to_device), eager
   data      the batch gathered on the device (train.data.DeviceCaptions), eager
   compiled  `data` with train.compile (the blocks of the model and of its frozen models)
 The host syncs the change removed (the objectives' extras, the index copies of encode_batch,
 decoding's per-token "all done?") are gone in all three, so `before` understates the old step.
 
-Prints one line per method and variant (ms/step, the median of --reps windows of --steps
-steps; wall time on a GPU, process time on the CPU), `ratio ... = X` lines, and the issue's
-goals on one card as PASS / FAIL lines: MLE before/compiled >= 4, specificity
-before/compiled >= 3, UNKT/MLE (compiled) <= 1.6.
+Prints as soon as each exists (a lease or `timeout` may stop it at any point): each variant's
+ms/step (the median of --reps windows of --steps steps; wall time on a GPU, process time on
+the CPU), each compiled variant's compile time (`compile ... s`: the trainer's build, whose
+probe compiles the blocks, plus the warm-up steps, which compile the dynamic-length graphs),
+each `ratio ... = X` that the variants so far allow, and the peak GPU memory. At the end, or
+on SIGTERM, every ratio again and the issue's goals on one card as PASS / FAIL lines: MLE
+before/compiled >= 4, specificity before/compiled >= 3, UNKT/MLE (compiled) <= 1.6.
 --coco: config.coco.yaml's captioner (6 + 6 layers, width 512) on ViT-B/32-sized features
 (49 x 768 grid, pooled 512), vocabulary 10,000; without it the shapes-sized captioner.
 """
@@ -31,6 +34,7 @@ from __future__ import annotations
 import argparse
 import copy
 import os
+import signal
 import statistics
 import time
 
@@ -118,23 +122,39 @@ def ms_per_step(trainer: Trainer, steps: int, sync) -> float:
     return (clock() - start) / steps * 1e3
 
 
-def bench_method(method: str, args, device, data: RunData, parts: dict) -> dict[str, float]:
-    """ms/step of each variant: trainers built (and compiled) first, then timed in turns."""
+def build(method: str, variant: str, args, device, data: RunData, parts: dict, sync):
+    """A warmed-up trainer of one variant, and (build s, warm-up s): compiling happens in both."""
+    start = time.perf_counter()
+    run = run_config(method, args.captioner, variant == "compiled")
+    trainer = BenchTrainer(run, device, data, parts, host_batches=variant == "before")
+    built = time.perf_counter()
+    ms_per_step(trainer, args.warmup, sync)  # compiles (when compiled), allocates
+    return trainer, (built - start, time.perf_counter() - built)
+
+
+def bench_method(method: str, args, device, data: RunData, parts: dict,
+                 ms: dict[str, dict[str, float]], printed: set[str]) -> None:  # fmt: skip
+    """ms/step of each variant into ms[method], each printed as soon as it is measured, with
+    the ratios it completes (`printed`: the ratio keys printed so far)."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    trainers = {}
+    ms[method] = {}
     for variant in args.variants:
-        start = time.perf_counter()
-        run = run_config(method, args.captioner, variant == "compiled")
-        trainer = BenchTrainer(run, device, data, parts, host_batches=variant == "before")
-        ms_per_step(trainer, args.warmup, sync)  # compiles (when compiled), allocates
-        trainers[variant] = trainer
-        print(f"  {method} {variant}: built and warmed up in "
-              f"{time.perf_counter() - start:.1f} s", flush=True)  # fmt: skip
-    times: dict[str, list[float]] = {v: [] for v in trainers}
-    for _ in range(args.reps):
-        for variant, trainer in trainers.items():
-            times[variant].append(ms_per_step(trainer, args.steps, sync))
-    return {v: statistics.median(t) for v, t in times.items()}
+        trainer, (built, warm) = build(method, variant, args, device, data, parts, sync)
+        if variant == "compiled":
+            print(f"compile {method}: {built + warm:.1f} s (build {built:.1f} s, "
+                  f"{args.warmup} warm-up steps {warm:.1f} s)", flush=True)  # fmt: skip
+        ms[method][variant] = statistics.median(
+            ms_per_step(trainer, args.steps, sync) for _ in range(args.reps)
+        )
+        print(f"{method} {variant}: {ms[method][variant]:.1f} ms/step", flush=True)
+        for key, value in ratios(ms).items():
+            if key not in printed:
+                printed.add(key)
+                print(f"ratio {key} = {value:.2f}", flush=True)
+        del trainer
+        if device.type == "cuda":
+            print(f"peak GPU memory so far: {torch.cuda.max_memory_allocated(device) / 2**30:.2f} "
+                  "GiB", flush=True)  # fmt: skip
 
 
 def ratios(ms: dict[str, dict[str, float]]) -> dict[str, float]:
@@ -209,16 +229,34 @@ def main() -> None:
     print(f"bench_steps: {'COCO' if args.coco else 'shapes'} captioner on {device} ({name}, "
           f"{torch.get_num_threads()} threads), {args.steps} steps x {args.reps} windows, "
           f"median ms/step", flush=True)  # fmt: skip
-    ms = {}
-    for method in methods:
-        ms[method] = bench_method(method, args, device, data, parts)
-        for variant, value in ms[method].items():
-            print(f"{method} {variant}: {value:.1f} ms/step", flush=True)
+    ms: dict[str, dict[str, float]] = {}
+    printed: set[str] = set()
+    signal.signal(signal.SIGTERM, stopped)
+    try:
+        for method in methods:
+            bench_method(method, args, device, data, parts, ms, printed)
+    except Stopped:
+        print("bench_steps: stopped by SIGTERM; what was measured:", flush=True)
+    summary(ms)
+
+
+class Stopped(Exception):
+    """SIGTERM (timeout, a lease's end): print what was measured, then exit."""
+
+
+def stopped(signum, frame) -> None:
+    raise Stopped
+
+
+def summary(ms: dict[str, dict[str, float]]) -> None:
+    for method, variants in ms.items():
+        for variant, value in variants.items():
+            print(f"{method} {variant}: {value:.1f} ms/step")
     values = ratios(ms)
     for key, value in values.items():
         print(f"ratio {key} = {value:.2f}")
     for line in goal_lines(values):
-        print(line)
+        print(line, flush=True)
 
 
 if __name__ == "__main__":

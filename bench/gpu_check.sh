@@ -1,22 +1,30 @@
 #!/usr/bin/env bash
-# The prepared device check (issue 30): the measurements that matter for COCO on one GPU, inside
-# 8 minutes of device time, one JSON line per part written to $OUT/gpu_check.jsonl as each part
-# ends (part, command, rc, seconds, limit_s, card, the part's ratio/rate lines, its output tail,
-# or skipped with the reason), so a lease cut short still returns what finished:
-#   a  features on COCO-sized JPEGs, end to end vs model only      (bench_features.py, 50 s)
-#   b  every method's step rate at COCO size, eager vs compiled    (bench_steps.py, 130 s)
-#   c  bench_scale.py at 118,287 images: train, decode, evaluate   (peak RSS and s, 180 s; its
-#      store takes ~2 min to write on an H100, so the later stages' rows may miss the limit)
-#   d  the rehearsal of config.coco.yaml: per-stage rates          (bench/rehearsal.py, 80 s)
+# The prepared device check: the measurements that matter for COCO on one GPU, sized for one
+# device call of at most 9 minutes with the machine's start (issue 42), on the GPU machine as it
+# is: python3 3.12 with torch and no package index. What that image lacks travels as wheels in
+# .whl/ (`make gpu-wheels`; carry .whl), installed here with pip --no-index --target first.
+# Then one JSON line per part to $OUT/gpu_check.jsonl as each part ends (part, command, rc,
+# seconds, limit_s, card, the part's number lines, its output tail, or skipped with the
+# reason), and each part's whole log to $OUT/part-NAME.log, so a lease cut short still returns
+# what finished:
+#   imports  each part's modules import (one line naming every missing module, by part)
+#   a  features on 4,096 COCO-sized JPEGs, end to end vs model only  (bench_features.py, 75 s)
+#   b  MLE, UNKT and specificity steps at COCO size, eager vs compiled (bench_steps.py, 210 s;
+#      prints each ms/step, compile time and ratio as it exists, and all of them on SIGTERM)
+#   c  bench_scale.py at 118,287 images: train, decode, evaluate    (peak RSS and s, 120 s)
+#   d  the rehearsal of config.coco.yaml (bench/rehearsal.py; not in the default: it needs
+#      snakemake's packages too)
 #   dag  the tiny DAG on the GPU, every GPU job's log on CUDA      (only with --dag; ~350 s)
 # Each part runs under `timeout` (its limit); a part whose script or flag is missing is recorded
-# as skipped. No usable GPU: one JSON line saying why, exit 1 (unless --cpu).
+# as skipped. Exit 0 only if every part ran, exited 0 and printed a number; else 1. No usable
+# GPU: one JSON line saying why, exit 1 (unless --cpu).
 #
-#   OUT=DIR bash bench/gpu_check.sh [--parts a,b,c,d] [--dag] [--cpu] [--keep DIR]
+#   OUT=DIR bash bench/gpu_check.sh [--parts a,b,c] [--dag] [--cpu] [--keep DIR]
 #
-# --cpu runs the parts on the CPU at tiny sizes with short limits (the test of this script).
+# --cpu runs the parts on the CPU at tiny sizes with short limits (the test of this script;
+# bench/gpu/rehearsal.sh runs it in a venv holding only the GPU image's packages).
 # Environment: OUT (default: a temp folder), PYTHON (default: .venv/bin/python if there, else
-# python3), SNAKEMAKE (for --dag).
+# python3), WHEELS (default .whl: installed first if it holds wheels), SNAKEMAKE (for --dag).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -25,12 +33,13 @@ if [[ -z "${PYTHON:-}" ]]; then
     [[ -x "$ROOT/.venv/bin/python" ]] && PYTHON="$ROOT/.venv/bin/python"
 fi
 OUT=${OUT:-$(mktemp -d -t distinctcap-gpu-out.XXXXXX)}
-PARTS=a,b,c,d
+WHEELS=${WHEELS:-$ROOT/.whl}
+PARTS=a,b,c
 KEEP=""
 CPU=0
 RUN_DAG=0
 
-usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "gpu_check: $*" >&2; exit 2; }
 
 while [[ $# -gt 0 ]]; do
@@ -70,12 +79,14 @@ log = os.environ["LOG"]
 text = open(log, errors="replace").read() if log and os.path.isfile(log) else ""
 pattern = re.compile(os.environ["PATTERN"], re.I) if os.environ["PATTERN"] else None
 rc = os.environ["RC"]
+lines = [line for line in text.splitlines() if pattern and pattern.search(line)]
 print(json.dumps({
     "part": os.environ["PART"], "command": os.environ["COMMAND"],
     "rc": int(rc) if rc else None, "seconds": float(os.environ["SECS"]),
     "limit_s": int(os.environ["LIMIT"]), "card": os.environ["CARD"],
     "timed_out": rc in ("124", "137"), "skipped": os.environ["SKIPPED"] or None,
-    "lines": [l for l in text.splitlines() if pattern and pattern.search(l)],
+    "lines": lines,
+    "numbers": sum(bool(re.search(r"\d", line)) for line in lines),
     "tail": text[-3000:],
 }))
 EOF
@@ -89,22 +100,42 @@ part() {
     read -r -a need <<< "$needs"
     if [[ ! -f "$ROOT/${need[0]}" ]]; then
         record "$name" "" 0 "$limit" "" "" "${need[0]} is missing" "$@"
-        echo "gpu_check: $name skipped: ${need[0]} is missing"; return 0
+        echo "gpu_check: $name skipped: ${need[0]} is missing"; FAILED+=("$name"); return 0
     fi
     for flag in "${need[@]:1}"; do
         if ! grep -q -e "\"$flag\"" -e "'$flag'" "$ROOT/${need[0]}"; then
             record "$name" "" 0 "$limit" "" "" "${need[0]} has no $flag" "$@"
-            echo "gpu_check: $name skipped: ${need[0]} has no $flag"; return 0
+            echo "gpu_check: $name skipped: ${need[0]} has no $flag"; FAILED+=("$name")
+            return 0
         fi
     done
+    if [[ -n "${MISSING[$name]:-}" ]]; then
+        record "$name" "" 0 "$limit" "" "" "missing modules: ${MISSING[$name]}" "$@"
+        echo "gpu_check: $name skipped: missing modules: ${MISSING[$name]}"; FAILED+=("$name")
+        return 0
+    fi
     echo "gpu_check: $name (limit ${limit} s): $*"
     started=$SECONDS
     (cd "$ROOT" && timeout -k 10 "$limit" "$@") > "$log" 2>&1
     rc=$?
+    cp "$log" "$OUT/part-$name.log"
     record "$name" "$rc" "$((SECONDS - started))" "$limit" "$log" "$pattern" "" "$@"
     grep -i -E "$pattern" "$log" | sed "s/^/  $name: /"
-    [[ $rc == 0 ]] || { echo "gpu_check: $name rc $rc; its tail:"; tail -n 5 "$log"; }
+    if [[ $rc != 0 ]] || ! grep -i -E "$pattern" "$log" | grep -q '[0-9]'; then
+        FAILED+=("$name")
+        echo "gpu_check: $name failed (rc $rc, or no number); its tail:"; tail -n 5 "$log"
+    fi
 }
+
+# -- the wheels the image lacks, then every part's imports --------------------------------------
+if compgen -G "$WHEELS/*.whl" > /dev/null; then
+    SITE="$WORK/site"
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$SITE" "$WHEELS"/*.whl > "$WORK/wheels.log" 2>&1 \
+        || { cat "$WORK/wheels.log" >&2; die "installing $WHEELS/*.whl failed"; }
+    export PYTHONPATH="$PYTHONPATH:$SITE"
+    echo "gpu_check: installed $(ls "$WHEELS"/*.whl | wc -l) wheels from $WHEELS"
+fi
 
 # -- a usable GPU, or one line why not ----------------------------------------------------------
 no_gpu() {  # the reason is the last line of $WORK/gpu.log
@@ -133,24 +164,69 @@ else
 fi
 echo "gpu_check: $CARD; device $DEVICE; results to $JSONL"
 
-RATES='ratio|rate|/s\b|peak RSS|GiB|total'
+# Each part's script (its top-level imports) and the modules it imports later, inside functions
+declare -A IMPORTS=(
+    [a]="bench/bench_features.py open_clip torchvision.io distinctcap.features.extract"
+    [b]="bench/bench_steps.py open_clip distinctcap.methods.specificity distinctcap.methods.unkt"
+    [c]="bench/bench_scale.py bench/synthetic_store.py distinctcap.train.launch"
+    [d]="bench/rehearsal.py snakemake jsonschema"
+    [dag]="snakemake jsonschema pycocoevalcap"
+)
+declare -A MISSING=()
+FAILED=()
+wanted=()
+for name in ${PARTS//,/ } $([[ $RUN_DAG == 1 ]] && echo dag); do
+    wanted+=("$name=${IMPORTS[$name]:-}")
+done
+while IFS='=' read -r name modules; do
+    [[ -n "$name" ]] && MISSING[$name]=$modules
+done < <(cd "$ROOT" && CARD=$CARD "$PYTHON" - "$JSONL" "${wanted[@]}" <<'EOF'
+import importlib, importlib.util, json, os, sys
+sys.path[:0] = ["bench"]
+missing = {}
+for item in sys.argv[2:]:
+    part, _, modules = item.partition("=")
+    for module in modules.split():
+        try:
+            if module.endswith(".py"):
+                spec = importlib.util.spec_from_file_location(f"check_{part}", module)
+                spec.loader.exec_module(importlib.util.module_from_spec(spec))
+            else:
+                importlib.import_module(module)
+        except ImportError as error:
+            name = getattr(error, "name", None) or str(error)
+            if name not in missing.setdefault(part, []):
+                missing[part].append(name)
+with open(sys.argv[1], "a") as out:
+    line = {"part": "imports", "rc": int(bool(missing)), "card": os.environ["CARD"],
+            "missing": missing, "python": sys.version.split()[0]}
+    out.write(json.dumps(line) + "\n")
+for part, names in missing.items():
+    print(f"{part}={','.join(names)}")
+EOF
+)
+for name in "${!MISSING[@]}"; do echo "gpu_check: part $name is missing modules: ${MISSING[$name]}"; done
+
+RATES='ratio|rate|/s\b|ms/step|compile|peak|GiB|total'
+STEPS=(bench/bench_steps.py --methods mle,unkt,specificity)
 if [[ $CPU == 0 ]]; then
-    part a 50 "$RATES" "bench/bench_features.py --coco-jpegs" -- \
-        "$PYTHON" bench/bench_features.py --coco-jpegs 2048 --device cuda
-    part b 130 "$RATES" "bench/bench_steps.py --coco" -- \
-        "$PYTHON" bench/bench_steps.py --coco --device cuda
-    part c 180 "$RATES" "bench/bench_scale.py --sizes --stages" -- \
+    part a 75 "$RATES" "bench/bench_features.py --coco-jpegs" -- \
+        "$PYTHON" bench/bench_features.py --coco-jpegs 4096 --device cuda
+    part b 210 "$RATES" "bench/bench_steps.py --coco --methods" -- \
+        "$PYTHON" "${STEPS[@]}" --coco --device cuda
+    part c 120 "$RATES" "bench/bench_scale.py --sizes --stages" -- \
         "$PYTHON" bench/bench_scale.py --sizes 118287 --stages train,decode,evaluate \
         --train-steps 20 --max-len 5 --device cuda --root "$WORK/scale"
-    rm -rf "$WORK/scale"  # ~20 GB, left behind when its limit stopped it
+    rm -rf "$WORK/scale"  # GBs, left behind when its limit stopped it
     part d 80 "$RATES|rehearsal" "bench/rehearsal.py --budget" -- \
         "$PYTHON" bench/rehearsal.py --images 2000 --steps 50 --device cuda --budget 65 \
         --work "$WORK/rehearsal" --out "$OUT/rehearsal.json"
 else  # the same parts, CPU-sized
-    part a 30 "$RATES" "bench/bench_features.py --coco-jpegs" -- \
+    part a 60 "$RATES" "bench/bench_features.py --coco-jpegs" -- \
         "$PYTHON" bench/bench_features.py --coco-jpegs 8 --device cpu
-    part b 30 "$RATES" "bench/bench_steps.py --coco" -- \
-        "$PYTHON" bench/bench_steps.py --coco --device cpu
+    part b 60 "$RATES" "bench/bench_steps.py --methods" -- \
+        "$PYTHON" "${STEPS[@]}" --device cpu --steps 2 --reps 1 --warmup 2 --images 200 \
+        --backend eager
     part c 90 "$RATES" "bench/bench_scale.py --sizes --stages" -- \
         "$PYTHON" bench/bench_scale.py --sizes 1200 --stages train --train-steps 1 \
         --device cpu --root "$WORK/scale"
@@ -187,3 +263,7 @@ EOF
 fi
 
 echo "gpu_check: done in $((SECONDS - START)) s; $(wc -l < "$JSONL") lines in $JSONL"
+if [[ ${#FAILED[@]} -gt 0 || ${#MISSING[@]} -gt 0 ]]; then
+    echo "gpu_check: FAILED: ${FAILED[*]:-} ${MISSING[*]:+(missing modules in ${!MISSING[*]})}" >&2
+    exit 1
+fi

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The GPU machine, rehearsed on this one (issue 42): a clean venv holding only the GPU image's
+# packages that distinctcap uses (bench/gpu/image.txt; CPU-run pins for its CUDA torch), none of
+# the carried ones; the carried wheels (bench/gpu/carried.txt) downloaded for this Python and
+# installed as on the node (pip --no-index --no-deps --target, by gpu_check.sh); then
+# `gpu_check.sh --cpu` with no package index. Its exit status is gpu_check's: 0 only if every
+# part ran and printed a number.
+#
+#   bash bench/gpu/rehearsal.sh [gpu_check.sh arguments, e.g. --parts a,b]
+# Environment: REHEARSAL (default .gpu-rehearsal: the venv, the wheels and OUT), OUT.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+HERE=${REHEARSAL:-$ROOT/.gpu-rehearsal}
+VENV=$HERE/venv
+IMAGE=$ROOT/bench/gpu/image.txt
+if ! cmp -s "$IMAGE" "$VENV/image.txt" 2> /dev/null; then  # new, or the image list changed
+    echo "rehearsal: a clean venv with the GPU image's packages in $VENV (minutes)"
+    rm -rf "$VENV"
+    python3 -m venv "$VENV"
+    "$VENV/bin/python" -m pip install --quiet -r "$IMAGE"
+    cp "$IMAGE" "$VENV/image.txt"
+fi
+# The carried packages must come from the wheels alone, as on the node
+"$VENV/bin/python" - <<'PY'
+import importlib.util, sys
+present = [m for m in ("open_clip", "ftfy", "jsonschema", "rpds", "pycocoevalcap", "snakemake",
+                       "distinctcap") if importlib.util.find_spec(m)]
+if present:
+    sys.exit(f"rehearsal: the venv must not hold {present}: remove it and run again")
+PY
+PYVER=$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+bash "$ROOT/bench/gpu/wheels.sh" --python-version "$PYVER" --dest "$HERE/whl" \
+    --pip "$VENV/bin/python -m pip"
+export PIP_NO_INDEX=1 OUT=${OUT:-$HERE/out}
+rm -rf "$OUT"
+echo "rehearsal: bench/gpu_check.sh --cpu $* with $VENV/bin/python, wheels from $HERE/whl"
+PYTHON=$VENV/bin/python WHEELS=$HERE/whl bash "$ROOT/bench/gpu_check.sh" --cpu "$@"

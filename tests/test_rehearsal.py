@@ -161,7 +161,8 @@ def test_gpu_check_names_a_missing_module_and_skips_its_part(tmp_path):
     blocker.parent.mkdir()
     blocker.write_text("raise ModuleNotFoundError('No module named open_clip', name='open_clip')")
     python = tmp_path / "python"
-    python.write_text(f'#!/bin/sh\nPYTHONPATH={blocker.parent}:$PYTHONPATH exec {sys.executable} "$@"\n')
+    path = f"PYTHONPATH={blocker.parent}:$PYTHONPATH"
+    python.write_text(f'#!/bin/sh\n{path} exec {sys.executable} "$@"\n')
     python.chmod(0o755)
     done, lines = gpu_check(tmp_path, "--cpu", "--parts", "b", python=python)
     assert done.returncode == 1

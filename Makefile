@@ -29,7 +29,7 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $@
 
-.PHONY: install run quick quick-tail test report report-screenshot readme-table unkt-ablations unkt-ablation-table unkt-seeds unkt-seeds-table seeds cleanup times ship-clip
+.PHONY: install run quick quick-tail test report report-screenshot readme-table unkt-ablations unkt-ablation-table unkt-seeds unkt-seeds-table seeds cleanup times ship-clip gpu-wheels gpu-rehearsal
 install: $(VENV)/.installed
 
 run: install
@@ -128,3 +128,15 @@ times: install
 ship-clip: install
 	$(VENV)/bin/snakemake results/clip/shapes-rn-tiny.pt --cores $(CORES) --directory experiments/ship-clip --configfile presets/retrain-clip.yaml
 	$(PY) -m distinctcap.clip.assets experiments/ship-clip/results/clip assets/clip
+
+# A GPU node without a package index (docs/gpus-and-slurm.md, "GPU check"): the wheels its
+# image lacks (bench/gpu/carried.txt) for its Python, in .whl/; copy or carry .whl
+# and bench/gpu_check.sh installs them there with pip --no-index --target.
+GPU_PYTHON ?= 3.12
+gpu-wheels: install
+	bash bench/gpu/wheels.sh --python-version $(GPU_PYTHON) --dest .whl --pip "$(PY) -m pip"
+
+# That node rehearsed here: a clean venv of the GPU image's packages only, the wheels installed
+# as there, then bench/gpu_check.sh --cpu (every part must end with a number).
+gpu-rehearsal:
+	bash bench/gpu/rehearsal.sh

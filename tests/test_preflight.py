@@ -4,10 +4,12 @@ read, and the whole preflight of the shapes default on this CPU machine."""
 import time
 
 import pytest
+import yaml
 from conftest import ROOT
 
 from distinctcap.core import preflight as pf
 from distinctcap.core.errors import DistinctcapError
+from distinctcap.data.mirror import archive_path
 
 GB = 1e9
 
@@ -50,9 +52,85 @@ def shipped(name: str) -> dict:
     return load(ROOT / name, ROOT / "workflow/schemas/config.schema.yaml")
 
 
-def test_the_coco_config_plans_tens_of_gigabytes_and_the_shapes_default_megabytes():
+def test_the_coco_config_plans_tens_of_gigabytes_and_the_shapes_default_megabytes(
+    tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)  # no resources/coco here: the whole download is planned
     assert 50 * GB < pf.planned_bytes(shipped("config.coco.yaml")) < 100 * GB
     assert pf.planned_bytes(shipped("config.yaml")) < 1 * GB
+
+
+def test_real_coco_with_too_little_disk_fails_in_one_line_and_logs_the_parts(
+    tmp_path, monkeypatch, caplog
+):
+    """COCO's recorded archive sizes (no server asked), every image, seven runs' models."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(pf, "free_bytes", lambda folder: 25.8 * GB)
+    with caplog.at_level("INFO", logger=pf.__name__):
+        line = pf.disk_problem(shipped("config.coco.yaml"))
+    assert line.startswith("resources/coco has 25.8 GB free but the planned stages write about 6")
+    assert "\n" not in line and "snakemake --directory" in line
+    (logged,) = [r.getMessage() for r in caplog.records if "disk:" in r.getMessage()]
+    assert "download 20.4 GB (recorded sizes) + extracted 20.4 GB (recorded sizes)" in logged
+    assert "features 19.6 GB (123,287 image(s))" in logged and "runs 3.1 GB (7 x " in logged
+
+
+@pytest.mark.slow
+def test_the_estimate_on_the_mini_coco_mirror_is_within_2x_of_what_the_run_wrote(tmp_path):
+    """The mini-COCO from its mirror through one short training run: the estimate (the
+    mirror's sizes by HEAD, the images they hold, a trained CLIP, one run) against the bytes
+    the run left in the run folder and the download folder; once extracted, nothing more is
+    planned for the archives."""
+    from conftest import copy_workflow, snakemake
+    from minicoco import MiniServer, build_minicoco
+
+    from distinctcap.core.config import load
+    from distinctcap.data.coco import SPLIT_ARCHIVES
+
+    (tmp_path / "w").mkdir()
+    mini, work = build_minicoco(tmp_path / "mini"), copy_workflow(tmp_path / "w")
+    coco = {
+        "split": "mrnn",
+        "download_dir": str(tmp_path / "coco"),
+        "checksums": {n: mini.md5[n] for n in SPLIT_ARCHIVES["mrnn"]},  # sizes: unrecorded
+        "backoff": 0.0,
+        "mrnn_val_images": 3,
+    }
+    config = {
+        "data": {"source": "coco", "coco": coco},
+        "clip": {"train": {"epochs": 2, "batch_size": 8}, "features": {"workers": 0}},
+        "captioner": {"width": 32, "enc_layers": 1, "dec_layers": 1, "heads": 2, "ffn": 64},
+        "train": {"steps": 2, "warmup_steps": 1, "val_every": 0, "checkpoint_every": 1},
+        "runs": {"reference": {"method": "mle", "data": "all"}},
+    }
+    schema = ROOT / "workflow/schemas/config.schema.yaml"
+    before = {p for p in work.rglob("*") if p.is_file()}
+    with MiniServer(mini.serve) as server:
+        coco["base_url"] = server.url
+        (work / "config.yaml").write_text(yaml.safe_dump(config))
+        plan = pf.disk_plan(load(work / "config.yaml", schema))
+        assert sorted(server.heads) == sorted(f"/{archive_path(n)}" for n in coco["checksums"])
+        done = snakemake(work, "results/runs/reference/model.pt")
+    assert done.returncode == 0, done.stderr[-3000:]
+    written = sum(
+        p.stat().st_size
+        for folder in (work, tmp_path / "coco")
+        for p in folder.rglob("*")
+        if p.is_file() and p not in before
+    )
+    parts, zips = (
+        {p.name: p for p in plan},
+        [mini.serve / archive_path(n) for n in coco["checksums"]],
+    )
+    assert (
+        parts["download"].bytes == parts["extracted"].bytes == sum(z.stat().st_size for z in zips)
+    )
+    planned = sum(part.bytes for part in plan)
+    assert written / 2 < planned < 2 * written, (pf.disk_line(plan), written)
+    assert "server sizes" in (work / "logs/preflight.log").read_text()
+    after = {p.name: p for p in pf.disk_plan(load(work / "config.yaml", schema))}
+    assert after["download"].bytes == after["extracted"].bytes == 0
+    assert after["extracted"].how == "extracted sizes"
 
 
 def test_a_small_dev_shm_lowers_the_workers_naming_the_setting():

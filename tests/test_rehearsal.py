@@ -16,7 +16,7 @@ import yaml
 from distinctcap.core.config import effective_run_config, merge_configs, validate
 from distinctcap.core.schema import load_schema
 from distinctcap.data import coco
-from distinctcap.data.mirror import MirrorServer
+from distinctcap.data.mirror import MirrorServer, archive_path
 from distinctcap.data.quality import check_tables
 from distinctcap.data.synthcoco import (
     COCO_IMAGES,
@@ -98,6 +98,36 @@ def test_the_overlay_gives_every_run_the_rehearsal_steps():
         assert (train["steps"], train["epochs"], train["patience"]) == (20, None, 0)
     reference = effective_run_config(merged, "reference")["train"]["val_every"]
     assert reference == round(2000 * 20 / full["reference"]) or reference == 1
+
+
+def test_the_rehearsals_preflight_passes_with_5_gb_free(synthetic, tmp_path, monkeypatch, caplog):
+    """The rehearsal's config (config.coco.yaml, its overlay, the synthetic COCO's mirror)
+    plans what its 40 images need, sized by HEAD requests to the mirror: its preflight passes
+    where the disk has 5 GB free (faked), and the log states the estimate's parts."""
+    import open_clip
+    from hub_cache import point_hub_at
+
+    from distinctcap.core import preflight as pf
+    from distinctcap.core.hub import snapshot_folder
+
+    out, md5, counts = synthetic
+    point_hub_at(monkeypatch, tmp_path / "hub")  # the tag's weights: a stub is found offline
+    repo = open_clip.get_pretrained_cfg(rehearsal.ARCH, rehearsal.TAG)["hf_hub"].rstrip("/")
+    (snapshot_folder(tmp_path / "hub", repo) / "open_clip_model.safetensors").write_bytes(b"0")
+    monkeypatch.setattr(pf, "free_bytes", lambda folder: 5e9)
+    with MirrorServer(out) as server, caplog.at_level("INFO", logger=pf.__name__):
+        mirror = {"md5": md5, "counts": counts.__dict__}
+        extra = rehearsal.overlay(rehearsal.load_coco(), server.url, mirror, 1, "cpu", tmp_path)
+        config = validate(
+            merge_configs(yaml.safe_load((REPO / "config.coco.yaml").read_text()), extra),
+            load_schema(REPO / "workflow/schemas/config.schema.yaml"),
+        )
+        pf.run_preflight(config, str(tmp_path / "preflight.txt"))
+    assert (tmp_path / "preflight.txt").read_text() == "ok\n"
+    assert sorted(server.heads) == sorted(
+        f"/{archive_path(n)}" for n in coco.SPLIT_ARCHIVES["mrnn"]
+    )
+    assert "download " in caplog.text and "(server sizes, one zip at a time)" in caplog.text
 
 
 def test_list_schedule_runs_independent_chains_side_by_side():

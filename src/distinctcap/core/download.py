@@ -176,6 +176,18 @@ def _stream(response, part: Path, offset: int, total: int | None, url: str) -> N
             bar.update(len(block))
 
 
+def remote_size(url: str, timeout: float = 5) -> int | None:
+    """The size a HEAD request for `url` answers (Content-Length), or None when the server
+    cannot be reached or does not say: an estimate's input, never a check."""
+    request = urllib.request.Request(url, method="HEAD")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            length = response.headers.get("Content-Length")
+    except (*RETRYABLE, ValueError):
+        return None
+    return int(length) if length and length.isdigit() else None
+
+
 def _content_range_start(header: str | None) -> int | None:
     match = re.match(r"bytes (\d+)-\d+/", header or "")
     return int(match.group(1)) if match else None

@@ -8,6 +8,11 @@ the GPU checks and java only where the job holds a GPU (the GPU profiles give it
 config does not say `device: cpu`, so elsewhere it imports no torch and takes a fraction of a
 second (java is then checked on the submitting machine, Snakefile onstart).
 
+The disk check compares free space with `disk_plan`: what this config will still write, in
+parts stated in the job's log (download, extraction, features, CLIP, runs), each sized from
+what is known: the archives on disk, their recorded sizes or a HEAD request to the (mirror)
+server, the images they hold, the captioner's parameters.
+
 Light at import (no torch): the GPU facts are read inside `gpu_lines`.
 """
 
@@ -17,21 +22,21 @@ import logging
 import re
 import shutil
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from distinctcap.core.errors import DistinctcapError
 
 log = logging.getLogger(__name__)
 
-GB = 1e9
-# Estimates of what the stages write, from the COCO runs (issue 27) and the data sizes:
-COCO_IMAGES = 123_287  # train2014 + val2014 (the karpathy split; mrnn's 2017 set is the same)
-COCO_DOWNLOAD = 19.5 * GB  # the zips, kept unless data.coco.keep_zips is false
-COCO_EXTRACTED = 19.5 * GB
+GB, MB = 1e9, 1e6
+# Estimates of what the stages write (the archives' sizes and COCO's image count: data.coco):
 CAPTIONS_PER_IMAGE = 5
-GRID_BYTES = {"shapes": 4 * 512 * 2, "pretrained": 50 * 768 * 2}  # float16 grid per image
+GRID = {"shapes": (4, 512, 64), "pretrained": (50, 768, 512)}  # grid tokens, width, pooled dim
 TEXT_BYTES = 512 * 2  # float16 text embedding per caption
-RUN_BYTES = {"shapes": 0.02 * GB, "coco": 1.2 * GB}  # last checkpoint (0.85 GB) + model.pt
+CLIP_BPE_VOCAB = 49_408  # the captioner's vocabulary: the CLIP BPE tokens its captions use
+TRAINED_CLIP_BYTES = 18.5 * MB  # a shapes CLIP's weights (assets/clip/shapes-rn-tiny.pt)
+CHECKPOINT_COPIES = 4  # a run's resume checkpoint: model, AdamW's two moments, the best model
 SHM_SAFETY = 2  # a worker's batch sits in shared memory twice (its tensors, then collated)
 LOADER_PREFETCH = 4  # batches each feature-loader worker prepares ahead (features.extract)
 
@@ -126,29 +131,125 @@ def check_shm(workers: int, batch_bytes: float, prefetch: int, shm_free: float):
 # Estimates from the config
 
 
+@dataclass(frozen=True)
+class DiskPart:
+    """One part of the disk estimate: bytes, and what they were estimated from."""
+
+    name: str
+    bytes: float
+    how: str = ""
+
+
 def n_images(data: dict) -> int:
-    if data.get("source") == "coco":
-        return COCO_IMAGES
     shapes = data.get("shapes", {})
     return sum(int(shapes.get(k, 0)) for k in ("n_train", "n_val", "n_test"))
 
 
-def planned_bytes(config: dict) -> float:
-    """About what the planned stages write under the run folder and the COCO download folder:
-    data, CLIP features (grid + text) and every run's last checkpoint and model."""
+def coco_parts(block: dict) -> tuple[list[DiskPart], int]:
+    """The zips still to download (all kept, or the largest at a time when `keep_zips` is
+    false), their extraction (JPEGs are stored: as many bytes) and the images kept."""
+    from distinctcap.data.coco import CocoConfig, plan_fetch, planned_images
+
+    config = CocoConfig.from_dict(block)
+    plans = plan_fetch(config)
+    pending = [p.to_download for p in plans]
+    download = sum(pending) if config.keep_zips else max(pending, default=0)
+    extracted = sum(p.size or 0 for p in plans if p.to_extract)
+    sources = sorted({p.source for p in plans}) or ["data.coco.root"]
+    how = " and ".join(sources) + (" sizes" if plans else "")
+    parts = [
+        DiskPart("download", download, how if config.keep_zips else how + ", one zip at a time"),
+        DiskPart("extracted", extracted, how),
+    ]
+    return parts, planned_images(config, plans)
+
+
+def features_part(config: dict, images: int) -> DiskPart:
+    """Grid, pooled and text features; training maps one more copy of the grid."""
+    tokens, width, _ = GRID["shapes" if config["clip"]["pretrained"] == "train" else "pretrained"]
+    copies = 2 if config.get("runs") else 1  # features.read.grid_cache
+    total = images * (tokens * width * 2 * copies + CAPTIONS_PER_IMAGE * TEXT_BYTES)
+    return DiskPart("features", total, f"{images:,} image(s)")
+
+
+def clip_parts(config: dict) -> list[DiskPart]:
+    """A trained CLIP's weights, and its resume checkpoint (weights and AdamW's moments) when
+    one is written before the last epoch."""
+    clip = config["clip"]
+    if clip["pretrained"] != "train":
+        return []
+    every, epochs = clip["train"]["checkpoint_every"], clip["train"]["epochs"]
+    copies = 1 + (3 if 0 < every < epochs else 0)
+    return [DiskPart("clip", copies * TRAINED_CLIP_BYTES, f"{copies} x weights")]
+
+
+def captioner_params(captioner: dict, vocab: int, visual: int, pooled: int) -> int:
+    """The native captioner's parameters (captioner.model.Captioner), from its config."""
+    w, ffn = captioner["width"], captioner["ffn"]
+    attention, mlp = 4 * w * w + 4 * w, 2 * w * ffn + ffn + w
+    encoder, decoder = attention + mlp + 4 * w, 2 * attention + mlp + 6 * w
+    tables = visual + pooled + captioner["max_grid"] + vocab + captioner["max_len"]
+    blocks = captioner["enc_layers"] * encoder + captioner["dec_layers"] * decoder
+    return blocks + tables * w + 7 * w
+
+
+def model_bytes(config: dict, images: int) -> tuple[float, float, str]:
+    """A run's kept files (model.pt, and hf/ for transformers runs) and its resume checkpoint,
+    with how they were sized: the native captioner's parameters at float32, its vocabulary at
+    most the captions' words; a pre-trained captioner's weight files."""
+    captioner = config.get("captioner", {})
+    if captioner.get("kind") == "transformers":
+        weights = captioner_weights_bytes(captioner["pretrained"])
+        return 2 * weights, CHECKPOINT_COPIES * weights, "model.pt + hf/ of its weights"
+    source = config["data"].get(config["data"].get("source"), {})
+    words = images * CAPTIONS_PER_IMAGE * source.get("max_words", 20)
+    _, visual, pooled = GRID["shapes" if config["clip"]["pretrained"] == "train" else "pretrained"]
+    params = captioner_params(captioner, min(CLIP_BPE_VOCAB, 4 + words), visual, pooled)
+    return 4 * params, CHECKPOINT_COPIES * 4 * params, f"{params / 1e6:.1f} M parameters"
+
+
+def runs_part(config: dict, images: int) -> DiskPart:
+    """Every trained model's files, and one resume checkpoint (removed when its run ends)."""
+    from distinctcap.core.config import seed_runs
+
+    models = len(seed_runs(config)) if config.get("runs") else 0
+    if not models:
+        return DiskPart("runs", 0, "no runs")
+    kept, checkpoint, how = model_bytes(config, images)
+    return DiskPart(
+        "runs",
+        models * kept + checkpoint,
+        f"{models} x {human(kept)} + a checkpoint of {human(checkpoint)}; {how}",
+    )
+
+
+def disk_plan(config: dict) -> list[DiskPart]:
+    """What the planned stages write under the run folder and the COCO download folder."""
     data = config.get("data", {})
-    coco = data.get("source") == "coco"
-    images = n_images(data)
-    total = 0.0
-    if coco and not data.get("coco", {}).get("root"):
-        keep = data.get("coco", {}).get("keep_zips", True)
-        total += COCO_EXTRACTED + (COCO_DOWNLOAD if keep else 0)
-    elif not coco:
+    if data.get("source") == "coco":
+        parts, images = coco_parts(data.get("coco", {}))
+    else:
+        images = n_images(data)
         size = int(data.get("shapes", {}).get("image_size", 64))
-        total += images * size * size * 3
-    grid = GRID_BYTES["shapes" if config["clip"]["pretrained"] == "train" else "pretrained"]
-    total += images * grid + images * CAPTIONS_PER_IMAGE * TEXT_BYTES
-    return total + len(config.get("runs", {})) * RUN_BYTES["coco" if coco else "shapes"]
+        parts = [DiskPart("data", images * size * size * 3, f"{images:,} image(s)")]
+    return [*parts, features_part(config, images), *clip_parts(config), runs_part(config, images)]
+
+
+def planned_bytes(config: dict) -> float:
+    return sum(part.bytes for part in disk_plan(config))
+
+
+def human(size: float) -> str:
+    for unit, scale in (("GB", GB), ("MB", MB), ("kB", 1e3)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size:.0f} B"
+
+
+def disk_line(parts: list[DiskPart]) -> str:
+    """The estimate in one line, e.g. 'download 1.2 MB (server sizes) + ... = 20.3 MB'."""
+    terms = [f"{p.name} {human(p.bytes)} ({p.how})" if p.how else p.name for p in parts]
+    return " + ".join(terms) + f" = {human(sum(p.bytes for p in parts))}"
 
 
 def download_folder(config: dict) -> str:
@@ -261,22 +362,51 @@ def _clip_weights(clip: dict) -> None:
 def captioner_weights(source: str) -> None:
     """A save_pretrained folder, or a hub id whose cached snapshot holds weights (read by
     huggingface_hub alone: transformers takes seconds to import)."""
-    from huggingface_hub import snapshot_download
-
     from distinctcap.core.hub import hub_cache
 
     if Path(source).expanduser().is_dir():
         return
-    try:
-        folder = Path(snapshot_download(source, local_files_only=True))
-    except (OSError, ValueError):
-        folder = None
-    if folder is None or not any(folder.glob("*.safetensors")) and not any(folder.glob("*.bin")):
+    if not weight_files(captioner_folder(source)):
         raise DistinctcapError(
             f"captioner.pretrained = {source!r}: no weights of it in the hub cache {hub_cache()}: "
             "run `distinctcap fetch` where the network is reachable, or give a save_pretrained "
             "folder"
         )
+
+
+def captioner_folder(source: str) -> Path | None:
+    """The save_pretrained folder `source`, or its cached hub snapshot (None: not cached)."""
+    from huggingface_hub import snapshot_download
+
+    if Path(source).expanduser().is_dir():
+        return Path(source).expanduser()
+    try:
+        return Path(snapshot_download(source, local_files_only=True))
+    except (OSError, ValueError):
+        return None
+
+
+def weight_files(folder: Path | None) -> list[Path]:
+    if folder is None:
+        return []
+    return [*folder.glob("*.safetensors"), *folder.glob("*.bin")]
+
+
+def captioner_weights_bytes(source: str) -> float:
+    """The pre-trained captioner's weight files (0 where none are found: weights_lines says)."""
+    return float(sum(f.stat().st_size for f in weight_files(captioner_folder(source))))
+
+
+def free_bytes(folder: str) -> float:
+    """Free bytes on the disk that holds `folder` (or its nearest existing parent)."""
+    return shutil.disk_usage(existing_parent(folder)).free
+
+
+def disk_problem(config: dict) -> str | None:
+    """The estimate's parts in the log, then free space against their sum."""
+    folder, parts = download_folder(config), disk_plan(config)
+    log.info("preflight: disk: %s", disk_line(parts))
+    return check_disk(free_bytes(folder), sum(p.bytes for p in parts), folder)
 
 
 def gather_and_check(config: dict, gpus: int = 0, cpus: int = 1) -> tuple[list[str], list[str]]:
@@ -285,9 +415,7 @@ def gather_and_check(config: dict, gpus: int = 0, cpus: int = 1) -> tuple[list[s
     if needs_gpu(config, gpus):
         failures += gpu_lines()
         failures.append(check_java(bool(config.get("runs")), java_problem()))
-    folder = download_folder(config)
-    free = shutil.disk_usage(existing_parent(folder)).free
-    failures.append(check_disk(free, planned_bytes(config), folder))
+    failures.append(disk_problem(config))
     failures += weights_lines(config)
     warnings = [shm_line(config, cpus)] if needs_gpu(config, gpus) else []
     return [f for f in failures if f], [w for w in warnings if w]

@@ -25,7 +25,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pandas as pd
 
-from distinctcap.core.download import download
+from distinctcap.core.download import download, remote_size
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import atomic_path
 from distinctcap.core.logs import progress
@@ -93,6 +93,8 @@ ARCHIVES: dict[str, Archive] = {
         ),
     )
 }
+
+COCO_IMAGES = 123_287  # train2014 + val2014 = train2017 + val2017: either split style's images
 
 # What each split style downloads, and what a prepared root must hold.
 SPLIT_ARCHIVES = {
@@ -259,6 +261,70 @@ def fetch(config: CocoConfig) -> Path:
             remove_extracted_zip(zip_path, root)
     check_root(root, config.split)
     return root
+
+
+# ---------------------------------------------------------------------------------------------
+# what fetch will write (the preflight's disk estimate)
+
+
+@dataclass(frozen=True)
+class ArchivePlan:
+    """One archive of the split as `fetch` finds it: its zip's bytes and where that number
+    comes from, the bytes still to download and whether it is still to be extracted."""
+
+    name: str
+    size: int | None  # None: no record, no file and no answer from the server
+    source: str  # "recorded", "server", "on disk", "extracted" (its done-file) or "unknown"
+    to_download: int
+    to_extract: bool
+
+
+def plan_archive(archive: Archive, root: Path, timeout: float = 5) -> ArchivePlan:
+    """`archive` under download folder `root`: done (as `fetch` and `extract` judge it), on
+    disk, part-downloaded or not there (then its size is the recorded one, else a HEAD's)."""
+    zip_path, done = root / "zips" / archive.name, done_file(archive.name, root)
+    stamp = done.read_text().strip() if done.is_file() else ""
+    on_disk = zip_path.stat().st_size if zip_path.is_file() else None
+    if stamp.isdigit() and on_disk in (None, int(stamp)):
+        return ArchivePlan(archive.name, int(stamp), "extracted", 0, False)
+    if on_disk is not None:
+        return ArchivePlan(archive.name, on_disk, "on disk", 0, True)
+    size, source = archive.size, "recorded"
+    if size is None:
+        size, source = remote_size(archive.url, timeout), "server"
+    if size is None:
+        return ArchivePlan(archive.name, None, "unknown", 0, True)
+    part = zip_path.with_name(archive.name + ".part")
+    have = part.stat().st_size if part.is_file() else 0
+    return ArchivePlan(archive.name, size, source, max(size - have, 0), True)
+
+
+def plan_fetch(config: CocoConfig) -> list[ArchivePlan]:
+    """What `fetch` will download and extract for `config` (nothing with a `root`)."""
+    if config.root:
+        return []
+    root = Path(config.download_dir)
+    return [plan_archive(a, root, min(config.timeout, 5)) for a in archives(config)]
+
+
+def planned_images(config: CocoConfig, plans: list[ArchivePlan]) -> int:
+    """About how many images the data stage will keep: those in `root`'s image folders, else
+    COCO's count scaled by the image archives' bytes against COCO's (a mirror or a partial
+    copy whose JPEGs are COCO-sized); at least 1."""
+    folders = [n for n in REQUIRED[config.split] if "." not in n]  # train2017, val2017, ...
+    if config.root:
+        return max(1, sum(_files_in(Path(config.root) / f) for f in folders))
+    zips = {f"{f}.zip" for f in folders}
+    got = sum(p.size or 0 for p in plans if p.name in zips)
+    coco = sum(ARCHIVES[name].size for name in zips)
+    return max(1, min(COCO_IMAGES, round(COCO_IMAGES * got / coco)))
+
+
+def _files_in(folder: Path) -> int:
+    if not folder.is_dir():
+        return 0  # fetch's check_root names what the root lacks
+    with os.scandir(folder) as entries:
+        return sum(1 for _ in entries)
 
 
 def find_karpathy_json(root: Path) -> Path | None:

@@ -2,9 +2,10 @@
 under one folder, served on 127.0.0.1 with Range support, so that `data.coco.base_url` points the
 real download code at it (the mini-COCO of the tests, the synthetic COCO of bench/rehearsal.py).
 
-`MirrorServer(directory)` logs every request and can drop a connection after N body bytes once,
-answer an error status once, or ignore Range headers (the downloader's failure tests); bodies are
-streamed from disk, so a mirror of COCO's size (tens of GB) serves in constant memory.
+`MirrorServer(directory)` answers GET and HEAD (a file's size: the preflight's disk estimate),
+logs every request and can drop a connection after N body bytes once, answer an error status
+once, or ignore Range headers (the downloader's failure tests); bodies are streamed from disk,
+so a mirror of COCO's size (tens of GB) serves in constant memory.
 """
 
 from __future__ import annotations
@@ -48,6 +49,19 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, *args) -> None:  # keep output quiet
         pass
+
+    def do_HEAD(self) -> None:  # noqa: N802 (http.server's naming)
+        path = self.path.split("?")[0]
+        file = self.server.state.directory / path.lstrip("/")
+        with self.server.state.lock:
+            self.server.state.heads.append(path)
+        if not file.is_file():
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", str(file.stat().st_size))
+        self.send_header("Accept-Ranges", "bytes")
+        self.end_headers()
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
         state = self.server.state
@@ -98,6 +112,7 @@ class _State:
         self.directory = directory
         self.lock = threading.Lock()
         self.requests: list[dict] = []
+        self.heads: list[str] = []
         self.fail_once: dict[str, int] = {}
         self.drop_after: dict[str, int] = {}
         self.ignore_range = False
@@ -115,9 +130,10 @@ class _Server(ThreadingHTTPServer):
 class MirrorServer:
     """Serve `directory` on 127.0.0.1 (ephemeral port) from a background thread.
 
-    `requests`: [{"path", "range", "status"}]; `drop_after[path] = n`: the next GET of path
-    sends n body bytes and then closes the connection; `fail_once[path] = status`: the next GET
-    answers that status; `ignore_range = True`: answer 200 with the whole file to Range requests.
+    `requests`: [{"path", "range", "status"}] of the GETs; `heads`: the paths asked by HEAD;
+    `drop_after[path] = n`: the next GET of path sends n body bytes and then closes the
+    connection; `fail_once[path] = status`: the next GET answers that status;
+    `ignore_range = True`: answer 200 with the whole file to Range requests.
     """
 
     def __init__(self, directory: str | Path):
@@ -129,6 +145,10 @@ class MirrorServer:
     @property
     def requests(self) -> list[dict]:
         return self.state.requests
+
+    @property
+    def heads(self) -> list[str]:
+        return self.state.heads
 
     def __enter__(self) -> MirrorServer:
         self._thread.start()

@@ -34,10 +34,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from distinctcap.data.coco import SPLIT_ARCHIVES
+from distinctcap.data.coco import COCO_IMAGES, SPLIT_ARCHIVES
 from distinctcap.data.mirror import archive_path
 
-COCO_IMAGES = 123_287  # COCO 2014 train + val = COCO 2017 train + val
 COCO_SHARES = {  # of COCO_IMAGES
     "val2014": 40_504,
     "karpathy_val": 5_000,

@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 
 from distinctcap.core.io import SCHEMAS, atomic_path, write_json, write_table
 from distinctcap.data.tokenizer import CaptionTokenizer
+from distinctcap.features.read import grid_cache_path
 from distinctcap.features.store import (
     FORMAT,
     Shard,
@@ -100,14 +101,21 @@ class Blocks:
         grid = grid_bits(rng, image_rows, grid_width)
         return cls(seed, pooled, norms, grid, unit_rows(rng, text_rows, pooled_dim)[0])
 
+    def grid_of(self, shard: Shard) -> np.ndarray:
+        """The shard's grid, float16 (rows, tokens * dim): one function for the shard and the
+        grid cache, so the two cannot differ."""
+        vary = np.random.default_rng([self.seed, 2, shard.index])
+        return (self.grid[: len(shard.rows)] ^ mantissa_mask(vary, self.grid.shape[1])).view(
+            np.float16
+        )
+
     def image_columns(self, shard: Shard, image_ids: np.ndarray) -> dict[str, pa.Array]:
         rows, vary = len(shard.rows), np.random.default_rng([self.seed, 0, shard.index])
-        grid = self.grid[:rows] ^ mantissa_mask(vary, self.grid.shape[1])
         return {
             "image_id": pa.array(image_ids[shard.rows], pa.int64()),
             "pooled": fixed_list(signed_permutation(vary, self.pooled[:rows])),
             "pooled_norm": pa.array(self.norms[:rows], pa.float32()),
-            "grid": fixed_list(grid.view(np.float16)),
+            "grid": fixed_list(self.grid_of(shard)),
         }
 
     def text_columns(self, shard: Shard, caption_ids: np.ndarray) -> dict[str, pa.Array]:
@@ -123,6 +131,20 @@ def write_shards(shards: list[Shard], columns, ids: np.ndarray, workers: int) ->
     shards are in memory at once (each is built in its own task)."""
     with ThreadPoolExecutor(workers) as pool:
         list(pool.map(lambda shard: write_shard(shard, columns(shard, ids)), shards))
+
+
+def write_grid_cache(features: Path, blocks: Blocks, shards: list[Shard], tokens: int) -> None:
+    """The grid cache training reads (features.read.grid_cache: an .npy of every image's grid
+    in id order, where `grid_cache_path` looks), written from the blocks with plain writes:
+    building it from the shards re-decodes every grid, ~1 minute of part c's GPU minutes at
+    118,287 images (issue 42); that build holds one row group, so training's peak is the same."""
+    width = blocks.grid.shape[1]
+    count = sum(len(s.rows) for s in shards)
+    header = {"descr": "<f2", "fortran_order": False, "shape": (count, tokens, width // tokens)}
+    with atomic_path(grid_cache_path(features)) as tmp, open(tmp, "wb") as f:
+        np.lib.format.write_array_header_2_0(f, header)
+        for shard in shards:
+            f.write(blocks.grid_of(shard).data)
 
 
 def write_images(rng: np.random.Generator, n_images: int, test: int, path: Path):
@@ -183,10 +205,11 @@ def write_store(
     text_shard_size: int = 16384,
     seed: int = 0,
     workers: int | None = None,
+    grid_cache: bool = False,
 ) -> dict[str, Path]:
     """Write a store under `root`, its shards by `workers` threads (default: the cores, at
-    most 8; beyond that the disk is the limit); returns the paths (images, captions, vocab,
-    features)."""
+    most 8; beyond that the disk is the limit), and with `grid_cache` the grid cache training
+    would otherwise build first; returns the paths (images, captions, vocab, features)."""
     root, rng = Path(root), np.random.default_rng(seed)
     workers = workers or min(8, os.cpu_count() or 1)
     paths = {
@@ -232,4 +255,6 @@ def write_store(
         },
         paths["features"],
     )
+    if grid_cache:
+        write_grid_cache(paths["features"], blocks, img_shards, grid_tokens)
     return paths

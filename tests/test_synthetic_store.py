@@ -1,7 +1,8 @@
 """bench/synthetic_store.py after issue 42 (one random block per kind, varied per shard, shards
 written by a pool of threads): the values are still what readers expect (finite grids in the
 block's range, unit vectors), no two shards hold the same rows (a reader that mixes shards up
-still gets other numbers), and the store does not depend on how many threads wrote it."""
+still gets other numbers), the store does not depend on how many threads wrote it, and the grid
+cache it can write is the one training would build from its shards."""
 
 from __future__ import annotations
 
@@ -12,7 +13,12 @@ import pytest
 from conftest import ROOT
 
 from distinctcap.core.io import read_json
-from distinctcap.features.read import load_image_features, load_text_features
+from distinctcap.features.read import (
+    grid_cache,
+    grid_cache_path,
+    load_image_features,
+    load_text_features,
+)
 
 sys.path.insert(0, str(ROOT / "bench"))  # the synthetic stores live beside the benchmarks
 from synthetic_store import write_store  # noqa: E402
@@ -38,7 +44,9 @@ def features(index: str):
 def stores(tmp_path_factory):
     root = tmp_path_factory.mktemp("synthetic")
     return [
-        write_store(root / f"w{workers}", 250, workers=workers, **SMALL)["features"]
+        write_store(root / f"w{workers}", 250, workers=workers, grid_cache=workers > 1, **SMALL)[
+            "features"
+        ]
         for workers in (1, 3)
     ]
 
@@ -58,3 +66,10 @@ def test_values_are_finite_unit_and_distinct_across_shards(stores):
 def test_the_store_is_the_same_whatever_the_threads(stores):
     for one, three in zip(features(stores[0]), features(stores[1]), strict=True):
         assert np.array_equal(one, three)
+
+
+def test_the_grid_cache_written_with_the_store_is_the_grid_of_the_shards(stores):
+    assert grid_cache_path(stores[1]).is_file()  # written by the store, not built here
+    _, grid, _ = features(stores[1])
+    cached = grid_cache(stores[1])
+    assert cached.dtype == grid.dtype and np.array_equal(cached, grid)

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import io
 import logging
+import math
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
+from typing import NamedTuple
 
 import torch
 from open_clip.transform import CenterCropOrPad, MaybeConvertMode
@@ -59,10 +62,39 @@ def resolve_decode(choice: str, device: torch.device, to_bytes: Compose) -> str:
     return choice
 
 
+EOI = b"\xff\xd9"  # a JPEG's end-of-image marker
+
+
+def why_pil(data: bytes) -> str:
+    """Why the PIL path decodes a file rather than the device ("" for an RGB JPEG ending with
+    its end-of-image marker): the reasons are counted and logged, since COCO has CMYK and
+    grayscale JPEGs, PNGs named .jpg and cut files. Only the header is parsed here."""
+    with Image.open(io.BytesIO(data)) as image:
+        if image.format != "JPEG":
+            return f"{image.format} file"
+        if image.mode != "RGB":
+            return f"{image.mode} JPEG"
+    # a truncated file without its end marker goes where PIL names it (nvjpeg may not)
+    return "" if data.endswith(EOI) else "JPEG without its end marker"
+
+
+class Packed(NamedTuple):
+    """One loader batch of ImageBytes items in a single uint8 tensor. A worker sends every
+    tensor through a shared-memory file descriptor of its own (torch's default
+    file_descriptor strategy), so one tensor per image ran a default `ulimit -n` out of
+    descriptors (the loader hung, or stopped with "received 0 items of ancdata"); one per
+    batch keeps them to the batches in flight."""
+
+    rows: list[int]
+    why_pil: list[str]  # per item: "" for JPEG bytes, else why PIL decoded it (why_pil)
+    shapes: list[tuple[int, ...]]  # (bytes,) of a JPEG, (3, H, W) of PIL's pixels
+    data: torch.Tensor  # every item's uint8 values, end to end
+
+
 class ImageBytes(Dataset):
     """Image files -> (row, True, the file's bytes (uint8 1-D)) for an RGB JPEG that ends with
-    its end-of-image marker, else (row, False, the PIL path's uint8 pixels (3, H, W)). Only
-    the header is parsed here."""
+    its end-of-image marker, else (row, False, the PIL path's uint8 pixels (3, H, W)); a
+    loader's batch of them comes as one Packed (`__getitems__`, the DataLoader's batch fetch)."""
 
     def __init__(self, files: Sequence[str], pil_path: Dataset):
         self.files, self.pil_path = list(files), pil_path
@@ -70,21 +102,49 @@ class ImageBytes(Dataset):
     def __len__(self) -> int:
         return len(self.files)
 
-    def __getitem__(self, i: int) -> tuple[int, bool, torch.Tensor]:
+    def item(self, i: int) -> tuple[int, str, torch.Tensor]:
+        """(row, why_pil, the JPEG's bytes or PIL's pixels)."""
         with decoding(self.files[i]), open(self.files[i], "rb") as f:
             data = f.read()
-            with Image.open(io.BytesIO(data)) as image:
-                jpeg = image.format == "JPEG" and image.mode == "RGB"
-        # a truncated file without its end marker goes where PIL names it (nvjpeg may not)
-        jpeg = jpeg and data.endswith(b"\xff\xd9")
-        if not jpeg:
-            return i, False, self.pil_path[i]
-        return i, True, torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            why = why_pil(data)
+        if why:
+            return i, why, self.pil_path[i]
+        return i, why, torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+    def __getitem__(self, i: int) -> tuple[int, bool, torch.Tensor]:
+        row, why, values = self.item(i)
+        return row, not why, values
+
+    def __getitems__(self, rows: list[int]) -> Packed:
+        items = [self.item(i) for i in rows]
+        return Packed(
+            [row for row, _, _ in items],
+            [why for _, why, _ in items],
+            [tuple(values.shape) for _, _, values in items],
+            torch.cat([values.reshape(-1) for _, _, values in items]),
+        )
 
 
-def as_list(items: list) -> list:
-    """The DataLoader's collate for ImageBytes: the items as they are (sizes differ)."""
-    return items
+def as_is(batch: Packed) -> Packed:
+    """The DataLoader's collate for ImageBytes: its `__getitems__` already made the batch."""
+    return batch
+
+
+def unpacked(
+    batches: Iterable[Packed], fallbacks: Counter | None = None
+) -> Iterator[list[tuple[int, bool, torch.Tensor]]]:
+    """ImageBytes items of each Packed batch (views of its one tensor); each reason an item
+    took the PIL path is counted in `fallbacks`."""
+    for batch in batches:
+        if fallbacks is not None:
+            fallbacks.update(why for why in batch.why_pil if why)
+        parts = batch.data.split([math.prod(shape) for shape in batch.shapes])
+        yield [
+            (row, not why, part.view(shape))
+            for row, why, shape, part in zip(
+                batch.rows, batch.why_pil, batch.shapes, parts, strict=True
+            )
+        ]
 
 
 def decode_jpegs(data: list[torch.Tensor], device: torch.device) -> list[torch.Tensor | None]:
@@ -122,9 +182,11 @@ def device_batches(
     steps: Compose,
     pil_path: Dataset,
     device: torch.device,
+    fallbacks: Counter | None = None,
 ) -> Iterator[torch.Tensor]:
     """uint8 (B, 3, H, W) batches on `device` from ImageBytes items: JPEGs decoded and resized
-    there, the rest (decoded by PIL in the worker, or here if the decoder refused) copied."""
+    there, the rest (decoded by PIL in the worker, or here if the decoder refused: counted in
+    `fallbacks`) copied."""
     for items in batches:
         jpegs = [k for k, (_, jpeg, _) in enumerate(items) if jpeg]
         decoded = decode_jpegs([items[k][2] for k in jpegs], device)
@@ -136,4 +198,6 @@ def device_batches(
         for k, image in zip(jpegs, decoded, strict=True):
             if image is None:
                 pixels[k] = pil_path[items[k][0]]
+                if fallbacks is not None:
+                    fallbacks["JPEG the device's decoder refused"] += 1
         yield torch.stack([p.to(device, non_blocking=True) for p in pixels])

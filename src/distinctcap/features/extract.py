@@ -23,6 +23,7 @@ preprocessing, precision) recomputes everything: features are never mixed."""
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,10 +47,11 @@ from distinctcap.core.preflight import LOADER_PREFETCH, workers_fitting_shm
 from distinctcap.data.quality import decoding
 from distinctcap.features.decode import (
     ImageBytes,
-    as_list,
+    as_is,
     device_batches,
     resolve_decode,
     tensor_steps,
+    unpacked,
 )
 from distinctcap.features.store import (
     FORMAT,
@@ -223,9 +225,12 @@ def image_loader(
     settings: FeatureSettings,
     device: torch.device,
     threads: int | None,
+    fallbacks: Counter | None = None,
 ) -> Iterator[torch.Tensor]:
     """uint8 batches (B, 3, H, W) of the shards' images through the CLIP's resize/crop, decoded
-    by PIL in DataLoader workers or, for `decode` tensor, on `device` from the bytes they read."""
+    by PIL in DataLoader workers or, for `decode` tensor, on `device` from the bytes they read
+    (one tensor per batch: decode.Packed); why each file PIL decoded instead is counted in
+    `fallbacks`."""
     to_bytes = byte_transform(clip.preprocess)[0]
     pil_path = ImageFiles(files, to_bytes, clip.preprocess_cfg()["size"])
     tensor = decoder(settings, device, clip) == "tensor"
@@ -242,10 +247,11 @@ def image_loader(
         num_workers=workers,
         pin_memory=device.type == "cuda",
         prefetch_factor=LOADER_PREFETCH if workers else None,
-        collate_fn=as_list if tensor else None,
+        collate_fn=as_is if tensor else None,
     )
     if tensor:
-        return device_batches(own_errors(loader), tensor_steps(to_bytes), pil_path, device)
+        items = unpacked(own_errors(loader), fallbacks)
+        return device_batches(items, tensor_steps(to_bytes), pil_path, device, fallbacks)
     return own_errors(loader)
 
 
@@ -258,16 +264,20 @@ def extract_images(
     dtype: torch.dtype,
     on_shard: Callable[[Shard], None] | None = None,
     threads: int | None = None,
+    fallbacks: Counter | None = None,
 ) -> None:
     """Compute and write the given image shards; `on_shard` runs after each one is renamed.
-    `threads`: the job's CPUs, for `settings.workers` auto."""
+    `threads`: the job's CPUs, for `settings.workers` auto. With the tensor decoder, the files
+    PIL decoded instead are counted by reason in `fallbacks` and logged (decode.why_pil)."""
     visual = clip.model.visual
     if not hasattr(visual, "output_tokens") and not hasattr(visual, "forward_intermediates"):
         raise DistinctcapError(
             f"clip.arch = {clip.arch!r} gives no grid tokens; use a ViT or a conv tower"
         )
     mean, std = byte_transform(clip.preprocess)[1:]
-    pixels = image_loader(images.file.tolist(), clip, shards, settings, device, threads)
+    fallbacks = Counter() if fallbacks is None else fallbacks
+    files = images.file.tolist()
+    pixels = image_loader(files, clip, shards, settings, device, threads, fallbacks)
     batches = encode_images(clip, pixels, device, dtype, mean, std)
     ids = images.image_id.to_numpy()
     total = sum(len(s.rows) for s in shards)
@@ -297,6 +307,15 @@ def extract_images(
                     "grid": fixed_list(grid.numpy()),
                 },
             )
+    if fallbacks:
+        log.info("images: %s", fallback_line(fallbacks, total))
+
+
+def fallback_line(fallbacks: Counter, total: int) -> str:
+    """The files the tensor decoder left to PIL, by reason: a share of CMYK or cut files large
+    enough to slow the stage shows here (and in bench_features.py)."""
+    reasons = ", ".join(f"{n} {why}" for why, n in fallbacks.most_common())
+    return f"{sum(fallbacks.values())} of {total} decoded by PIL, not the device ({reasons})"
 
 
 class CaptionTokens(Dataset):

@@ -315,7 +315,8 @@ def fallback_line(fallbacks: Counter, total: int) -> str:
     """The files the tensor decoder left to PIL, by reason: a share of CMYK or cut files large
     enough to slow the stage shows here (and in bench_features.py)."""
     reasons = ", ".join(f"{n} {why}" for why, n in fallbacks.most_common())
-    return f"{sum(fallbacks.values())} of {total} decoded by PIL, not the device ({reasons})"
+    line = f"{sum(fallbacks.values())} of {total} decoded by PIL, not the device"
+    return f"{line} ({reasons})" if reasons else line
 
 
 class CaptionTokens(Dataset):

@@ -15,7 +15,7 @@ from conftest import SHIPPED_CLIP, copy_workflow, snakemake, tiny_config
 from distinctcap.core.config import load_schema, validate
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import read_json, read_table
-from distinctcap.data import quality, shapes
+from distinctcap.data import folder, quality, shapes
 from distinctcap.data.prepare import prepare
 from distinctcap.evaluate.metrics.result import KEYS
 from distinctcap.runs.cli import main
@@ -170,10 +170,10 @@ def test_karpathy_entries_out_of_the_images_folder_are_quarantined_with_their_ca
     data = json.loads(Path(spec["karpathy"]["file"]).read_text())
     escapes = {0: ("..", "outside.png"), 1: (None, planted["absolute"]), 2: ("/etc", "passwd"),
                3: ("images", "link.png")}  # fmt: skip
-    for k, (folder, name) in escapes.items():
+    for k, (filepath, name) in escapes.items():
         entry = data["images"][k]
         entry.pop("filepath")
-        entry |= {"filename": name, **({"filepath": folder} if folder else {})}
+        entry |= {"filename": name, **({"filepath": filepath} if filepath else {})}
     Path(spec["karpathy"]["file"]).write_text(json.dumps(data))
     data_cfg = validate({"data": spec, "runs": {"r": {"method": "mle"}}}, load_schema())["data"]
     out = tmp_in / "data"
@@ -189,6 +189,17 @@ def test_karpathy_entries_out_of_the_images_folder_are_quarantined_with_their_ca
     assert len(captions_out) == sum(len(data["images"][k]["sentences"]) for k in escapes)
     with pytest.raises(DistinctcapError, match="outside the images folder"):
         prepare(data_cfg, "fail", {**outputs, "vocab": out / "vocab.json"})
+
+
+def test_folder_paths_that_name_one_file_are_one_image(tmp_in):
+    images, _ = shapes_world(tmp_in / "in")
+    name = images.file[0]
+    rows = [{"image": path, "caption": f"caption {k}"}
+            for k, path in enumerate([name, f"./{name}", f"images/../{name}"])]  # fmt: skip
+    (tmp_in / "in" / "captions.jsonl").write_text("\n".join(map(json.dumps, rows)))
+    cfg = {"images": str(tmp_in / "in"), "captions": str(tmp_in / "in" / "captions.jsonl")}
+    images, captions, bad = folder.read_folder(cfg)
+    assert list(images.file) == [name] and len(captions) == 3 and not bad
 
 
 def test_outside_follows_dotdot_and_symlinks_on_both_sides(tmp_path):

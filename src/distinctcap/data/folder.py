@@ -18,6 +18,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -71,11 +72,13 @@ def row_problem(row: dict | str, root: Path) -> str | None:
 
 
 def row_image(row: dict | str) -> str:
-    """The row's image path as given (stripped; invalid UTF-8 shown as U+FFFD), else ""."""
+    """The row's image path, stripped and normalised (``./a.png`` and ``b/../a.png`` are
+    ``a.png``: one image; invalid UTF-8 shown as U+FFFD), else ""."""
     image = row.get("image") if isinstance(row, dict) else None
-    if not isinstance(image, str):
+    if not isinstance(image, str) or not image.strip():
         return ""
-    return image.strip().encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    image = os.path.normpath(image.strip())
+    return image.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def seeded_splits(files: list[str], cfg: dict) -> dict[str, str]:

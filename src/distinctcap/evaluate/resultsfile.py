@@ -144,7 +144,7 @@ def entry_problem(entry: object) -> str | None:
     if not isinstance(entry, dict) or "image_id" not in entry or "caption" not in entry:
         return "not an object with image_id and caption"
     if image_id(entry["image_id"]) is None:
-        return (f"image_id is not an integer or a string of digits "
+        return (f"image_id is not an integer (int64) or a string of digits "
                 f"({shown(entry['image_id'])})")  # fmt: skip
     return caption_problem(entry["caption"])
 
@@ -229,7 +229,9 @@ def read_results(path: str | Path, data: DataFolder, split: str) -> Results:
         rows.append((path.stem, image, samples[image], entry["caption"].strip(), 0.0))
         samples[image] += 1
     if not rows:
-        first = f"; the first, image {problems[0][0]}: {problems[0][1]}" if problems else ""
+        item, why = problems[0] if problems else ("", "")
+        who = item if item.startswith("entry") else f"image {item}"
+        first = f"; the first, {who}: {why}" if problems else ""
         raise DistinctcapError(
             f"{path}: no entry can be scored ({len(problems)} set aside{first})"
         )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -14,7 +15,7 @@ from conftest import SHIPPED_CLIP, copy_workflow, snakemake, tiny_config
 from distinctcap.core.config import load_schema, validate
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import read_json, read_table
-from distinctcap.data import shapes
+from distinctcap.data import folder, quality, shapes
 from distinctcap.data.prepare import prepare
 from distinctcap.evaluate.metrics.result import KEYS
 from distinctcap.runs.cli import main
@@ -58,7 +59,25 @@ BAD_ROWS = {  # what each planted row is set aside for
     "caption is not valid UTF-8": 1,
     "missing file": 1,
     "unreadable image": 1,
+    "outside the images folder": 4,
 }
+
+
+def outside_paths(out) -> dict[str, str]:
+    """Image paths that lead out of the images folder `out`, each to a file that exists once
+    `plant_outside` ran: a real PNG beside the folder (through `..`, by absolute path, through
+    a symlink inside the folder) and /etc/passwd. name -> path as a source row gives it."""
+    return {"dotdot": "../outside.png", "absolute": str(out.parent / "outside.png"),
+            "passwd": "/etc/passwd", "symlink": "images/link.png"}  # fmt: skip
+
+
+def plant_outside(out) -> dict[str, str]:
+    """The files behind `outside_paths(out)`, which it returns."""
+    beside = out.parent / "outside.png"
+    shutil.copy(next((out / "images").glob("*.png")), beside)
+    (out / "images" / "link.png").unlink(missing_ok=True)  # a second build of the same folder
+    (out / "images" / "link.png").symlink_to(beside)
+    return outside_paths(out)
 
 
 def build_folder(out) -> dict:
@@ -69,6 +88,8 @@ def build_folder(out) -> dict:
     lines = [json.dumps({"image": file_of[i], "caption": t})
              for i, t in zip(captions.image_id, captions.text, strict=True)]  # fmt: skip
     (out / "images" / "broken.png").write_bytes(b"\x89PNG\r\n not an image")
+    lines += [json.dumps({"image": path, "caption": "a red circle"})
+              for path in plant_outside(out).values()]  # fmt: skip
     lines += [
         lines[0],
         "{not json",
@@ -126,8 +147,72 @@ def test_folder_sets_aside_each_bad_row_with_its_reason_and_counts_it(tmp_in):
     assert len(tables["captions"]) + (q.kind == "caption").sum() == rows
     assert counts["skipped"] == len(q) and sum(counts["skipped_by_reason"].values()) == len(q)
     assert counts["skipped_by_reason"]["caption: empty caption"] == 1
+    assert counts["skipped_by_reason"]["caption: outside the images folder"] == 4
     sizes = images.split.value_counts()  # 134 files drawn 10 % val, 10 % test; 132 usable
     assert sizes.sum() == 132 and 11 <= sizes.val <= 13 and 11 <= sizes.test <= 13
+
+
+def test_folder_rows_naming_a_path_out_of_the_folder_are_set_aside_before_any_file_opens(tmp_in):
+    tables, _ = prepared(tmp_in, "folder")
+    q = tables["quarantine"]
+    outside = q[q.reason == "outside the images folder"]
+    assert sorted(outside.file) == sorted(outside_paths(tmp_in / "in").values())
+    assert (outside.kind == "caption").all()
+    root = (tmp_in / "in").resolve()
+    assert all(Path(f).resolve().is_relative_to(root) for f in tables["images"].file)
+
+
+def test_karpathy_entries_out_of_the_images_folder_are_quarantined_with_their_captions(tmp_in):
+    """Karpathy's filepath/filename through `..`, an absolute filename, a symlink out: each image
+    set aside as outside the images folder (never opened), its sentences with it."""
+    spec = build_karpathy(tmp_in / "in")
+    planted = plant_outside(tmp_in / "in")
+    data = json.loads(Path(spec["karpathy"]["file"]).read_text())
+    escapes = {0: ("..", "outside.png"), 1: (None, planted["absolute"]), 2: ("/etc", "passwd"),
+               3: ("images", "link.png")}  # fmt: skip
+    for k, (filepath, name) in escapes.items():
+        entry = data["images"][k]
+        entry.pop("filepath")
+        entry |= {"filename": name, **({"filepath": filepath} if filepath else {})}
+    Path(spec["karpathy"]["file"]).write_text(json.dumps(data))
+    data_cfg = validate({"data": spec, "runs": {"r": {"method": "mle"}}}, load_schema())["data"]
+    out = tmp_in / "data"
+    outputs = {n: out / f"{n}.parquet" for n in ("images", "captions", "quarantine")}
+    prepare(data_cfg, "skip", {**outputs, "vocab": out / "vocab.json"})
+    q = read_table(outputs["quarantine"])
+    ids = [str(data["images"][k]["imgid"]) for k in escapes]
+    images_out = q[q.kind == "image"]
+    assert sorted(images_out.id) == sorted(ids)
+    assert (images_out.reason == "outside the images folder").all()
+    captions_out = q[q.kind == "caption"]
+    assert captions_out.reason.str.contains("is missing or quarantined").all()
+    assert len(captions_out) == sum(len(data["images"][k]["sentences"]) for k in escapes)
+    with pytest.raises(DistinctcapError, match="outside the images folder"):
+        prepare(data_cfg, "fail", {**outputs, "vocab": out / "vocab.json"})
+
+
+def test_folder_paths_that_name_one_file_are_one_image(tmp_in):
+    images, _ = shapes_world(tmp_in / "in")
+    name = images.file[0]
+    rows = [{"image": path, "caption": f"caption {k}"}
+            for k, path in enumerate([name, f"./{name}", f"images/../{name}"])]  # fmt: skip
+    (tmp_in / "in" / "captions.jsonl").write_text("\n".join(map(json.dumps, rows)))
+    cfg = {"images": str(tmp_in / "in"), "captions": str(tmp_in / "in" / "captions.jsonl")}
+    images, captions, bad = folder.read_folder(cfg)
+    assert list(images.file) == [name] and len(captions) == 3 and not bad
+
+
+def test_outside_follows_dotdot_and_symlinks_on_both_sides(tmp_path):
+    root = tmp_path / "root"
+    (root / "sub").mkdir(parents=True)
+    (root / "sub" / "a.png").write_bytes(b"")
+    (root / "inner.png").symlink_to(root / "sub" / "a.png")
+    (tmp_path / "via").symlink_to(root)  # a symlinked images folder is the folder
+    for inside in ("sub/a.png", "sub/../sub/a.png", "inner.png", "missing.png",
+                   str(root / "sub" / "a.png")):  # fmt: skip
+        assert not quality.outside(root, inside) and not quality.outside(tmp_path / "via", inside)
+    for escape in ("../root2/a.png", "sub/../../x.png", "/etc/passwd", "a\x00b.png"):
+        assert quality.outside(root, escape), escape
 
 
 def test_folder_split_is_seeded(tmp_in):

@@ -7,9 +7,10 @@ whose rows give no split is drawn into train / val / test by the seeded ratio
 (``val_fraction``, ``test_fraction``, ``split_seed``); ``restval`` counts as train.
 
 Rows that cannot be used are returned as quarantine rows with their reason (a line that is not
-JSON, a missing field, an unknown split, a split other than the image's first, the same image
-and caption again); unreadable images, missing files and empty or non-UTF-8 captions are
-quarantined later by ``quality.check_tables``, as for every source.
+JSON, a missing field, an image path outside the images folder (absolute, through ``..`` or a
+symlink that leads out; never opened), an unknown split, a split other than the image's first,
+the same image and caption again); unreadable images, missing files and empty or non-UTF-8
+captions are quarantined later by ``quality.check_tables``, as for every source.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +26,7 @@ import pandas as pd
 
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.data.karpathy import SPLITS
+from distinctcap.data.quality import OUTSIDE, outside
 from distinctcap.data.readers import images_table, normalize_texts, raw_text, read_text
 
 FIELDS = ("image", "caption")
@@ -52,7 +55,7 @@ def json_row(line: str) -> dict | str:
     return row if isinstance(row, dict) else "not a JSON object"
 
 
-def row_problem(row: dict | str) -> str | None:
+def row_problem(row: dict | str, root: Path) -> str | None:
     if isinstance(row, str):
         return row
     missing = [f for f in FIELDS if not isinstance(row.get(f), str)]
@@ -60,10 +63,22 @@ def row_problem(row: dict | str) -> str | None:
         return f"no {' or '.join(missing)} field"
     if not row["image"].strip():
         return "empty image path"
+    if outside(root, row["image"].strip()):
+        return OUTSIDE
     split = row.get("split") or ""
     if split not in SPLITS and split:
         return f"unknown split {split!r} (allowed: {', '.join(SPLITS)})"
     return None
+
+
+def row_image(row: dict | str) -> str:
+    """The row's image path, stripped and normalised (``./a.png`` and ``b/../a.png`` are
+    ``a.png``: one image; invalid UTF-8 shown as U+FFFD), else ""."""
+    image = row.get("image") if isinstance(row, dict) else None
+    if not isinstance(image, str) or not image.strip():
+        return ""
+    image = os.path.normpath(image.strip())
+    return image.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def seeded_splits(files: list[str], cfg: dict) -> dict[str, str]:
@@ -79,14 +94,14 @@ def seeded_splits(files: list[str], cfg: dict) -> dict[str, str]:
 def read_folder(cfg: dict) -> tuple[pd.DataFrame, pd.DataFrame, list[tuple[str, str, str, str]]]:
     """Unchecked (images, captions) of the ``data.folder`` block and its set-aside rows
     (kind, id, file, reason), each row of the file either in the tables or set aside."""
-    rows = read_rows(Path(cfg["captions"]))
+    rows, root = read_rows(Path(cfg["captions"])), Path(cfg["images"])
     bad: list[tuple[str, str, str, str]] = []
     kept: list[tuple[int, str, object, str]] = []  # (row number, image, caption, split)
     split_of: dict[str, str] = {}
     seen: dict[tuple[str, object], int] = {}
     for n, row in enumerate(rows, start=1):
-        reason = row_problem(row)
-        image = "" if reason else row["image"].strip()
+        reason = row_problem(row, root)
+        image = row_image(row)
         if reason is None:
             split = SPLITS.get(row.get("split") or "", "")
             caption = raw_text(row["caption"])
@@ -103,7 +118,6 @@ def read_folder(cfg: dict) -> tuple[pd.DataFrame, pd.DataFrame, list[tuple[str, 
     drawn = seeded_splits([f for f in files if f not in split_of], cfg)
     split_of = {**drawn, **split_of}
     ids = {f: i for i, f in enumerate(files)}
-    root = Path(cfg["images"])
     images = images_table([(ids[f], f, split_of[f]) for f in files], root)
     captions = pd.DataFrame(
         [(n, ids[image], split_of[image], caption) for n, image, caption, _ in kept],

@@ -6,7 +6,8 @@ and ``sentences[]`` with ``raw`` and ``sentid``.
 Image ids are ``cocoid`` where present (COCO, so ids match the COCO annotations), else
 ``imgid``; caption ids are ``sentid``; ``restval`` joins train, as SMILE §4 and the
 specificity paper §4 use the split. Files are ``filepath/filename`` (or ``filename``)
-relative to the configured image root.
+relative to the configured image root; one that leads out of it (absolute, ``..``, a symlink
+out) is quarantined by ``quality.check_tables`` as outside the images folder, never opened.
 """
 
 from __future__ import annotations

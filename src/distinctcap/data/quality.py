@@ -16,6 +16,18 @@ from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.logs import progress
 
 QUARANTINE_COLUMNS = ["kind", "id", "file", "reason"]
+OUTSIDE = "outside the images folder"
+
+
+def outside(root: str | Path, file: str) -> bool:
+    """Whether `file`, a path relative to the images folder `root`, leads out of it: an
+    absolute path, a `..` or a symlink to a file elsewhere. Decided on the names alone, before
+    any file is opened (a symlinked root is fine: both sides resolve)."""
+    try:
+        base = Path(root).resolve()
+        return not (base / file).resolve().is_relative_to(base)
+    except (OSError, TypeError, ValueError):  # a NUL byte, a loop, not text: not followed
+        return True
 
 
 def image_problem(path: Path) -> str | None:
@@ -49,12 +61,18 @@ def decoding(path: str | os.PathLike) -> Iterator[None]:
         ) from error
 
 
-def _image_problems(paths: list[Path]) -> list[str | None]:
-    """`image_problem` of each path, in order, on a thread pool: decoding releases the GIL, so
+def file_problem(root: Path, file: str) -> str | None:
+    """Why the image `file` of the images folder `root` is unusable: outside the folder (never
+    opened), else `image_problem`."""
+    return OUTSIDE if outside(root, file) else image_problem(root / file)
+
+
+def _image_problems(root: Path, files: list[str]) -> list[str | None]:
+    """`file_problem` of each file, in order, on a thread pool: decoding releases the GIL, so
     COCO's 123k images check in parallel."""
     with ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:
-        checks = pool.map(image_problem, paths, chunksize=64)
-        return list(progress(checks, total=len(paths), desc="check images", unit="images"))
+        checks = pool.map(lambda f: file_problem(root, f), files, chunksize=64)
+        return list(progress(checks, total=len(files), desc="check images", unit="images"))
 
 
 def caption_problem(text: object) -> str | None:
@@ -111,7 +129,7 @@ def check_tables(
     for row in images[dup_images].itertuples():
         flag("image", row.image_id, row.file, "duplicate image_id")
     images = images[~dup_images]
-    reasons = _image_problems([root / f for f in images.file])
+    reasons = _image_problems(root, list(images.file))
     for row, reason in zip(images.itertuples(), reasons, strict=True):
         if reason:
             flag("image", row.image_id, row.file, reason)

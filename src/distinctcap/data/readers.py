@@ -17,6 +17,7 @@ import pandas as pd
 from PIL import Image
 
 from distinctcap.core.logs import progress
+from distinctcap.data.quality import outside
 
 _APOSTROPHES = re.compile(r"['\u2019`]")
 _NOT_ALNUM = re.compile(r"[\W_]+")
@@ -66,9 +67,10 @@ def image_size(path: Path) -> tuple[int, int]:
 
 
 def images_table(rows: list[tuple[int, str, str]], root: Path) -> pd.DataFrame:
-    """The images table of (image_id, file relative to `root`, split) rows, sizes read."""
+    """The images table of (image_id, file relative to `root`, split) rows, sizes read (a
+    file outside `root` is never opened: (0, 0), and check_tables quarantines it)."""
     sizes = [
-        image_size(root / f)
+        (0, 0) if outside(root, f) else image_size(root / f)
         for _, f, _ in progress(rows, unit="images", desc="image sizes", leave=False)
     ]
     return pd.DataFrame(

@@ -12,10 +12,19 @@ own self-retrieval needs the captioner, so its columns are skipped. Captions are
 given (the references are lowercase without punctuation; the COCO tools' tokeniser treats
 yours alike, the diversity counts see your words as written).
 
-Entries that cannot be scored are set aside, each with its image id and reason, and the rest
-scored: an image id the data folder does not hold (or holds in another split), one the data
-stage quarantined, one without CLIP features, an empty caption, an entry that is not an
-``{"image_id", "caption"}`` object.
+An image id is a JSON integer, or a string of ASCII digits only (``"42"``, as some tools
+write them); a float (``280.9``, ``280.0``), a boolean, a padded or signed string is not an id.
+
+Entries that cannot be scored are set aside, each with its image id (or its position) and
+reason, and the rest scored: an id that is not one, an image id the data folder does not hold
+(or holds in another split), one the data stage quarantined, one without CLIP features, an
+empty caption or one that is not UTF-8 text, an entry that is not an ``{"image_id",
+"caption"}`` object.
+
+Memory is bounded by the data folder, not by the file: at most `MAX_SAMPLES_PER_IMAGE`
+captions of one image are scored, and a file larger than that many entries of
+`MAX_ENTRY_BYTES` for every image of the split is refused before it is read. Either refusal,
+like every unreadable file, is one line.
 """
 
 from __future__ import annotations
@@ -37,6 +46,14 @@ from distinctcap.evaluate.stage import EvalPaths, Evaluation, evaluate_decoding
 from distinctcap.features.read import feature_ids
 from distinctcap.report.summary import HEADLINE_DIVERSITY, HEADLINE_QUALITY, markdown_table
 from distinctcap.report.versus import compare_runs
+
+# The most samples of one image that are scored: the largest n any metric reads (the oracle
+# best-of-100 of UNKT Table 1, `evaluate.oracle_ns` of the COCO preset); the multi-sample
+# metrics (mBLEU-4, Self-CIDEr, consensus re-ranking) grow as the square of it.
+MAX_SAMPLES_PER_IMAGE = 100
+# Generous room for one entry in the file: {"image_id": 391895, "caption": "..."} of a
+# 20-word caption, pretty-printed, is about 100 bytes.
+MAX_ENTRY_BYTES = 500
 
 
 @dataclass
@@ -90,18 +107,46 @@ class Results:
         return Counter(reason.split(":")[0] for _, reason in self.problems)
 
 
+INT64 = range(-(2**63), 2**63)
+
+
+def image_id(value: object) -> int | None:
+    """`value` as an image id: a JSON integer in int64, or a string of ASCII digits; else None."""
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) < 19:
+        return int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and value in INT64:
+        return value
+    return None
+
+
+def shown(value: object, width: int = 30) -> str:
+    """`value` on one short line, for a message: JSON of a scalar (a string cut to `width`),
+    else its type."""
+    if isinstance(value, list | dict):
+        return f"a JSON {'array' if isinstance(value, list) else 'object'}"
+    text = json.dumps(value[:width] if isinstance(value, str) else value)
+    return text if len(text) <= width + 2 else text[:width] + "..."
+
+
+def caption_problem(caption: object) -> str | None:
+    if not isinstance(caption, str):
+        return f"caption is not text ({shown(caption)})"
+    if not caption.strip():
+        return "empty caption"
+    try:
+        caption.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate such as "\ud800" in the JSON
+        return "caption is not valid UTF-8 text"
+    return None
+
+
 def entry_problem(entry: object) -> str | None:
     if not isinstance(entry, dict) or "image_id" not in entry or "caption" not in entry:
         return "not an object with image_id and caption"
-    if not isinstance(entry["caption"], str):
-        return "caption is not text"
-    if not entry["caption"].strip():
-        return "empty caption"
-    try:
-        int(entry["image_id"])
-    except (TypeError, ValueError):
-        return "image_id is not an integer"
-    return None
+    if image_id(entry["image_id"]) is None:
+        return (f"image_id is not an integer (int64) or a string of digits "
+                f"({shown(entry['image_id'])})")  # fmt: skip
+    return caption_problem(entry["caption"])
 
 
 def image_problems(data: DataFolder, split: str) -> dict[int, str]:
@@ -121,33 +166,75 @@ def image_problems(data: DataFolder, split: str) -> dict[int, str]:
     return out
 
 
-def read_results(path: str | Path, data: DataFolder, split: str) -> Results:
-    """The scorable entries of a results file as a generated table, and the rest by id."""
-    path = Path(path)
+def id_problem(image: int, known: set[int], set_apart: dict[int, str]) -> str | None:
+    """Why the captions of `image` cannot be scored (`image_problems`), or None."""
+    if image not in known:
+        return set_apart.get(image, "unknown image id: not in the data folder")
+    return set_apart.get(image)
+
+
+def parse_json(path: Path) -> object:
+    """The JSON value of the file at `path`, or one line why not."""
     try:
-        entries = json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"))
+    except RecursionError as error:
+        raise DistinctcapError(f"{path}: not a readable JSON results file (nested too deeply)"
+                               ) from error  # fmt: skip
     except (OSError, ValueError) as error:
         raise DistinctcapError(f"{path}: not a readable JSON results file ({error})") from error
+
+
+def load_entries(path: Path, n_images: int) -> list:
+    """The JSON list of a results file of a split of `n_images` images, or one line why not:
+    a file larger than MAX_SAMPLES_PER_IMAGE entries of MAX_ENTRY_BYTES per image is refused
+    unread, so memory is bounded by the data folder."""
+    limit = max(n_images, 1) * MAX_SAMPLES_PER_IMAGE * MAX_ENTRY_BYTES
+    if path.is_file() and path.stat().st_size > limit:
+        raise DistinctcapError(
+            f"{path}: {path.stat().st_size / 1e6:.1f} MB is more than a results file of the "
+            f"split's {n_images} images can need ({limit / 1e6:.1f} MB: at most "
+            f"{MAX_SAMPLES_PER_IMAGE} samples per image, {MAX_ENTRY_BYTES} bytes each); "
+            "nothing was read"
+        )
+    entries = parse_json(path)
     if not isinstance(entries, list):
         raise DistinctcapError(f"{path}: expected a list of {{image_id, caption}} objects")
+    return entries
+
+
+def too_many_samples(path: Path, image: int) -> DistinctcapError:
+    return DistinctcapError(
+        f"{path}: image {image} has more than {MAX_SAMPLES_PER_IMAGE} captions; distinctcap "
+        f"evaluate scores at most {MAX_SAMPLES_PER_IMAGE} samples per image (the oracle "
+        f"best-of-100 of UNKT Table 1): keep each image's first {MAX_SAMPLES_PER_IMAGE}"
+    )
+
+
+def read_results(path: str | Path, data: DataFolder, split: str) -> Results:
+    """The scorable entries of a results file as a generated table, and the rest by id (or
+    position); one line why when the file cannot be read or an image has too many samples."""
+    path = Path(path)
     known = set(data.images[data.images.split == split].image_id.astype(int).tolist())
+    entries = load_entries(path, len(known))
     set_apart = image_problems(data, split)
     rows, problems, samples = [], [], Counter()
     for n, entry in enumerate(entries):
-        reason = entry_problem(entry)
-        image = int(entry["image_id"]) if reason is None else None
-        if reason is None and image not in known:
-            reason = set_apart.get(image, "unknown image id: not in the data folder")
-        elif reason is None and image in set_apart:
-            reason = set_apart[image]
+        image = image_id(entry.get("image_id")) if isinstance(entry, dict) else None
+        reason = entry_problem(entry) or id_problem(image, known, set_apart)
         if reason:
-            label = entry.get("image_id", f"entry {n}") if isinstance(entry, dict) else f"entry {n}"
-            problems.append((str(label), reason))
+            problems.append((str(image) if image is not None else f"entry {n}", reason))
             continue
+        if samples[image] == MAX_SAMPLES_PER_IMAGE:
+            raise too_many_samples(path, image)
         rows.append((path.stem, image, samples[image], entry["caption"].strip(), 0.0))
         samples[image] += 1
     if not rows:
-        raise DistinctcapError(f"{path}: no entry can be scored ({len(problems)} set aside)")
+        item, why = problems[0] if problems else ("", "")
+        who = item if item.startswith("entry") else f"image {item}"
+        first = f"; the first, {who}: {why}" if problems else ""
+        raise DistinctcapError(
+            f"{path}: no entry can be scored ({len(problems)} set aside{first})"
+        )
     generated = pd.DataFrame(rows, columns=["run", "image_id", "sample", "text", "logprob"])
     return Results(path.stem, generated.astype({"sample": "int32", "logprob": "float32"}),
                    problems)  # fmt: skip

@@ -18,14 +18,20 @@
                                                format) as the evaluate rule scores the
                                                pipeline's captions; bootstrap against --versus
 
-Light at import: torch loads only inside `caption`.
+Light at import: torch loads only inside `caption`. SIGTERM and SIGINT stop a command with one
+line, after each `with` on the way out has removed its temporary files (`Stopped`).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 import textwrap
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from distinctcap.core.errors import DistinctcapError
@@ -218,13 +224,47 @@ COMMANDS = {
 }
 
 
+class Stopped(BaseException):
+    """SIGTERM or SIGINT, raised where the command is, so that each `with` on the way out
+    removes its temporary files (`evaluate`'s generated table, the COCO tools' files) and
+    stops its Java servers and workers; a BaseException, so no `except Exception` keeps it."""
+
+
+@contextmanager
+def stopped_by_signals() -> Iterator[None]:
+    """SIGTERM and SIGINT raise `Stopped` in this process (a forked worker dies of them as by
+    default); the handlers before are back after. Only the main thread may set handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    owner = os.getpid()
+
+    def stop(signum, _frame):
+        if os.getpid() != owner:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+        raise Stopped(signum)
+
+    before = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        return COMMANDS[args.command](args)
+        with stopped_by_signals():
+            return COMMANDS[args.command](args)
     except DistinctcapError as error:
         print(f"distinctcap: {error}", file=sys.stderr)
         return 2
+    except Stopped as stop:
+        name = signal.Signals(stop.args[0]).name
+        print(f"distinctcap: stopped by {name}; temporary files removed", file=sys.stderr)
+        return 128 + stop.args[0]
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from distinctcap.evaluate.metrics import (
     oracle_scores,
     quality_scores,
     recall_at_k,
+    refclipscores,
     retrieval_ranks,
     retrieval_scores,
     self_cider,
@@ -172,6 +173,28 @@ def test_clipscore_is_w_times_clipped_cosine():
     torch = pytest.importorskip("torch")
     as_tensors = torch.tensor(text, dtype=torch.float16), torch.tensor(image)
     assert clipscore(*as_tensors, w=1.0) == pytest.approx((1.0 + 0.6 + 0.0) / 3, rel=1e-3)
+
+
+def test_refclipscore_is_the_harmonic_mean_of_clipscore_and_the_best_reference():
+    """Hessel et al. 2021 eq. 2 on hand-made 2-d embeddings (unnormalised: rows are scaled
+    to unit length first): H-Mean(2.5 max(cos(c, v), 0), max(max_r cos(c, r), 0))."""
+    text = np.array([[1.0, 0.0], [3.0, 4.0], [1.0, 0.0], [0.0, 1.0], [0.0, 1.0]])
+    image = np.array([[2.0, 0.0], [1.0, 0.0], [-1.0, 0.0], [0.0, 1.0], [0.0, -1.0]])
+    refs = np.array([[0.0, 1.0], [4.0, 3.0], [1.0, 1.0], [1.0, 0.0], [0.0, -1.0], [0.0, -2.0]])
+    owner = [0, 1, 0, 2, 3, 4]  # candidate 0 has two references, in no particular order
+    expected = [
+        2 * 2.5 * 2**-0.5 / (2.5 + 2**-0.5),  # CLIPScore 2.5, best reference cos 1/√2
+        2 * 1.5 * 0.96 / (1.5 + 0.96),  # cos(c, v) = 0.6 -> 1.5; cos(c, r) = 0.96
+        0.0,  # the image side is 0 (cos -1 clipped): H-Mean(0, 1) = 0
+        0.0,  # the only reference has cos -1, clipped to 0: H-Mean(2.5, 0) = 0
+        0.0,  # both sides 0: 0, not 0 / 0
+    ]
+    scores = refclipscores(text, image, refs, owner)
+    assert scores.dtype == np.float32
+    assert scores.tolist() == pytest.approx(expected, rel=1e-6)
+    assert expected[:2] == pytest.approx([1.102406, 48 / 41], abs=1e-6)
+    with pytest.raises(DistinctcapError, match=r"candidates \[4\] have no reference"):
+        refclipscores(text, image, refs[:5], owner[:5])
 
 
 def test_retrieval_ranks_recall_and_hard_pool():

@@ -137,6 +137,17 @@ def test_retrieval_pools_and_model_self_retrieval(results, world, tmp_path):
         assert 0 <= row["clipscore"] <= 2.5
 
 
+def test_refclipscore_of_a_caption_that_is_one_of_its_references(results):
+    """RefCLIPScore through the stage (Hessel et al. 2021 eq. 2): the perfect run's greedy
+    caption is one of its image's references, so its best reference cosine is 1 and its
+    RefCLIPScore is H-Mean(CLIPScore, 1) = 2 s / (s + 1), s from the per-image table."""
+    perfect = results["perfect", "greedy"]
+    s = perfect.per_image.clipscore.to_numpy(np.float64)
+    assert perfect.row["refclipscore"] == pytest.approx(np.mean(2 * s / (s + 1)), rel=1e-5)
+    for ev in results.values():
+        assert 0 <= ev.row["refclipscore"] <= 2 * 2.5 / 3.5
+
+
 def test_a_pool_larger_than_the_split_is_capped_with_a_warning(world, caplog):
     """Issue 28: a pool of a billion images is the split, and one warning says so."""
     gen = read_table(world.generated("perfect", "greedy")).sort_values("image_id")

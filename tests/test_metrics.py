@@ -30,6 +30,7 @@ from distinctcap.evaluate.metrics import (
     oracle_scores,
     quality_scores,
     recall_at_k,
+    refclipscores,
     retrieval_ranks,
     retrieval_scores,
     self_cider,
@@ -38,6 +39,7 @@ from distinctcap.evaluate.metrics import (
 )
 from distinctcap.evaluate.metrics.cider import CiderD
 from distinctcap.evaluate.metrics.coco import PTB_JAR
+from distinctcap.evaluate.metrics.diversity import self_cider_kernel, self_cider_score
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = PTB_JAR.parents[1]  # the installed pycocoevalcap folder
@@ -87,6 +89,59 @@ def test_self_cider_is_0_for_identical_and_1_for_disjoint_captions():
         self_cider(same)  # one image as its own idf corpus: every n-gram would weigh 0
 
 
+def clipped_eigen_score(kernel):
+    """The rule self_cider followed before issue 45 (eigenvalues clipped at 0), for contrast."""
+    lam = np.clip(np.linalg.eigvalsh(kernel), 0.0, None)
+    roots = np.sqrt(lam)
+    return -math.log(roots.max() / roots.sum()) / math.log(len(kernel))
+
+
+def test_self_cider_takes_singular_values_of_a_kernel_that_is_not_psd():
+    """Wang & Chan's code: singular values. K's eigenvalues are 1 + √2, 1 and 1 - √2 < 0, so
+    its singular values are 1 + √2, 1, √2 - 1 where clipping would keep 1 + √2, 1, 0."""
+    kernel = np.array([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0], [0.0, 1.0, 1.0]])
+    top, low = math.sqrt(1 + math.sqrt(2)), math.sqrt(math.sqrt(2) - 1)
+    authors = -math.log(top / (top + 1 + low)) / math.log(3)  # 0.65687
+    assert self_cider_score(kernel) == pytest.approx(authors, rel=1e-12)
+    assert self_cider_score(10 * kernel) == pytest.approx(authors, rel=1e-12)  # scale-free
+    clipped = -math.log(top / (top + 1)) / math.log(3)  # 0.45228
+    assert clipped_eigen_score(kernel) == pytest.approx(clipped, rel=1e-12)
+    assert authors - clipped == pytest.approx(0.20458, abs=1e-5)
+
+
+def test_self_cider_of_captions_whose_mirrored_kernel_is_not_psd():
+    """"a a", "a d", "a a" with the corpus {these, "c d"}: idf log 2 for a, a a, a d, and 0 for
+    d; every caption has one bigram (no length penalty). By hand, with the clipped overlap
+    Σ min(h, r) r / (|h| |r|) per order and 10 / 4 x the sum over orders 1 and 2:
+    K[0, 0] = K[1, 1] = K[0, 2] = K[2, 2] = 5 (orders 1 and 2 match fully),
+    K[0, 1] = CIDEr-D("a a" | "a d") = 2.5 x (2 ∧ 1) x 1 / (2 x 1) = 1.25,
+    K[1, 2] = CIDEr-D("a d" | "a a") = 2.5 x (1 ∧ 2) x 2 / (1 x 2) = 2.5.
+    K = 1.25 M, M = [[4, 1, 4], [1, 4, 2], [4, 2, 4]]: det(M - λI) = -(λ³ - 12λ² + 27λ + 4),
+    whose roots are 8.92434, 3.21507 and -0.13941."""
+    caps = ["a a", "a d", "a a"]
+    scorer = CiderD([caps, ["c d"]])
+    hand = 1.25 * np.array([[4.0, 1.0, 4.0], [1.0, 4.0, 2.0], [4.0, 2.0, 4.0]])
+    assert self_cider_kernel(scorer, caps) == pytest.approx(hand, rel=1e-12)
+    roots = np.sqrt(np.abs(np.roots([1.0, -12.0, 27.0, 4.0])))
+    authors = -math.log(roots.max() / roots.sum()) / math.log(3)
+    assert authors == pytest.approx(0.496393, abs=1e-6)
+    assert self_cider({1: caps}, df_corpus=[caps, ["c d"]]) == pytest.approx(authors, rel=1e-12)
+    assert clipped_eigen_score(hand) == pytest.approx(0.427938, abs=1e-6)  # what it was
+
+
+def test_self_cider_of_a_psd_kernel_is_unchanged():
+    """Where K is positive semi-definite its singular values are its eigenvalues: the score
+    is the one eigenvalues clipped at 0 gave (regression)."""
+    kernel = np.array([[2.0, 1.0], [1.0, 2.0]])  # eigenvalues 3 and 1
+    expected = -math.log(math.sqrt(3) / (math.sqrt(3) + 1)) / math.log(2)
+    assert self_cider_score(kernel) == pytest.approx(expected, rel=1e-12)
+    caps = ["a b c d", "a b c x", "q r s t"]
+    scorer = CiderD([caps, ["e f g h"]])
+    kernel = self_cider_kernel(scorer, caps)
+    assert np.linalg.eigvalsh(kernel).min() > 0
+    assert self_cider_score(kernel) == pytest.approx(clipped_eigen_score(kernel), rel=1e-12)
+
+
 def test_cider_d_equals_pycocoevalcap_per_item():
     gts = {
         1: ["a man riding a horse on the beach", "a person rides a brown horse"],
@@ -118,6 +173,28 @@ def test_clipscore_is_w_times_clipped_cosine():
     torch = pytest.importorskip("torch")
     as_tensors = torch.tensor(text, dtype=torch.float16), torch.tensor(image)
     assert clipscore(*as_tensors, w=1.0) == pytest.approx((1.0 + 0.6 + 0.0) / 3, rel=1e-3)
+
+
+def test_refclipscore_is_the_harmonic_mean_of_clipscore_and_the_best_reference():
+    """Hessel et al. 2021 eq. 2 on hand-made 2-d embeddings (unnormalised: rows are scaled
+    to unit length first): H-Mean(2.5 max(cos(c, v), 0), max(max_r cos(c, r), 0))."""
+    text = np.array([[1.0, 0.0], [3.0, 4.0], [1.0, 0.0], [0.0, 1.0], [0.0, 1.0]])
+    image = np.array([[2.0, 0.0], [1.0, 0.0], [-1.0, 0.0], [0.0, 1.0], [0.0, -1.0]])
+    refs = np.array([[0.0, 1.0], [4.0, 3.0], [1.0, 1.0], [1.0, 0.0], [0.0, -1.0], [0.0, -2.0]])
+    owner = [0, 1, 0, 2, 3, 4]  # candidate 0 has two references, in no particular order
+    expected = [
+        2 * 2.5 * 2**-0.5 / (2.5 + 2**-0.5),  # CLIPScore 2.5, best reference cos 1/√2
+        2 * 1.5 * 0.96 / (1.5 + 0.96),  # cos(c, v) = 0.6 -> 1.5; cos(c, r) = 0.96
+        0.0,  # the image side is 0 (cos -1 clipped): H-Mean(0, 1) = 0
+        0.0,  # the only reference has cos -1, clipped to 0: H-Mean(2.5, 0) = 0
+        0.0,  # both sides 0: 0, not 0 / 0
+    ]
+    scores = refclipscores(text, image, refs, owner)
+    assert scores.dtype == np.float32
+    assert scores.tolist() == pytest.approx(expected, rel=1e-6)
+    assert expected[:2] == pytest.approx([1.102406, 48 / 41], abs=1e-6)
+    with pytest.raises(DistinctcapError, match=r"candidates \[4\] have no reference"):
+        refclipscores(text, image, refs[:5], owner[:5])
 
 
 def test_retrieval_ranks_recall_and_hard_pool():

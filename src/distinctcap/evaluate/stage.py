@@ -12,12 +12,14 @@ computes with `distinctcap.evaluate.metrics`:
   starts once;
 - CLIP self-retrieval R@k and mean rank of the first caption of every image among the split's
   images, optionally in a harder pool with each image's nearest training images (SMILE §3.1,
-  after CapEnrich), and CLIPScore (Hessel et al. 2021 eq. 1);
+  after CapEnrich), CLIPScore and RefCLIPScore (Hessel et al. 2021 eqs. 1 and 2; the
+  references are the image's captions in the split);
 - the captioner's own self-retrieval (CL §4.1): rank the images of a pool by log p(c | I);
 - GPT-2 perplexity (SMILE §3.1) where local weights exist; scene precision/recall/F1 on the
   shapes world (distinctcap.data.scene).
 
-Single-caption metrics (quality, length, vocab, novelty, retrieval, CLIPScore, PPL, scene) use
+Single-caption metrics (quality, length, vocab, novelty, retrieval, CLIPScore,
+RefCLIPScore, PPL, scene) use
 sample 0 of each image: the greedy or best-beam caption, or the first sample of a sampling
 run. Metrics that cannot be computed (SPICE without its jars, diversity of one caption per
 image, oracle over more samples than decoded, ...) are NaN with the reason in `skipped`.
@@ -60,6 +62,7 @@ from distinctcap.evaluate.metrics import (
     gpt2_perplexity,
     model_self_retrieval,
     rank_summary,
+    refclipscores,
     retrieval_ranks,
     retrieval_scores,
 )
@@ -88,6 +91,7 @@ def metric_columns(settings: EvalSettings) -> list[str]:
         *[f"r_at_{k}" for k in ks],
         "mean_rank",
         "clipscore",
+        "refclipscore",
         *[f"hard_r_at_{k}" for k in ks],
         "hard_mean_rank",
         *[f"self_r_at_{k}" for k in settings.self_retrieval_ks],
@@ -188,15 +192,17 @@ def warn_if_capped(key: str, value: int, limit: int, what: str) -> None:
 def clip_metrics(
     clip,
     texts: Sequence[str],
+    references: Sequence[Sequence[str]],
     pooled: np.ndarray,
     train_pooled: np.ndarray,
     settings: EvalSettings,
 ) -> tuple[MetricResult, dict[str, np.ndarray]]:
     """Self-retrieval of caption i's image (row i of `pooled`) among the split's images, the
-    hard pool (plus each image's `hard_pool` nearest training images) and CLIPScore; and
-    caption i's own values (`PER_IMAGE`): clip_rank, its 1-based rank among the split's
-    images, and clipscore. r_at_k is the share of clip_rank <= k, mean_rank and clipscore
-    the means of the per-caption values."""
+    hard pool (plus each image's `hard_pool` nearest training images), CLIPScore and
+    RefCLIPScore (`references[i]`: image i's references); and caption i's own values
+    (`PER_IMAGE`): clip_rank, its 1-based rank among the split's images, and clipscore.
+    r_at_k is the share of clip_rank <= k, mean_rank and clipscore the means of the
+    per-caption values."""
     ks = settings.retrieval_ks
     emb = encode_texts(clip, texts, settings.batch_size)
     target = np.arange(len(texts))
@@ -205,6 +211,8 @@ def clip_metrics(
     prefixed = encode_texts(clip, [CLIPSCORE_PREFIX + t for t in texts], settings.batch_size)
     scores = clipscores(prefixed, pooled)
     out.values["clipscore"] = float(np.mean(scores))
+    refscores = reference_clipscores(clip, prefixed, pooled, references, settings.batch_size)
+    out.values["refclipscore"] = float(np.mean(refscores))
     per_caption = {"clip_rank": ranks, "clipscore": scores}
     hard = [f"hard_r_at_{k}" for k in ks] + ["hard_mean_rank"]
     if settings.hard_pool <= 0 or len(train_pooled) == 0:
@@ -216,6 +224,21 @@ def clip_metrics(
     pool = np.concatenate([pooled, train_pooled[extra]])
     out.merge(retrieval_scores(emb, pool, target, ks), prefix="hard_")
     return out, per_caption
+
+
+def reference_clipscores(
+    clip,
+    prefixed: np.ndarray,
+    pooled: np.ndarray,
+    references: Sequence[Sequence[str]],
+    batch_size: int = 256,
+) -> np.ndarray:
+    """RefCLIPScore (`refclipscores`) of caption i, whose CLIPSCORE_PREFIX embedding is row i
+    of `prefixed`, with image i (row i of `pooled`) and its `references[i]`, encoded by the
+    same CLIP with the same prefix (as Hessel et al.'s clipscore.py encodes references)."""
+    owner = np.repeat(np.arange(len(references)), [len(group) for group in references])
+    texts = [CLIPSCORE_PREFIX + r for group in references for r in group]
+    return refclipscores(prefixed, pooled, encode_texts(clip, texts, batch_size), owner)
 
 
 def retrieval_blocks(n: int, pool: int, seed: int = 0) -> list[np.ndarray]:
@@ -395,6 +418,7 @@ def device_metrics(
         clip_out, per_caption = clip_metrics(
             load_features_clip(paths.features, settings.device),
             first,
+            [inputs.gts[i] for i in ids],
             pooled,
             train_pooled,
             settings,

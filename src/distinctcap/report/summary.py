@@ -44,6 +44,7 @@ SUMMARY_BASE = (
     "r_at_10",
     "mean_rank",
     "clipscore",
+    "refclipscore",
 )
 SUMMARY_TAIL = ("ppl", "scene_precision", "scene_recall", "scene_f1")
 CONSENSUS = tuple(f"consensus_{m}" for m in (*QUALITY_METRICS, *DIVERSITY_METRICS))

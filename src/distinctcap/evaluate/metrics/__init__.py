@@ -29,7 +29,8 @@ _MODULE_OF = {
     "MetricResult": "result",
     **dict.fromkeys(
         ("CLIPSCORE_PREFIX", "clipscore", "clipscores", "mean_rank", "model_self_retrieval",
-         "rank_summary", "recall_at_k", "retrieval_ranks", "retrieval_scores"),
+         "rank_summary", "recall_at_k", "refclipscores", "retrieval_ranks",
+         "retrieval_scores"),
         "retrieval",
     ),  # fmt: skip
     **dict.fromkeys(("DIVERSITY_METRICS", "diversity_scores", "evaluate_captions"), "text"),

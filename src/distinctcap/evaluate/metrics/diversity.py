@@ -50,7 +50,9 @@ def div_n(caps_by_image: Captions, n: int) -> float:
 
 
 def mbleu(caps_by_image: Captions, workers: int = 1) -> float:
-    """mBLEU-4 (UNKT Table 2, lower = more diverse).
+    """mBLEU-4 (UNKT Table 2, lower = more diverse), in corpus rounds as Shetty et al. 2017
+    compute it (rakshithShetty/captionGAN, computeDivStats.py): not per image, as Wang &
+    Chan's DiversityMetrics `mBLEU` does (BLEU of each image on its own, averaged).
 
     For each i: corpus BLEU-4 (pycocoevalcap `Bleu(4)`) of every image's i-th caption against
     that image's other captions; the mean over i. Images with fewer than i+1 captions sit out
@@ -109,37 +111,53 @@ def self_cider(
 ) -> float:
     """SelfCIDEr (Wang & Chan 2019, UNKT Table 2): 0 = all captions alike, 1 = all unrelated.
 
-    Per image with n captions: K[i, j] = CIDEr-D(c_i | c_j) for i <= j, mirrored (the
-    reference implementation's kernel), eigenvalues λ of K / 10 clipped at 0, and
-    score = -log(√λ_max / Σ√λ) / log n; the mean over images.
+    As the authors' code computes it (qingzwang/DiversityMetrics,
+    pycocoevalcap/diversity_eval.py, `SelfCider`): per image, the kernel of its n captions
+    (`self_cider_kernel`) scored by `self_cider_score`; the mean over images.
 
-    Document frequencies: the reference implementation takes them from a fixed corpus (COCO
-    train); pass `df_corpus` (one caption group per image, e.g. the training references) or
-    its prebuilt `scorer` (CocoTools.cider_d) to do the same, which keeps runs comparable.
+    Document frequencies: the authors' code takes them from a fixed corpus (COCO train);
+    pass `df_corpus` (one caption group per image, e.g. the training references) or its
+    prebuilt `scorer` (CocoTools.cider_d) to do the same, which keeps runs comparable.
     Default: the evaluated caption sets, one document per image (pycocoevalcap's corpus
-    mode). An image whose n-grams all have idf 0 (K = 0) has no measurable diversity and
-    scores 0. Images are split over `workers` forked processes.
+    mode). Images are split over `workers` forked processes.
     """
     _need_images(caps_by_image, 2)
     if scorer is None:
         scorer = CiderD(caps_by_image.values() if df_corpus is None else df_corpus)
-    values = fork_map(lambda caps: _self_cider_one(scorer, caps), caps_by_image.values(), workers)
+    values = fork_map(
+        lambda caps: self_cider_score(self_cider_kernel(scorer, caps)),
+        caps_by_image.values(),
+        workers,
+    )
     return float(np.mean(values))
 
 
-def _self_cider_one(scorer: CiderD, caps: Sequence[str]) -> float:
-    n = len(caps)
-    lam = np.linalg.eigvalsh(self_cider_kernel(scorer, caps) / 10.0)
-    # Clip at 0, and treat round-off (|λ| ~ 1e-16 λ_max) as the 0 it stands for.
-    lam[lam < 1e-12 * max(lam.max(), 0.0)] = 0.0
-    roots = np.sqrt(lam)
+def self_cider_score(kernel: np.ndarray) -> float:
+    """One image's SelfCIDEr from its n x n kernel K, as Wang & Chan's code computes it
+    (DiversityMetrics, pycocoevalcap/diversity_eval.py): the singular values s of K
+    (`np.linalg.svd`), r = max √s / Σ √s, score = -log r / log n.
+
+    The mirrored kernel is not positive semi-definite when captions repeat words; its
+    singular values are then the absolute eigenvalues, not the eigenvalues clipped at 0 that
+    another code base (and this function before issue 45) took. The scale of K does not
+    matter (their code keeps CIDEr's x10). One departure, at round-off level: singular
+    values below numpy's rank tolerance (s_max · n · eps, `np.linalg.matrix_rank`) count as
+    0, so n identical captions score 0 (the authors' code gives ~1e-8). K = 0 (every n-gram
+    has idf 0: no measurable diversity) scores 0 where their code divides 0 by 0.
+    """
+    n = len(kernel)
+    s = np.linalg.svd(kernel, compute_uv=False)
+    s[s <= s.max(initial=0.0) * n * np.finfo(s.dtype).eps] = 0.0
+    roots = np.sqrt(s)
     total = roots.sum()
     return 0.0 if total <= 0 else -math.log(roots.max() / total) / math.log(n)
 
 
 def self_cider_kernel(scorer: CiderD, caps: Sequence[str]) -> np.ndarray:
-    """K[i, j] = CIDEr-D(c_i | c_j) for i <= j, mirrored: the reference implementation's
-    kernel, from one `CiderD.pair_matrix`."""
+    """K[i, j] = CIDEr-D(c_i | c_j) for i <= j, mirrored: Wang & Chan's kernel (their
+    `SelfCider.evaluate` scores caption i against caption j as its one reference with the
+    CIDEr of their pycocoevalcap copy, which clips and length-penalises: CIDEr-D, not the
+    original CIDEr; x10 as it returns), from one `CiderD.pair_matrix`."""
     pairs = scorer.pair_matrix(caps, caps)
     upper = np.triu(np.ones((len(caps), len(caps)), dtype=bool))
     return np.where(upper, pairs, pairs.T)

@@ -1,6 +1,6 @@
 """Distinctiveness by retrieval: CLIP self-retrieval R@k / mean rank (SMILE §4, specificity
-paper §4 "recall at k", "mean rank"), CLIPScore (Hessel et al. 2021, SMILE §4), and the
-captioner's own self-retrieval from log p(c | I) (CL §4.1).
+paper §4 "recall at k", "mean rank"), CLIPScore and RefCLIPScore (Hessel et al. 2021, SMILE
+§4), and the captioner's own self-retrieval from log p(c | I) (CL §4.1).
 
 Embeddings are (rows, D) numpy arrays or CPU torch tensors; rows are L2-normalised here, so
 any CLIP output works. Ranks are 1-based and count ties against the caption (rank = number of
@@ -17,8 +17,9 @@ import numpy as np
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.evaluate.metrics.result import MetricResult
 
-# Hessel et al. 2021 encode candidates as "A photo depicts <caption>" for CLIPScore. Self-
-# retrieval (SMILE) encodes the caption as it is.
+# Hessel et al. 2021 encode candidates as "A photo depicts <caption>" for CLIPScore, and
+# references the same way for RefCLIPScore (their clipscore.py). Self-retrieval (SMILE)
+# encodes the caption as it is.
 CLIPSCORE_PREFIX = "A photo depicts "
 
 
@@ -107,6 +108,56 @@ def clipscores(text_emb: object, image_emb: object, w: float = 2.5) -> np.ndarra
 def clipscore(text_emb: object, image_emb: object, w: float = 2.5) -> float:
     """CLIPScore (Hessel et al. 2021 eq. 1): the mean over pairs of `clipscores`."""
     return float(np.mean(clipscores(text_emb, image_emb, w)))
+
+
+def refclipscores(
+    text_emb: object,
+    image_emb: object,
+    ref_emb: object,
+    ref_owner: Sequence[int] | np.ndarray,
+    w: float = 2.5,
+) -> np.ndarray:
+    """RefCLIPScore of each candidate (Hessel et al. 2021 eq. 2), float32:
+    H-Mean(CLIPScore(c, v), max(max_r cos(c, r), 0)) over the references r of its image.
+
+    Rows of `text_emb` and `image_emb` as in `clipscores`; `ref_emb` (R, D) holds every
+    reference, encoded like the candidates (with CLIPSCORE_PREFIX), and `ref_owner` (R,) the
+    candidate row each belongs to; every candidate needs one. The paper's equation, not their
+    clipscore.py where it differs: the text side is clipped at 0 (their code takes the raw
+    maximum), and a harmonic mean with a side at 0 is 0 (their code divides 0 by 0 when
+    both are). Range [0, 2w / (w + 1)] = [0, 1.43] at w = 2.5.
+    """
+    image_side = clipscores(text_emb, image_emb, w)
+    text_side = np.clip(best_reference_cosines(text_emb, ref_emb, ref_owner), 0.0, None)
+    return harmonic_mean(image_side, text_side)
+
+
+def best_reference_cosines(
+    text_emb: object, ref_emb: object, ref_owner: Sequence[int] | np.ndarray
+) -> np.ndarray:
+    """max over the references r of candidate i (`ref_owner` == i) of cos(c_i, r), float32."""
+    text, refs = _rows(text_emb, "text_emb"), _rows(ref_emb, "ref_emb")
+    owner = np.asarray(ref_owner, dtype=np.int64)
+    if refs.shape[1] != text.shape[1] or owner.shape != (len(refs),):
+        raise DistinctcapError(
+            f"text_emb {text.shape}, ref_emb {refs.shape} and ref_owner {owner.shape} must be "
+            "(N, D), (R, D) and (R,)"
+        )
+    if len(owner) and (owner.min() < 0 or owner.max() >= len(text)):
+        raise DistinctcapError(f"ref_owner must lie in [0, {len(text)}) (rows of text_emb)")
+    best = np.full(len(text), -np.inf, dtype=np.float32)
+    np.maximum.at(best, owner, (refs * text[owner]).sum(axis=1))
+    orphans = np.flatnonzero(np.isneginf(best))
+    if len(orphans):
+        raise DistinctcapError(f"candidates {orphans[:5].tolist()} have no reference")
+    return best
+
+
+def harmonic_mean(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """2ab / (a + b) of non-negative arrays, elementwise; 0 where a side is 0 (its limit)."""
+    a, b = np.asarray(a), np.asarray(b)
+    total = a + b
+    return np.divide(2 * a * b, total, out=np.zeros_like(total), where=total > 0)
 
 
 def model_self_retrieval(

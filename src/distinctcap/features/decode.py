@@ -2,9 +2,11 @@
 
 `pil` (the CPU's default): DataLoader workers decode each file with PIL and apply open_clip's
 resize/crop (distinctcap.features.extract.ImageFiles). `tensor` (auto on a GPU): workers only
-read the bytes; the main process decodes the batch's JPEGs with `torchvision.io.decode_jpeg`
-on the model's device (nvjpeg on CUDA, in one batched call) and applies the same open_clip
-Resize/CenterCrop objects to uint8 tensors (bicubic with antialias, as PIL's resampling).
+read the bytes and send each batch as one tensor (Packed: one file descriptor per batch, not
+per image, so a default `ulimit -n` suffices); the main process decodes the batch's JPEGs
+with `torchvision.io.decode_jpeg` on the model's device (nvjpeg on CUDA, in one batched call)
+and applies the same open_clip Resize/CenterCrop objects to uint8 tensors (bicubic with
+antialias, as PIL's resampling).
 Files PIL would see as anything but an RGB JPEG (PNG, grayscale, CMYK, ...) take the PIL path
 in the worker, as does a batch nvjpeg refuses (image by image); a file neither reads stops the
 stage naming it (distinctcap.data.quality.decoding). The pixels differ from PIL's by the

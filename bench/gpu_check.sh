@@ -222,8 +222,9 @@ if [[ $CPU == 0 ]]; then
         "$PYTHON" bench/rehearsal.py --images 2000 --steps 50 --device cuda --budget 65 \
         --work "$WORK/rehearsal" --out "$OUT/rehearsal.json"
 else  # the same parts, CPU-sized
-    part a 60 "$RATES" "bench/bench_features.py --coco-jpegs" -- \
-        "$PYTHON" bench/bench_features.py --coco-jpegs 8 --device cpu
+    part a 60 "$RATES" "bench/bench_features.py --coco-jpegs --arch --workers" -- \
+        "$PYTHON" bench/bench_features.py --coco-jpegs 64 --arch shapes-vit-tiny --workers 1 \
+        --device cpu
     part b 60 "$RATES" "bench/bench_steps.py --methods" -- \
         "$PYTHON" "${STEPS[@]}" --device cpu --steps 2 --reps 1 --warmup 2 --images 200 \
         --backend eager

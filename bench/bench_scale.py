@@ -1,8 +1,9 @@
 """Scale harness: peak RSS and time of each feature-consuming stage as the dataset grows.
 
     PYTHONPATH=src nice -n 10 python bench/bench_scale.py [--sizes 10000,40000,118287]
-        [--root scale-store] [--device cpu|cuda] [--keep]
-        [--stages decode,evaluate,train,entropy,neighbours]
+        [--root scale-store] [--device cpu|cuda] [--keep] [--test-images 1000]
+        [--stages decode,evaluate,train,entropy,neighbours] [--train-steps 20] [--max-len 0]
+        [--store-grid-cache]
 
 For each size N it writes a synthetic store in the real on-disk format (`bench/synthetic_store.py`:
 the features module's own shard writers) at COCO shape: grid 49 x 768 float16 plus pooled 512
@@ -21,11 +22,14 @@ process (`--stage`) and reads that child's peak RSS from os.wait4:
                 metrics need Java, a real CLIP and GPT-2 weights and read no image features.
     train       train.train, 20 steps (--train-steps) of config.coco.yaml's reference run
                 (batch 50; 100 validation captions at the end, no checkpoints); the first
-                train job of a store also builds the grid cache (features.grid_cache), included
+                train job of a store also builds the grid cache (features.grid_cache), included,
+                unless --store-grid-cache had the store write it
     entropy     entropy.score_captions (the retrieval_entropy rule): all train captions over
                 all train images
     neighbours  neighbours.build_table (top 1%)
 
+Each stage's line (peak RSS MiB, seconds) is printed as soon as it ends, after the child's line
+naming the third-party modules it imported, so a run its time limit stops keeps what finished.
 The last line is the ratio of the largest size's peak RSS to the smallest's per stage.
 Peak RSS includes the file pages a child touched (the mapped grid cache, for training).
 """
@@ -140,8 +144,11 @@ def stage_train(store: Path, work: Path, steps: int = 20) -> None:
     from distinctcap.train.trainer import train
 
     cfg = effective_run_config(coco_config(), "reference")
+    # epochs off: config.coco.yaml states its run length in epochs, which would override
+    # `steps` (15 epochs: 1,800 steps at 1,200 images, 177,000 at 118,287)
     cfg["train"].update(
-        steps=steps, warmup_steps=2, val_every=0, val_captions=100, checkpoint_every=0
+        steps=steps, epochs=None, warmup_epochs=None, warmup_steps=2, val_every=0,
+        val_captions=100, checkpoint_every=0,
     )
     inputs = {
         "captions": str(store / "data/captions.parquet"),
@@ -170,6 +177,21 @@ def stage_neighbours(store: Path, work: Path) -> None:
         work / "neighbours.parquet",
         pct=1.0,
         device=stage_device(),
+    )
+
+
+def third_party_modules() -> list[str]:
+    """The top-level modules outside the standard library and distinctcap that this process
+    has imported: what a stage needs installed on a bare GPU machine (issue 42: it has no Java,
+    pycocoevalcap, jsonschema, snakemake or open_clip unless carried)."""
+    local = set(sys.stdlib_module_names) | {"distinctcap", "synthetic_store", "__main__"}
+    return sorted(
+        name
+        for name, module in list(sys.modules.items())
+        if "." not in name
+        and name not in local
+        and not name.startswith("_")
+        and (getattr(module, "__file__", None) or hasattr(module, "__path__"))  # not built in
     )
 
 
@@ -207,6 +229,15 @@ def main() -> None:
         "--max-len", type=int, default=0, help="decode's captioner max_len (0: the config's)"
     )
     parser.add_argument("--device", default="cpu", help="cpu or cuda: where the stages compute")
+    parser.add_argument(
+        "--test-images", type=int, default=1000,
+        help="test images: what decode and evaluate work on (fewer: a quick CPU check)",
+    )
+    parser.add_argument(
+        "--store-grid-cache", action="store_true",
+        help="the store writes training's grid cache (train then does not build it: its time "
+        "drops by the re-decode of every grid, its peak RSS stays)",
+    )
     parser.add_argument("--stage", choices=STAGES, help=argparse.SUPPRESS)
     parser.add_argument("--store", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
@@ -225,6 +256,7 @@ def main() -> None:
         extra = {"train": {"steps": args.train_steps}, "decode": {"max_len": args.max_len}}
         extra = extra.get(args.stage, {})
         globals()[f"stage_{args.stage}"](args.store, args.work, **extra)
+        print(f"  {args.stage:<10} imported {' '.join(third_party_modules())}", flush=True)
         return
 
     os.environ["BENCH_DEVICE"] = args.device
@@ -241,12 +273,14 @@ def main() -> None:
             [sys.executable, "-c",
              f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
              "from synthetic_store import write_store; "
-             f"write_store({str(store / 'store')!r}, {n})"],
+             f"write_store({str(store / 'store')!r}, {n}, test={args.test_images}, "
+             f"grid_cache={args.store_grid_cache})"],
             env=child_env(), check=True,
         )
+        seconds = time.perf_counter() - start
         size = sum(f.stat().st_size for f in store.rglob("*") if f.is_file()) / 2**30
-        print(f"N={n}: store {size:.2f} GiB written in {time.perf_counter() - start:.0f} s",
-              flush=True)
+        print(f"N={n}: store {size:.2f} GiB written in {seconds:.1f} s "
+              f"({size / seconds:.2f} GiB/s)", flush=True)
         for stage in stages:
             rss, seconds = run_child(stage, store / "store", store / "work", args)
             results[stage][n] = rss, seconds

@@ -134,7 +134,7 @@ ship-clip: install
 # and bench/gpu_check.sh installs them there with pip --no-index --target.
 GPU_PYTHON ?= 3.12
 gpu-wheels: install
-	bash bench/gpu/wheels.sh --python-version $(GPU_PYTHON) --dest .whl --pip "$(PY) -m pip"
+	bash bench/gpu/wheels.sh --python-version $(GPU_PYTHON) --dest .whl --python $(PY)
 
 # That node rehearsed here: a clean venv of the GPU image's packages only, the wheels installed
 # as there, then bench/gpu_check.sh --cpu (every part must end with a number).

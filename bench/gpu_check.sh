@@ -8,18 +8,18 @@
 # reason), and each part's whole log to $OUT/part-NAME.log, so a lease cut short still returns
 # what finished:
 #   imports  each part's modules import (one line naming every missing module, by part)
-#   a  features on 4,096 COCO-sized JPEGs, end to end vs model only  (bench_features.py, 75 s)
-#   b  MLE, UNKT and specificity steps at COCO size, eager vs compiled (bench_steps.py, 210 s;
+#   a  features on 4,096 COCO-sized JPEGs, end to end vs model only  (bench_features.py, 70 s)
+#   b  MLE, UNKT and specificity steps at COCO size, eager vs compiled (bench_steps.py, 180 s;
 #      prints each ms/step, compile time and ratio as it exists, and all of them on SIGTERM)
-#   c  bench_scale.py at 118,287 images: train, decode, evaluate    (peak RSS and s, 120 s)
+#   c  bench_scale.py at 118,287 images: train, decode, evaluate    (peak RSS and s, 170 s)
 #   d  the rehearsal of config.coco.yaml (bench/rehearsal.py; not in the default: it needs
 #      snakemake's packages too)
 #   dag  the tiny DAG on the GPU, every GPU job's log on CUDA      (only with --dag; ~350 s)
-# Each part runs under `timeout` (its limit); a part whose script or flag is missing is recorded
-# as skipped. Exit 0 only if every part ran, exited 0 and printed a number; else 1. No usable
-# GPU: one JSON line saying why, exit 1 (unless --cpu).
+# Each part runs under `timeout` (its limit; --limit PART=SECONDS sets another); a part whose
+# script or flag is missing is recorded as skipped. Exit 0 only if every part ran, exited 0
+# and printed a number; else 1. No usable GPU: one JSON line saying why, exit 1 (unless --cpu).
 #
-#   OUT=DIR bash bench/gpu_check.sh [--parts a,b,c] [--dag] [--cpu] [--keep DIR]
+#   OUT=DIR bash bench/gpu_check.sh [--parts a,b,c] [--limit b=480 ...] [--dag] [--cpu] [--keep DIR]
 #
 # --cpu runs the parts on the CPU at tiny sizes with short limits (the test of this script;
 # bench/gpu/rehearsal.sh runs it in a venv holding only the GPU image's packages).
@@ -38,6 +38,7 @@ PARTS=a,b,c
 KEEP=""
 CPU=0
 RUN_DAG=0
+declare -A LIMIT=()
 
 usage() { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "gpu_check: $*" >&2; exit 2; }
@@ -48,6 +49,8 @@ while [[ $# -gt 0 ]]; do
         --dag) RUN_DAG=1; shift ;;
         --cpu) CPU=1; shift ;;
         --keep) [[ $# -ge 2 ]] || die "--keep needs a folder"; KEEP=$2; shift 2 ;;
+        --limit) [[ $2 =~ ^[a-z]+=[0-9]+$ ]] || die "--limit needs PART=SECONDS"
+            LIMIT[${2%%=*}]=${2#*=}; shift 2 ;;
         -h|--help) usage; exit 0 ;;
         *) usage >&2; die "unknown argument: $1" ;;
     esac
@@ -94,7 +97,7 @@ EOF
 
 # part NAME LIMIT PATTERN NEEDS -- COMMAND...: NEEDS is "script flag..." that must exist.
 part() {
-    local name=$1 limit=$2 pattern=$3 needs=$4 log="$WORK/$1.log" started rc
+    local name=$1 limit=${LIMIT[$1]:-$2} pattern=$3 needs=$4 log="$WORK/$1.log" started rc
     shift 5
     [[ ",$PARTS," == *",$name,"* ]] || return 0
     read -r -a need <<< "$needs"
@@ -168,7 +171,8 @@ echo "gpu_check: $CARD; device $DEVICE; results to $JSONL"
 declare -A IMPORTS=(
     [a]="bench/bench_features.py open_clip torchvision.io distinctcap.features.extract"
     [b]="bench/bench_steps.py open_clip distinctcap.methods.specificity distinctcap.methods.unkt"
-    [c]="bench/bench_scale.py bench/synthetic_store.py distinctcap.train.launch"
+    [c]="bench/bench_scale.py bench/synthetic_store.py distinctcap.train.launch open_clip
+         jsonschema pycocoevalcap.bleu.bleu_scorer distinctcap.evaluate.stage"
     [d]="bench/rehearsal.py snakemake jsonschema"
     [dag]="snakemake jsonschema pycocoevalcap"
 )
@@ -178,9 +182,7 @@ wanted=()
 for name in ${PARTS//,/ } $([[ $RUN_DAG == 1 ]] && echo dag); do
     wanted+=("$name=${IMPORTS[$name]:-}")
 done
-while IFS='=' read -r name modules; do
-    [[ -n "$name" ]] && MISSING[$name]=$modules
-done < <(cd "$ROOT" && CARD=$CARD "$PYTHON" - "$JSONL" "${wanted[@]}" <<'EOF'
+missing=$(cd "$ROOT" && CARD=$CARD "$PYTHON" - "$JSONL" "${wanted[@]}" <<'EOF'
 import importlib, importlib.util, json, os, sys
 sys.path[:0] = ["bench"]
 missing = {}
@@ -188,15 +190,19 @@ for item in sys.argv[2:]:
     part, _, modules = item.partition("=")
     for module in modules.split():
         try:
-            if module.endswith(".py"):
-                spec = importlib.util.spec_from_file_location(f"check_{part}", module)
-                spec.loader.exec_module(importlib.util.module_from_spec(spec))
+            if module.endswith(".py"):  # registered first: dataclasses look their module up
+                name = os.path.basename(module)[:-3]
+                spec = importlib.util.spec_from_file_location(name, module)
+                sys.modules[name] = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(sys.modules[name])
             else:
                 importlib.import_module(module)
         except ImportError as error:
             name = getattr(error, "name", None) or str(error)
             if name not in missing.setdefault(part, []):
                 missing[part].append(name)
+        except Exception as error:  # noqa: BLE001 - any failure to import is the part's
+            missing.setdefault(part, []).append(f"{module} ({type(error).__name__}: {error})")
 with open(sys.argv[1], "a") as out:
     line = {"part": "imports", "rc": int(bool(missing)), "card": os.environ["CARD"],
             "missing": missing, "python": sys.version.split()[0]}
@@ -204,19 +210,23 @@ with open(sys.argv[1], "a") as out:
 for part, names in missing.items():
     print(f"{part}={','.join(names)}")
 EOF
-)
+) || die "the imports check failed to run ($PYTHON)"
+while IFS='=' read -r name modules; do
+    [[ -n "$name" ]] && MISSING[$name]=$modules
+done <<< "$missing"
 for name in "${!MISSING[@]}"; do echo "gpu_check: part $name is missing modules: ${MISSING[$name]}"; done
 
 RATES='ratio|rate|/s\b|ms/step|compile|peak|GiB|total'
 STEPS=(bench/bench_steps.py --methods mle,unkt,specificity)
 if [[ $CPU == 0 ]]; then
-    part a 75 "$RATES" "bench/bench_features.py --coco-jpegs" -- \
+    part a 70 "$RATES" "bench/bench_features.py --coco-jpegs" -- \
         "$PYTHON" bench/bench_features.py --coco-jpegs 4096 --device cuda
-    part b 210 "$RATES" "bench/bench_steps.py --coco --methods" -- \
+    part b 180 "$RATES" "bench/bench_steps.py --coco --methods" -- \
         "$PYTHON" "${STEPS[@]}" --coco --device cuda
-    part c 120 "$RATES" "bench/bench_scale.py --sizes --stages" -- \
-        "$PYTHON" bench/bench_scale.py --sizes 118287 --stages train,decode,evaluate \
-        --train-steps 20 --max-len 5 --device cuda --root "$WORK/scale"
+    part c 170 "$RATES" "bench/bench_scale.py --sizes --stages --test-images --store-grid-cache" \
+        -- "$PYTHON" bench/bench_scale.py --sizes 118287 --stages train,decode,evaluate \
+        --train-steps 20 --max-len 5 --test-images 250 --store-grid-cache --device cuda \
+        --root "$WORK/scale"
     rm -rf "$WORK/scale"  # GBs, left behind when its limit stopped it
     part d 80 "$RATES|rehearsal" "bench/rehearsal.py --budget" -- \
         "$PYTHON" bench/rehearsal.py --images 2000 --steps 50 --device cuda --budget 65 \
@@ -225,7 +235,7 @@ else  # the same parts, CPU-sized
     part a 60 "$RATES" "bench/bench_features.py --coco-jpegs --arch --workers" -- \
         "$PYTHON" bench/bench_features.py --coco-jpegs 64 --arch shapes-vit-tiny --workers 1 \
         --device cpu
-    part b 60 "$RATES" "bench/bench_steps.py --methods" -- \
+    part b 90 "$RATES" "bench/bench_steps.py --methods" -- \
         "$PYTHON" "${STEPS[@]}" --device cpu --steps 2 --reps 1 --warmup 2 --images 200 \
         --backend eager
     part c 90 "$RATES" "bench/bench_scale.py --sizes --stages" -- \

@@ -30,7 +30,7 @@ if present:
 PY
 PYVER=$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 bash "$ROOT/bench/gpu/wheels.sh" --python-version "$PYVER" --dest "$HERE/whl" \
-    --pip "$VENV/bin/python -m pip"
+    --python "$VENV/bin/python"
 export PIP_NO_INDEX=1 OUT=${OUT:-$HERE/out}
 rm -rf "$OUT"
 echo "rehearsal: bench/gpu_check.sh --cpu $* with $VENV/bin/python, wheels from $HERE/whl"

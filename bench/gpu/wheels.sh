@@ -4,17 +4,18 @@
 #   python3 -m pip install --no-index --no-deps --target DIR FOLDER/*.whl; export PYTHONPATH=DIR
 # (bench/gpu_check.sh does that itself when it finds the folder).
 #
-#   bash bench/gpu/wheels.sh [--python-version 3.12] [--dest .whl] [--pip PIP]
+#   bash bench/gpu/wheels.sh [--python-version 3.12] [--dest .whl] [--python PYTHON]
+# (PYTHON: the Python whose pip downloads; default python3)
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 VERSION=3.12
 DEST=$ROOT/.whl
-PIP=${PIP:-python3 -m pip}
+PY=python3
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --python-version) VERSION=$2; shift 2 ;;
         --dest) DEST=$2; shift 2 ;;
-        --pip) PIP=$2; shift 2 ;;
+        --python) PY=$2; shift 2 ;;
         *) echo "wheels.sh: unknown argument: $1" >&2; exit 2 ;;
     esac
 done
@@ -24,8 +25,15 @@ platforms=()
 for tag in manylinux_2_28 manylinux_2_27 manylinux_2_24 manylinux_2_17 manylinux2014 manylinux1; do
     platforms+=(--platform "${tag}_x86_64")
 done
-grep -v -e '^#' -e '^$' "$ROOT/bench/gpu/carried.txt" | while read -r requirement; do
-    $PIP download --quiet --no-deps --only-binary=:all: --python-version "$VERSION" \
-        --implementation cp "${platforms[@]}" -d "$DEST" "$requirement"
+TRIM=$(mktemp -d)
+trap 'rm -rf "$TRIM"' EXIT
+grep -v -e '^#' -e '^$' "$ROOT/bench/gpu/carried.txt" | while read -r requirement how; do
+    into=$DEST
+    [[ "$how" == trim ]] && into=$TRIM
+    "$PY" -m pip download --quiet --no-deps --only-binary=:all: --python-version "$VERSION" \
+        --implementation cp "${platforms[@]}" -d "$into" "$requirement"
+done
+for wheel in "$TRIM"/*.whl; do
+    [[ -e "$wheel" ]] && "$PY" "$ROOT/bench/gpu/trim_wheel.py" "$wheel" "$DEST"
 done
 echo "wheels.sh: $(ls "$DEST"/*.whl | wc -l) wheels for Python $VERSION in $DEST ($(du -sh "$DEST" | cut -f1))"

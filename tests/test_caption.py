@@ -376,3 +376,13 @@ def test_caption_flags_a_noise_image_and_not_a_shapes_image(shapes_run, tmp_path
     assert "like the training images" in said[str(shapes_image)]
     assert "1 image(s) are far from run reference's training images" in done.err
     assert page.read_text().count("class='outside'") == 1
+
+
+def test_a_misspelt_run_folder_says_it_does_not_exist_and_the_name_meant(run_dir):
+    """Issue 48 item 6: `runs/smil` said "it has no run.json" of a folder that is not there."""
+    done = cli("caption", run_dir.parent / "smil", run_dir)
+    assert done.returncode == 2
+    assert done.stderr == (f"distinctcap: {run_dir.parent / 'smil'} does not exist; did you "
+                           f"mean {run_dir}?\n")
+    elsewhere = cli("caption", run_dir.parent / "zzz", run_dir).stderr
+    assert f"does not exist; the run folders in {run_dir.parent} are smile" in elsewhere

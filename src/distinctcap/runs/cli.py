@@ -169,11 +169,11 @@ def fetch(args) -> int:
 
 
 def check_config(args) -> int:
-    from distinctcap.core.config import load_schema, read_configs, validate
+    from distinctcap.core.config import config_sources, load_schema, read_configs, validate
 
     config = read_configs(args.files)
     if not args.syntax:
-        validate(config, load_schema())
+        validate(config, load_schema(), config_sources(args.files))
     print(f"distinctcap: {', '.join(args.files)}: {'valid YAML' if args.syntax else 'valid'}")
     return 0
 

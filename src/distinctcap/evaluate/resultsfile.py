@@ -1,7 +1,8 @@
 """`distinctcap evaluate`: any captioner's results file, scored as the evaluate rule scores the
 pipeline's own captions.
 
-A results file is the COCO caption format, ``[{"image_id": 42, "caption": "..."}, ...]``;
+A results file is the COCO caption format, ``[{"image_id": 42, "caption": "..."}, ...]``, or
+the JSON lines of ``distinctcap caption --out`` (distinctcap.evaluate.captionfile);
 several entries of one image are its samples, in file order (sample 0 is the one the
 single-caption metrics use; all of them feed diversity, oracle and consensus). It is scored
 against a data folder the pipeline prepared (``results/data`` of any experiment: its images,
@@ -21,7 +22,6 @@ stage quarantined, one without CLIP features, an empty caption, an entry that is
 from __future__ import annotations
 
 import contextlib
-import json
 import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
@@ -32,6 +32,7 @@ import pandas as pd
 from distinctcap.core.config import EvalSettings
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import read_table, write_table
+from distinctcap.evaluate.captionfile import results_entries
 from distinctcap.evaluate.metrics.result import KEYS
 from distinctcap.evaluate.stage import EvalPaths, Evaluation, evaluate_decoding
 from distinctcap.features.read import feature_ids
@@ -125,7 +126,7 @@ def read_results(path: str | Path, data: DataFolder, split: str) -> Results:
     """The scorable entries of a results file as a generated table, and the rest by id."""
     path = Path(path)
     try:
-        entries = json.loads(path.read_text(encoding="utf-8"))
+        entries = results_entries(path.read_text(encoding="utf-8"), split)
     except (OSError, ValueError) as error:
         raise DistinctcapError(f"{path}: not a readable JSON results file ({error})") from error
     if not isinstance(entries, list):

@@ -465,3 +465,25 @@ def test_caption_out_gives_image_ids_and_evaluate_scores_it_as_it_is(world_run, 
     assert f"| captions | {test} | 1 |" in scored.stdout, scored.stdout  # the test images
     assert pd.read_csv(tmp_path / "scores.csv").cider.notna().all()
     assert "set aside 1 entries (1 not an object with image_id and caption)" in scored.stderr
+
+
+def test_a_caption_file_reads_as_results_entries_of_one_split():
+    from distinctcap.evaluate.captionfile import parse_results, results_entries
+
+    lines = [
+        {"file": "a.png", "image_id": 1, "split": "test", "caption": "a red circle"},
+        {"file": "b.png", "image_id": 2, "split": "train", "caption": "a blue square"},
+        {"file": "c.png", "image_id": 3, "split": "test", "caption": "x", "samples": ["x", "y"]},
+        {"file": "d.png", "image_id": 4, "split": "test", "error": "unreadable image"},
+        {"file": "mine.png", "caption": "a dog"},
+    ]
+    text = "".join(json.dumps(line) + "\n" for line in lines)
+    assert results_entries(parse_results(text), "test") == [
+        {"image_id": 1, "caption": "a red circle"}, {"image_id": 3, "caption": "x"},
+        {"image_id": 3, "caption": "y"}, {"image_id": 4}, {"caption": "a dog"}]  # fmt: skip
+    coco = [{"image_id": 1, "caption": "a red circle"}]
+    assert results_entries(parse_results(json.dumps(coco)), "test") == coco  # as it is
+    assert results_entries(parse_results(json.dumps(lines[0])), "test") == coco  # one line
+    assert parse_results('{"image_id": 1}') == {"image_id": 1}  # refused by the reader
+    with pytest.raises(ValueError, match="Expecting"):
+        parse_results("[{not json")

@@ -32,7 +32,7 @@ import pandas as pd
 from distinctcap.core.config import EvalSettings
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import read_table, write_table
-from distinctcap.evaluate.captionfile import results_entries
+from distinctcap.evaluate.captionfile import parse_results, results_entries
 from distinctcap.evaluate.metrics.result import KEYS
 from distinctcap.evaluate.stage import EvalPaths, Evaluation, evaluate_decoding
 from distinctcap.features.read import feature_ids
@@ -126,7 +126,7 @@ def read_results(path: str | Path, data: DataFolder, split: str) -> Results:
     """The scorable entries of a results file as a generated table, and the rest by id."""
     path = Path(path)
     try:
-        entries = results_entries(path.read_text(encoding="utf-8"), split)
+        entries = results_entries(parse_results(path.read_text(encoding="utf-8")), split)
     except (OSError, ValueError) as error:
         raise DistinctcapError(f"{path}: not a readable JSON results file ({error})") from error
     if not isinstance(entries, list):

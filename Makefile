@@ -2,7 +2,8 @@
 # embedded default) and `make test` (the test suite). Each creates .venv first.
 # One folder per experiment: EXP=experiments/NAME CONFIGS="presets/X.yaml" runs config.yaml
 # overlaid with the presets in that folder (snakemake --directory), so runs never overwrite
-# each other; `make report` with the same EXP and CONFIGS reports what that folder holds.
+# each other; the folder records its CONFIGS, so `make report EXP=...` and `make run EXP=...`
+# reuse them (results/experiment.json) and refuse other ones.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 CORES ?= 2
@@ -13,6 +14,7 @@ CONFIGS ?=
 # Snakemake reads --configfile files before the workflow and names neither file nor line of a
 # YAML error in one: check-config does, first
 CHECK_YAML = $(PY) -m distinctcap check-config --syntax config.yaml
+EXP_CONFIGS = $(PY) -m distinctcap.runs.experiments $(EXP) --configs "$(CONFIGS)"
 SNAKEMAKE = $(CHECK_YAML) $(CONFIGS) && $(VENV)/bin/snakemake --cores $(CORES) --directory $(EXP) $(if $(CONFIGS),--configfile $(CONFIGS))
 QUICK := experiments/quick
 # presets/quick.yaml's only_runs keeps the reference and SMILE: the summary, the comparison
@@ -32,8 +34,12 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 .PHONY: install run quick quick-tail test report report-screenshot readme-table unkt-ablations unkt-ablation-table unkt-seeds unkt-seeds-table seeds cleanup times ship-clip gpu-wheels gpu-rehearsal
 install: $(VENV)/.installed
 
+# A rerun of EXP without CONFIGS uses the config files recorded in it (results/experiment.json);
+# CONFIGS that differ from them are refused in one line printing the right command.
 run: install
-	$(SNAKEMAKE)
+	@configs=$$($(EXP_CONFIGS) --make run) && \
+	$(CHECK_YAML) $$configs && $(VENV)/bin/snakemake --cores $(CORES) --directory $(EXP) \
+	$$(if [ -n "$$configs" ]; then echo --configfile $$configs; fi)
 
 # The MLE reference and its SMILE fine-tune on a small world (presets/quick.yaml), the
 # captions both give six test images, then the summary, SMILE against the reference and the
@@ -60,13 +66,15 @@ quick-tail:
 report: install
 	$(call report_of,$(EXP),$(CONFIGS),)
 
-# The report of experiment folder $(1) with presets $(2) and snakemake options $(3), or the
-# one line saying there is nothing to report (distinctcap.runs.experiments)
+# The report of experiment folder $(1) with presets $(2) (none: those recorded in it) and
+# snakemake options $(3), or the one line saying there is nothing to report or that $(2) is
+# not what the folder was made with (distinctcap.runs.experiments)
 define report_of
-@if $(PY) -m distinctcap.runs.experiments $(1); then \
-  $(CHECK_YAML) $(2) && $(VENV)/bin/snakemake --cores $(CORES) --directory $(1) \
-  $(if $(2),--configfile $(2)) $(3) --report results/report.html && \
-  echo "report: $(1)/results/report.html"; fi
+@configs=$$($(PY) -m distinctcap.runs.experiments $(1) --configs "$(2)" --make report) || \
+  { said=$$?; [ -z "$$configs" ] || echo "$$configs"; exit $$((said == 1 ? 0 : 1)); }; \
+  $(CHECK_YAML) $$configs && $(VENV)/bin/snakemake --cores $(CORES) --directory $(1) \
+  $$(if [ -n "$$configs" ]; then echo --configfile $$configs; fi) $(3) \
+  --report results/report.html && echo "report: $(1)/results/report.html"
 endef
 
 # The shipped screenshot of the report's front page (assets/report_front.png, the README's),

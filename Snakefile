@@ -10,6 +10,7 @@ from snakemake.utils import min_version
 
 from distinctcap.core.config import read_yaml
 from distinctcap.core.errors import DistinctcapError
+from distinctcap.runs.experiments import record_experiment
 
 min_version("9.0")
 
@@ -47,6 +48,11 @@ report: report_front_page()
 onstart:
     # runs after the DAG is built, before the first job (not for dry runs)
     require_java(workflow.dag.needrun_jobs())
+    # the experiment folder remembers its config files and overrides (make run / make report)
+    record_experiment(
+        Path("."), Path(workflow.basedir), workflow.config_settings.configfiles,
+        workflow.config_settings.config,
+    )
 
 
 rule all:

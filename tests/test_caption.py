@@ -4,12 +4,16 @@ The run folder is built as rule run_card builds one (distinctcap.runs.runcard), 
 untrained captioner and CLIP, so no training is needed; the pipeline test captions with a
 trained one."""
 
+import base64
+import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tomllib
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -107,7 +111,10 @@ def test_one_command_captions_a_folder_and_reports_each_bad_file(run_dir, photos
     assert "empty.png: not captioned: empty file (0 bytes)" in done.stderr
     assert "text.jpg: not captioned: unreadable image" in done.stderr
     assert "cut.png: not captioned: unreadable image" in done.stderr
-    assert "3 of 6 files could not be read" in done.stderr
+    assert ("distinctcap: captioning 6 files with run smile (greedy) on cpu\n"
+            in done.stderr.split("not captioned")[0])  # up front: how many, with what
+    assert re.search(r"distinctcap: captioned 3 images in \d+\.\d s, 3 failed \(above: files "
+                     r"that could not be read\)\n$", done.stderr), done.stderr
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [os.path.basename(r["file"]) for r in rows] == sorted(
         p.name for p in photos.iterdir() if p.suffix.lower() != ".txt"
@@ -118,6 +125,10 @@ def test_one_command_captions_a_folder_and_reports_each_bad_file(run_dir, photos
     assert text.count("<figure>") == 6 and "empty file" in text and "mean token logprob" in text
     assert str(photos) not in text  # names relative to the current folder, not absolute
     assert "overflow-wrap:anywhere" in text
+    pictures = re.findall(r'<img src="([^"]+)"', text)  # embedded: the page can be shared
+    assert len(pictures) == 3 and all(p.startswith("data:image/jpeg;base64,") for p in pictures)
+    with Image.open(io.BytesIO(base64.b64decode(pictures[1].split(",")[1]))) as thumbnail:
+        assert max(thumbnail.size) <= 256
 
 
 def test_three_lines_of_python_give_the_commands_captions(run_dir, photos):
@@ -376,3 +387,103 @@ def test_caption_flags_a_noise_image_and_not_a_shapes_image(shapes_run, tmp_path
     assert "like the training images" in said[str(shapes_image)]
     assert "1 image(s) are far from run reference's training images" in done.err
     assert page.read_text().count("class='outside'") == 1
+
+
+def test_a_misspelt_run_folder_says_it_does_not_exist_and_the_name_meant(run_dir):
+    """Issue 48 item 6: `runs/smil` said "it has no run.json" of a folder that is not there."""
+    done = cli("caption", run_dir.parent / "smil", run_dir)
+    assert done.returncode == 2
+    assert done.stderr == (f"distinctcap: {run_dir.parent / 'smil'} does not exist; did you "
+                           f"mean {run_dir}?\n")
+    elsewhere = cli("caption", run_dir.parent / "zzz", run_dir).stderr
+    assert f"does not exist; the run folders in {run_dir.parent} are smile" in elsewhere
+
+
+def test_captioning_many_images_shows_progress_lines_off_a_terminal(
+    run_dir, photos, monkeypatch, capsys
+):
+    """Issue 48 item 5: 2,400 images took minutes with nothing said between start and end."""
+    from distinctcap.core import logs
+    from distinctcap.runs.cli import main
+
+    monkeypatch.setattr(logs, "PROGRESS_SECONDS", 0.0)  # a line at every update
+    monkeypatch.setattr(logs, "QUICK_SECONDS", 0.0)
+    assert main(["caption", str(run_dir), str(photos / "good0.png"), str(photos / "good1.jpg"),
+                 "--device", "cpu"]) == 0  # fmt: skip
+    said = capsys.readouterr().err.splitlines()
+    assert "distinctcap: CLIP features: 2/2 images (" in "\n".join(said), said
+    assert any(line.startswith("distinctcap: decode (greedy): 2/2 images (") for line in said)
+    assert said[-1].startswith("distinctcap: captioned 2 images in ") and said[-1].endswith(
+        " s, 0 failed")
+
+
+@pytest.fixture(scope="module")
+def world_run(tmp_path_factory):
+    """A run folder in the evaluation world (tests/evaluate_world.py: a prepared shapes world,
+    its CLIP features), where `results/runs/<run>` sits beside `results/data`."""
+    from evaluate_world import build
+
+    from distinctcap.runs.runcard import write_run_card
+
+    world = build(tmp_path_factory.getbasetemp() / "evaluate-world")
+    run = world.root / "runs" / "caption-world"
+    if not (run / "run.json").is_file():
+        run.mkdir(parents=True, exist_ok=True)
+        shutil.copy(world.model, run / "model.pt")
+        write_run_card(run, "caption-world", {"method": "mle"}, {"greedy": {"kind": "greedy"}},
+                       world.vocab, world.features, str(world.root / "clip.pt"))  # fmt: skip
+    return world, run
+
+
+def test_caption_out_gives_image_ids_and_evaluate_scores_it_as_it_is(world_run, tmp_path):
+    """Issue 48 item 2: `caption --out` wrote `file` but no `image_id`, so its file could not
+    be scored; now the lines of the experiment's images carry their id and split, and
+    `distinctcap evaluate` reads the file as it is (the test split's lines)."""
+    from distinctcap.core.io import read_table
+
+    world, run = world_run
+    images = read_table(world.images, "images")
+    folder = Path(images.file.iloc[0]).parent
+    outsider = tmp_path / "mine.png"
+    Image.new("RGB", (40, 40), "blue").save(outsider)
+    out = tmp_path / "captions.jsonl"
+    done = cli("caption", run, folder, outsider, "--out", out, "--device", "cpu")
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    ids = {Path(f).resolve(): (i, s) for f, i, s in zip(images.file, images.image_id,
+                                                         images.split, strict=True)}  # fmt: skip
+    for line in lines[:-1]:
+        assert (line["image_id"], line["split"]) == ids[Path(line["file"]).resolve()], line
+    assert len(lines) == len(images) + 1 and "image_id" not in lines[-1]  # not the data's
+    config = tmp_path / "config.yaml"
+    config.write_text("runs: {r: {method: mle}}\nevaluate: {oracle_ns: [1], curve_ns: [1], "
+                      "self_retrieval_pool: 8, spice: false}\n")
+    scored = cli("evaluate", out, "--data", world.root / "data", "--configfile", config,
+                 "--out", tmp_path / "scores.csv")  # fmt: skip
+    test = int((images.split == "test").sum())
+    assert "CIDEr" in scored.stdout, scored.stderr[-3000:]
+    assert f"| captions | {test} | 1 |" in scored.stdout, scored.stdout  # the test images
+    assert pd.read_csv(tmp_path / "scores.csv").cider.notna().all()
+    assert "set aside 1 entries (1 not an object with image_id and caption)" in scored.stderr
+
+
+def test_a_caption_file_reads_as_results_entries_of_one_split():
+    from distinctcap.evaluate.captionfile import parse_results, results_entries
+
+    lines = [
+        {"file": "a.png", "image_id": 1, "split": "test", "caption": "a red circle"},
+        {"file": "b.png", "image_id": 2, "split": "train", "caption": "a blue square"},
+        {"file": "c.png", "image_id": 3, "split": "test", "caption": "x", "samples": ["x", "y"]},
+        {"file": "d.png", "image_id": 4, "split": "test", "error": "unreadable image"},
+        {"file": "mine.png", "caption": "a dog"},
+    ]
+    text = "".join(json.dumps(line) + "\n" for line in lines)
+    assert results_entries(parse_results(text), "test") == [
+        {"image_id": 1, "caption": "a red circle"}, {"image_id": 3, "caption": "x"},
+        {"image_id": 3, "caption": "y"}, {"image_id": 4}, {"caption": "a dog"}]  # fmt: skip
+    coco = [{"image_id": 1, "caption": "a red circle"}]
+    assert results_entries(parse_results(json.dumps(coco)), "test") == coco  # as it is
+    assert results_entries(parse_results(json.dumps(lines[0])), "test") == coco  # one line
+    assert parse_results('{"image_id": 1}') == {"image_id": 1}  # refused by the reader
+    with pytest.raises(ValueError, match="Expecting"):
+        parse_results("[{not json")

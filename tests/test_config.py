@@ -49,7 +49,8 @@ def test_valid_runs_pass_and_get_defaults():
     ("config", "expected"),
     [
         ({"data": {"shapes": {"n_train": "x"}}}, "data.shapes.n_train = 'x' has the wrong type"),
-        ({"data": {"shapes": {"n_trian": 5}}}, "unknown key data.shapes.n_trian; allowed keys"),
+        ({"data": {"shapes": {"n_trian": 5}}},
+         "unknown key data.shapes.n_trian; did you mean n_train? allowed keys"),
         ({"colour": 1}, "unknown key colour; allowed keys here: "),
         ({"device": "gpu"}, "device = 'gpu' is not allowed; choose one of ['auto', 'cuda', 'cpu']"),
         ({"runs": {"x": {"method": "rl"}}}, "runs.x.method = 'rl' is not allowed; choose one of"),
@@ -91,7 +92,8 @@ def test_valid_runs_pass_and_get_defaults():
         (
             {"runs": {"r": {"method": "mle"}, "c": {"method": "cl", "init": "r",
                                                     "reference": "r", "negativs": 3}}},
-            "unknown key runs.c.negativs; allowed keys here: constraints, data, init, method, "
+            "unknown key runs.c.negativs; did you mean negatives? allowed keys here: constraints, "
+            "data, init, method, "
             "negatives, nu, nu_in_sigmoid, reference, replace_reference_every, seed, seeds, "
             "teacher, train",
         ),
@@ -141,7 +143,7 @@ def test_the_probes_bad_names_and_numbers_stop_with_the_key(text, expected):
 def test_bad_config_stops_snakemake_before_any_job(workdir):
     result = snakemake(workdir, "--config", "device=gpu")
     assert result.returncode != 0
-    assert "distinctcap: config error: device = 'gpu' is not allowed" in result.stderr
+    assert "distinctcap: config error: --config: device = 'gpu' is not allowed" in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
     assert not (workdir / "results").exists()
 
@@ -488,3 +490,24 @@ def test_only_runs_keeps_the_named_runs_and_those_they_start_from():
     assert list(selected_runs({**config, "only_runs": ["unkt"]})) == ["teacher_neg", "unkt"]
     with pytest.raises(DistinctcapError, match="only_runs: nope names no run"):
         selected_runs({**config, "only_runs": ["nope"]})
+
+
+def test_a_misspelt_key_names_its_file_and_the_key_meant(workdir, capsys):
+    """Issue 48 item 6: a preset's `train.stpes` named neither the file nor `steps`."""
+    from distinctcap.runs.cli import main
+
+    (workdir / "presets").mkdir()
+    preset = workdir / "presets" / "typo.yaml"
+    preset.write_text("train:\n  stpes: 5\n")
+    assert main(["check-config", str(workdir / "config.yaml"), str(preset)]) == 2
+    said = capsys.readouterr().err
+    assert said.startswith(f"distinctcap: {preset}: unknown key train.stpes; did you mean steps? "
+                           "allowed keys here: "), said
+    assert said.count("\n") == 1
+    result = snakemake(workdir, "-n", "--configfile", "presets/typo.yaml")
+    assert result.returncode != 0
+    assert ("distinctcap: config error: presets/typo.yaml: unknown key train.stpes; did you "
+            "mean steps?") in result.stderr, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr + result.stdout
+    result = snakemake(workdir, "-n", "--config", "sed=3")
+    assert "config error: --config: unknown key sed; did you mean seed?" in result.stderr

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from distinctcap.core.config import (
+    config_sources,
     effective_run_config,
     entropy_priority,
     load_schema,
@@ -23,8 +24,14 @@ from distinctcap.methods.facts import FACTS
 SCHEMA = Path(workflow.basedir) / "workflow" / "schemas" / "config.schema.yaml"
 
 CONFIG_SCHEMA = load_schema(SCHEMA)
+# config.yaml, then each --configfile, then --config: an error names the one that set the key
+CONFIG_FILES = [Path(workflow.basedir) / "config.yaml", *workflow.config_settings.configfiles]
 try:
-    config = validate(config, CONFIG_SCHEMA)
+    sources = config_sources(
+        [f for f in CONFIG_FILES if Path(f).is_file()], workflow.config_settings.config,
+        Path(workflow.basedir),
+    )
+    config = validate(config, CONFIG_SCHEMA, sources)
     config["runs"] = selected_runs(config)  # only_runs: the rest are neither built nor reported
 except DistinctcapError as error:
     sys.stderr.write(f"distinctcap: config error: {error}\n")

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 import functools
 import json
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -78,12 +79,15 @@ def load_schema(path: str | os.PathLike = SCHEMA_PATH) -> dict:
     return schema
 
 
-def validate(config: dict, schema: dict) -> dict:
-    """Return a copy of `config` with defaults filled; raise DistinctcapError if it is invalid."""
+def validate(config: dict, schema: dict, sources: Sequence[tuple[str, dict]] = ()) -> dict:
+    """Return a copy of `config` with defaults filled; raise DistinctcapError if it is invalid.
+    `sources` are the (file name, content) pairs `config` was merged from, in order: a schema
+    error then starts with the name of the last one that sets the key (`config_sources`)."""
     config = copy.deepcopy(config)
     errors = sorted(DefaultFilling(schema).iter_errors(config), key=_error_depth)
     if errors:
-        raise DistinctcapError(describe(errors[0]))
+        origin = key_origin(error_key(errors[0]), sources)
+        raise DistinctcapError((f"{origin}: " if origin else "") + describe(errors[0]))
     check_finite(config)
     check_runs(config.get("runs", {}))
     check_outputs({**config, "runs": seeded_runs(config)})
@@ -131,6 +135,46 @@ def configured_outputs(config: dict) -> Iterator[tuple[str, str]]:
                     yield f"decoding.{name}", template.format(run=run, split=split, decoding=name)
 
 
+def config_sources(
+    paths: Sequence[str | os.PathLike], overrides: dict | None = None, repo: Path | None = None
+) -> list[tuple[str, dict]]:
+    """(name, content) of each config file in merge order (named by `shown_path` against
+    `repo`), then Snakemake's --config overrides, for `validate` to name where a key came from."""
+    repo = (repo or Path.cwd()).absolute()
+    sources = [(shown_path(path, repo), read_yaml(path) or {}) for path in paths]
+    return sources + ([("--config", dict(overrides))] if overrides else [])
+
+
+def shown_path(path: str | os.PathLike, repo: Path) -> str:
+    """A config file as errors, make and the experiment record name it: relative to the
+    repository (`repo`, absolute) when under it, else absolute."""
+    path = Path(path).absolute()
+    return str(path.relative_to(repo)) if path.is_relative_to(repo) else str(path)
+
+
+def key_origin(key: list[str], sources: Sequence[tuple[str, dict]]) -> str | None:
+    """The name of the last source that sets `key` (a path of keys), or None."""
+    return next((name for name, content in reversed(sources) if _sets(content, key)), None)
+
+
+def _sets(content: object, key: list[str]) -> bool:
+    for part in key:
+        if not isinstance(content, dict) or part not in content:
+            return False
+        content = content[part]
+    return bool(key)
+
+
+def error_key(error: jsonschema.ValidationError) -> list[str]:
+    """The key path an error is about: the unknown key itself for additionalProperties."""
+    path = [str(p) for p in error.absolute_path]
+    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+        allowed = error.schema.get("properties", {})
+        extra = sorted(set(error.instance) - set(allowed))
+        return path + extra[:1]
+    return path
+
+
 def _error_depth(error: jsonschema.ValidationError) -> tuple:
     """Deepest key first; an empty section (e.g. no runs yet) only when nothing else is wrong."""
     return (error.validator == "minProperties", -len(error.absolute_path), str(error.absolute_path))
@@ -164,7 +208,14 @@ def describe(error: jsonschema.ValidationError) -> str:
 
 def _unknown_key(where: str, extra: list[str], allowed: list[str]) -> str:
     prefix = f"{where}." if where else ""
-    return f"unknown key {prefix}{extra[0]}; allowed keys here: {', '.join(allowed)}"
+    suggestion = did_you_mean(extra[0], allowed)
+    return f"unknown key {prefix}{extra[0]}; {suggestion}allowed keys here: {', '.join(allowed)}"
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """"did you mean X? " for the closest of `choices` to a misspelt `word`, else ""."""
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1)
+    return f"did you mean {close[0]}? " if close else ""
 
 
 def _foreign_option(where: str, key: str, run: dict) -> str | None:
@@ -575,9 +626,7 @@ class TrainConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
-            raise DistinctcapError(
-                f"unknown key {where}.{unknown[0]}; allowed keys here: {', '.join(sorted(known))}"
-            )
+            raise DistinctcapError(_unknown_key(where, unknown, sorted(known)))
         return cls(**d)
 
 

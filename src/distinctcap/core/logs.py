@@ -22,6 +22,8 @@ from distinctcap.core.errors import DistinctcapError
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 log = logging.getLogger("distinctcap")
+# progress lines (LogProgress): a child of `log`, so a command can show them alone
+progress_log = logging.getLogger("distinctcap.progress")
 PROGRESS_SECONDS = 30.0  # between progress lines when no bar is drawn
 QUICK_SECONDS = 10.0  # a loop done sooner says nothing
 _job_log: str | None = None  # the rule's log file once `setup` was given one (a pipeline job)
@@ -183,7 +185,8 @@ class LogProgress:
         rate = (self.n - self.initial) / max(self.said - self.start, 1e-9)
         total = f"/{self.total}" if self.total is not None else ""
         tail = f", {self.postfix}" if self.postfix else ""
-        log.info("%s: %d%s %s (%.1f/s)%s", self.desc, self.n, total, self.unit, rate, tail)
+        progress_log.info("%s: %d%s %s (%.1f/s)%s", self.desc, self.n, total, self.unit, rate,
+                          tail)  # fmt: skip
 
 
 def warn_if_capped(logger: logging.Logger, key: str, value: int, limit: int, data: str) -> None:

@@ -1,7 +1,8 @@
 """`distinctcap evaluate`: any captioner's results file, scored as the evaluate rule scores the
 pipeline's own captions.
 
-A results file is the COCO caption format, ``[{"image_id": 42, "caption": "..."}, ...]``;
+A results file is the COCO caption format, ``[{"image_id": 42, "caption": "..."}, ...]``, or
+the JSON lines of ``distinctcap caption --out`` (distinctcap.evaluate.captionfile);
 several entries of one image are its samples, in file order (sample 0 is the one the
 single-caption metrics use; all of them feed diversity, oracle and consensus). It is scored
 against a data folder the pipeline prepared (``results/data`` of any experiment: its images,
@@ -41,6 +42,7 @@ import pandas as pd
 from distinctcap.core.config import EvalSettings
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import read_table, write_table
+from distinctcap.evaluate.captionfile import parse_results, results_entries
 from distinctcap.evaluate.metrics.result import KEYS
 from distinctcap.evaluate.stage import EvalPaths, Evaluation, evaluate_decoding
 from distinctcap.features.read import feature_ids
@@ -176,7 +178,7 @@ def id_problem(image: int, known: set[int], set_apart: dict[int, str]) -> str | 
 def parse_json(path: Path) -> object:
     """The JSON value of the file at `path`, or one line why not."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return parse_results(path.read_text(encoding="utf-8"))
     except RecursionError as error:
         raise DistinctcapError(f"{path}: not a readable JSON results file (nested too deeply)"
                                ) from error  # fmt: skip
@@ -215,7 +217,7 @@ def read_results(path: str | Path, data: DataFolder, split: str) -> Results:
     position); one line why when the file cannot be read or an image has too many samples."""
     path = Path(path)
     known = set(data.images[data.images.split == split].image_id.astype(int).tolist())
-    entries = load_entries(path, len(known))
+    entries = results_entries(load_entries(path, len(known)), split)
     set_apart = image_problems(data, split)
     rows, problems, samples = [], [], Counter()
     for n, entry in enumerate(entries):

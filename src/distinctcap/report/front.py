@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from distinctcap.core.io import atomic_path, read_json
-from distinctcap.report.summary import pick_decodings, reference_run, run_label
+from distinctcap.report.summary import pick_decodings, pooled_rows, reference_run, run_label
 from distinctcap.report.tables import source_label
 from distinctcap.report.verdicts import (
     front_table,
@@ -126,12 +126,20 @@ def headline(results: Path, runs: dict) -> list[str]:
                 "run ``snakemake`` (``make run``) to build it; this report shows what exists.", ""]
     summary = pd.read_csv(path)
     quality, diversity = pick_decodings(summary)
+    runs = evaluated(runs, summary)
     headers, rows = front_table(summary, read_versus(results), runs, quality, diversity)
     cells = [[front_cell(*c) for c in row] for row in rows]
     return [f"**Headline** (test split; {escape(quality)} decoding, diversity over "
             f"{escape(diversity)}; best value of each column in bold; [ ]: the 95 % interval "
             "of the run's difference from the reference).", "",
             *rst_table(headers, cells, escaped=True)]
+
+
+def evaluated(runs: dict, summary: pd.DataFrame) -> dict:
+    """The runs of `runs` that the summary has rows of: a config run this experiment never
+    evaluated (another preset's, or not built yet) gets no row of dashes."""
+    have = set(pooled_rows(summary, "test").index.get_level_values("run"))
+    return {name: run for name, run in runs.items() if name in have}
 
 
 def front_cell(value: str, interval: str, best: bool) -> str:

@@ -5,6 +5,10 @@
     run.caption(["img.jpg", "my_folder/"])   # [{"file", "caption", "mean_logprob", "outside", ...}]
     run.caption(pil_image)                   # PIL images too, alone or in a list
 
+A captioned file that is an image of the run's experiment (`results/data/images.parquet`
+beside `results/runs/`, its `file` relative to the experiment folder) also gets its `image_id`
+and `split`, so `distinctcap caption --out` writes what `distinctcap evaluate` scores.
+
 Each caption comes with how sure it is: `mean_logprob`, the captioner's mean token
 log-probability, and `outside`, whether the image is far from the run's training images (its
 CLIP features' `distance` above the card's calibrated `threshold`, distinctcap.runs.calibrate;
@@ -22,7 +26,9 @@ still captioned.
 
 from __future__ import annotations
 
+import base64
 import html
+import io
 import json
 import os
 from collections.abc import Iterable, Sequence
@@ -39,7 +45,7 @@ from distinctcap.clip.load import byte_transform, load_clip, normalize
 from distinctcap.clip.weights import LOCAL_DIR, resolve_weights
 from distinctcap.core.devices import resolve_device
 from distinctcap.core.errors import DistinctcapError
-from distinctcap.core.io import atomic_path, file_sha256
+from distinctcap.core.io import atomic_path, file_sha256, read_table
 from distinctcap.core.logs import progress
 from distinctcap.data.quality import image_problem
 from distinctcap.data.tokenizer import CaptionTokenizer
@@ -119,6 +125,14 @@ class Run:
         self.clip = load_run_clip(self.card, self.dir, clip, self.device)
         self.tokenizer = CaptionTokenizer.load(vocab)
         self.to_bytes, self.mean, self.std = byte_transform(self.clip.preprocess)
+        self._data_images: dict[Path, dict] | None = None
+
+    @property
+    def data_images(self) -> dict[Path, dict]:
+        """Resolved file -> {image_id, split} of the experiment's images (read once)."""
+        if self._data_images is None:
+            self._data_images = experiment_images(self.dir)
+        return self._data_images
 
     def __repr__(self) -> str:
         return f"Run({str(self.dir)!r}, method={self.card['method']!r})"
@@ -201,8 +215,15 @@ class Run:
             distances = dict(zip(good, self.distances(grid), strict=True))
         return [
             self._result(label(f, k), captions.get(k), distances.get(k), problems[k])
+            | self.image_of(f)
             for k, f in enumerate(files)
         ]
+
+    def image_of(self, item: Path | Image.Image) -> dict:
+        """{image_id, split} of a file that is one of the experiment's images, else {}."""
+        if isinstance(item, Image.Image):
+            return {}
+        return self.data_images.get(item.resolve(), {}) if self.data_images else {}
 
     def distances(self, grid: torch.Tensor) -> list[float | None]:
         """Each image's distance from the training images (distinctcap.runs.calibrate)."""
@@ -231,6 +252,22 @@ class Run:
             "outside": None if threshold is None or distance is None else distance > threshold,
         }
         return out | ({"samples": texts} if len(texts) > 1 else {})
+
+
+def experiment_images(run_dir: Path) -> dict[Path, dict]:
+    """Resolved file -> {image_id, split} of every image of the experiment that trained the
+    run (results/runs/<run> -> results/data/images.parquet, whose files are relative to the
+    experiment folder above results/); {} for a run folder copied without its data."""
+    results = run_dir.resolve().parent.parent
+    table = results / "data" / "images.parquet"
+    if not table.is_file():
+        return {}
+    images = read_table(table, "images")
+    experiment = results.parent
+    return {
+        (experiment / file).resolve(): {"image_id": int(image_id), "split": split}
+        for file, image_id, split in zip(images.file, images.image_id, images.split, strict=True)
+    }
 
 
 def load_run_clip(card: dict, run_dir: Path, clip: str | None, device: torch.device):
@@ -306,7 +343,20 @@ HTML_STYLE = (
 )
 
 
-def html_card(result: dict, root: Path) -> str:
+THUMBNAIL = 256  # pixels, the longer side of a picture on the page
+
+
+def thumbnail_uri(path: Path, size: int = THUMBNAIL) -> str:
+    """The image as a small JPEG in a data URI, so the page needs no other file."""
+    with Image.open(path) as image:
+        image = image.convert("RGB")
+        image.thumbnail((size, size))
+        out = io.BytesIO()
+        image.save(out, "JPEG", quality=85)
+    return "data:image/jpeg;base64," + base64.b64encode(out.getvalue()).decode("ascii")
+
+
+def html_card(result: dict) -> str:
     """One figure: the picture (or the reason it could not be read), the file's name, the
     caption and how sure it is."""
     name = html.escape(shown_name(result["file"]))
@@ -318,8 +368,7 @@ def html_card(result: dict, root: Path) -> str:
         )
     picture = ""
     if not result["file"].startswith("<"):
-        src = html.escape(os.path.relpath(Path(result["file"]).resolve(), root))
-        picture = f'<img src="{src}" alt="{name}">'
+        picture = f'<img src="{thumbnail_uri(Path(result["file"]))}" alt="{name}">'
     sure = "outside" if result["outside"] else "sure"
     return (
         f"<figure>{picture}<figcaption><div class='name'>{name}</div>"
@@ -329,13 +378,13 @@ def html_card(result: dict, root: Path) -> str:
 
 
 def write_html(results: list[dict], path: str | os.PathLike, title: str) -> None:
-    """A page of cards, one per image (its picture, linked relative to the page, its name,
-    caption and confidence, or the reason it was not captioned)."""
-    root = Path(path).resolve().parent
+    """A self-contained page of cards, one per image (its picture as an embedded thumbnail,
+    its name, caption and confidence, or the reason it was not captioned): it can be moved
+    or sent on its own."""
     page = (
         f"<!doctype html><meta charset='utf-8'><title>{html.escape(title)}</title>"
         f"<style>{HTML_STYLE}</style><h1>{html.escape(title)}</h1>"
-        + "\n".join(html_card(r, root) for r in results)
+        + "\n".join(html_card(r) for r in results)
     )
     with atomic_path(path) as tmp:
         tmp.write_text(page)

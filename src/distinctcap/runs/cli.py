@@ -15,8 +15,9 @@
     distinctcap evaluate RESULTS.json... --data results/data [--versus BASELINE.json]
                          [--out scores.csv] [--split test] [--configfile config.yaml]
                                                score any captioner's results file (COCO caption
-                                               format) as the evaluate rule scores the
-                                               pipeline's captions; bootstrap against --versus
+                                               format, or caption --out's JSON lines) as the
+                                               evaluate rule scores the pipeline's captions;
+                                               bootstrap against --versus
 
 Light at import: torch loads only inside `caption`. SIGTERM and SIGINT stop a command with one
 line, after each `with` on the way out has removed its temporary files (`Stopped`).
@@ -30,6 +31,7 @@ import signal
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -97,7 +99,8 @@ def evaluate_parser(commands) -> None:
     ev = commands.add_parser(
         "evaluate", help="score a results file (COCO caption format) as the pipeline scores its own"
     )
-    ev.add_argument("results", nargs="+", help='[{"image_id": 42, "caption": "..."}] JSON files')
+    ev.add_argument("results", nargs="+", help='[{"image_id": 42, "caption": "..."}] JSON '
+                    "files, or what distinctcap caption --out wrote")  # fmt: skip
     ev.add_argument("--data", required=True, help="an experiment's prepared data, results/data")
     ev.add_argument("--versus", help="a baseline results file: paired bootstrap against it")
     ev.add_argument("--out", help="write one row per results file here (summary.csv's columns)")
@@ -109,8 +112,10 @@ def evaluate_parser(commands) -> None:
 
 
 def caption(args) -> int:
-    from distinctcap.runs.caption import Run, confidence, write_html, write_jsonl
+    from distinctcap.runs.caption import Run, confidence, image_files, write_html, write_jsonl
 
+    show_progress()
+    start = time.monotonic()
     run = Run(args.run_dir, clip=args.clip, device=args.device)
     if run.threshold is None:
         print(
@@ -119,6 +124,9 @@ def caption(args) -> int:
             "card again with `snakemake --forcerun run_card`",
             file=sys.stderr,
         )
+    count = len(image_files(args.images))
+    print(f"distinctcap: captioning {count} file{'s' * (count != 1)} with run {run.name} "
+          f"({args.decoding}) on {run.device.type}", file=sys.stderr)  # fmt: skip
     results = run.caption(args.images, decoding=args.decoding)
     bad = [r for r in results if "error" in r]
     for r in results:
@@ -137,13 +145,23 @@ def caption(args) -> int:
         write_jsonl(results, args.out)
     if args.html:
         write_html(results, args.html, f"{run.name} ({run.card['method']}), {args.decoding}")
-    if bad:
-        print(
-            f"distinctcap: {len(bad)} of {len(results)} files could not be read (above); the "
-            f"other {len(results) - len(bad)} were captioned",
-            file=sys.stderr,
-        )
+    print(f"distinctcap: captioned {len(results) - len(bad)} images in "
+          f"{time.monotonic() - start:.1f} s, {len(bad)} failed"
+          + (" (above: files that could not be read)" if bad else ""), file=sys.stderr)  # fmt: skip
     return 1 if bad else 0
+
+
+def show_progress() -> None:
+    """The package's progress lines (core.logs.progress: a bar on a terminal, else a line
+    every PROGRESS_SECONDS) on stderr; its other loggers stay as they are."""
+    import logging
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("distinctcap: %(message)s"))
+    logger = logging.getLogger("distinctcap.progress")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
 
 
 def runs(args) -> int:
@@ -175,11 +193,11 @@ def fetch(args) -> int:
 
 
 def check_config(args) -> int:
-    from distinctcap.core.config import load_schema, read_configs, validate
+    from distinctcap.core.config import config_sources, load_schema, read_configs, validate
 
     config = read_configs(args.files)
     if not args.syntax:
-        validate(config, load_schema())
+        validate(config, load_schema(), config_sources(args.files))
     print(f"distinctcap: {', '.join(args.files)}: {'valid YAML' if args.syntax else 'valid'}")
     return 0
 

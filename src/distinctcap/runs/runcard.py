@@ -87,6 +87,8 @@ def read_run_card(run_dir: str | os.PathLike) -> dict:
     """The card of a run folder; a clear error when the folder is not a finished run."""
     run_dir = Path(run_dir)
     path = run_dir / CARD
+    if not run_dir.is_dir():
+        raise DistinctcapError(f"{run_dir} does not exist{_did_you_mean_run(run_dir)}")
     if not path.is_file():
         has_model = (run_dir / MODEL).is_file()
         raise DistinctcapError(
@@ -108,6 +110,21 @@ def read_run_card(run_dir: str | os.PathLike) -> dict:
         raise DistinctcapError(f"{path} is not a run card; write it again with "
                                "`snakemake --forcerun run_card`")  # fmt: skip
     return card
+
+
+def _did_you_mean_run(run_dir: Path) -> str:
+    """"; did you mean <sibling>?" for the closest run folder beside a misspelt one, else
+    where the run folders are listed."""
+    import difflib
+
+    parent = run_dir.parent
+    siblings = sorted(p.name for p in parent.iterdir() if p.is_dir()) if parent.is_dir() else []
+    close = difflib.get_close_matches(run_dir.name, siblings, n=1)
+    if close:
+        return f"; did you mean {parent / close[0]}?"
+    if siblings:
+        return f"; the run folders in {parent} are {', '.join(siblings)}"
+    return "; pass a folder under results/runs/ (`distinctcap runs` lists them)"
 
 
 def verified_model(card: dict, run_dir: str | os.PathLike) -> Path:

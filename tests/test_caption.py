@@ -376,3 +376,28 @@ def test_caption_flags_a_noise_image_and_not_a_shapes_image(shapes_run, tmp_path
     assert "like the training images" in said[str(shapes_image)]
     assert "1 image(s) are far from run reference's training images" in done.err
     assert page.read_text().count("class='outside'") == 1
+
+
+def test_a_ctrl_c_is_one_line_that_says_how_to_resume(tmp_path):
+    """Issue 48 item 3: Ctrl-C printed the traceback of wherever it landed. Interrupted while
+    `caption` loads torch (once libtorch is mapped, inside the command), the command says one
+    line and exits 130."""
+    import signal
+    import time
+
+    command = [sys.executable, "-m", "distinctcap", "caption", str(tmp_path / "run"), "x.png"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    maps = f"/proc/{proc.pid}/maps"
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and time.monotonic() < deadline:
+        if "libtorch" in open(maps).read():
+            break
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines() == [
+        "distinctcap caption: interrupted; run the same command again to finish it"
+    ], err

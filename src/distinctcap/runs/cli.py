@@ -225,6 +225,10 @@ def main(argv: list[str] | None = None) -> int:
     except DistinctcapError as error:
         print(f"distinctcap: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: one line, not the traceback of wherever it landed
+        print(f"\ndistinctcap {args.command}: interrupted; run the same command again to "
+              "finish it", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

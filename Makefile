@@ -75,8 +75,8 @@ endef
 # (report_log); a failure says where that log is.
 report_log = $(if $(filter .,$(1)),,$(1)/)logs/report.log
 define quiet_report_of
-@mkdir -p $(dir $(call report_log,$(1))) && $(CHECK_YAML) $(2) && $(VENV)/bin/snakemake \
-  --cores $(CORES) --directory $(1) $(if $(2),--configfile $(2)) --report results/report.html \
+@mkdir -p $(dir $(call report_log,$(1))) && { $(CHECK_YAML) $(2) && $(VENV)/bin/snakemake \
+  --cores $(CORES) --directory $(1) $(if $(2),--configfile $(2)) --report results/report.html; } \
   > $(call report_log,$(1)) 2>&1 || { echo "the report failed: see $(call report_log,$(1))" >&2; exit 1; }
 endef
 

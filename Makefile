@@ -39,7 +39,7 @@ install: $(VENV)/.installed
 # The pipeline, then the report (built quietly), every method against the reference and where
 # the results are (tail_of).
 run: install
-	@$(call RESUME_ON_CTRL_C,make run$(if $(filter-out .,$(EXP)), EXP=$(EXP))$(if $(CONFIGS), CONFIGS="$(CONFIGS)")) $(SNAKEMAKE)
+	@$(call RESUME_ON_CTRL_C,make run$(if $(filter-out .,$(EXP)), EXP=$(EXP))$(if $(CONFIGS), CONFIGS='\''$(CONFIGS)'\'')) $(SNAKEMAKE)
 	$(call tail_of,$(EXP),$(CONFIGS))
 
 # The MLE reference and its SMILE fine-tune on a small world (presets/quick.yaml), the

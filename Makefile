@@ -15,7 +15,11 @@ CONFIGS ?=
 # YAML error in one: check-config does, first
 CHECK_YAML = $(PY) -m distinctcap check-config --syntax config.yaml
 EXP_CONFIGS = $(PY) -m distinctcap.runs.experiments $(EXP) --configs "$(CONFIGS)"
-SNAKEMAKE = $(CHECK_YAML) $(CONFIGS) && $(VENV)/bin/snakemake --cores $(CORES) --directory $(EXP) $(if $(CONFIGS),--configfile $(CONFIGS))
+# --rerun-incomplete: a job cut short (Ctrl-C) reruns when the command is typed again
+SNAKEMAKE = $(CHECK_YAML) $(CONFIGS) && $(VENV)/bin/snakemake --cores $(CORES) --rerun-incomplete --directory $(EXP) $(if $(CONFIGS),--configfile $(CONFIGS))
+# Before a snakemake command line: a Ctrl-C ends on one line saying how to resume ($(1): the
+# make command; Snakemake's own lines about the interrupt come before it, and make then stops)
+RESUME_ON_CTRL_C = trap 'echo "interrupted: \`$(1)\` again resumes (finished jobs are kept; training continues from its last checkpoint)" >&2; exit 0' INT;
 QUICK := experiments/quick
 # presets/quick.yaml's only_runs keeps the reference and SMILE: the summary, the comparison
 # (versus.csv, forest.png) and the plots hold those two
@@ -35,31 +39,54 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 install: $(VENV)/.installed
 
 # A rerun of EXP without CONFIGS uses the config files recorded in it (results/experiment.json);
-# CONFIGS that differ from them are refused in one line printing the right command.
+# CONFIGS that differ from them are refused in one line printing the right command. Then the
+# report (built quietly), every method against the reference and where the results are.
 run: install
-	@configs=$$($(EXP_CONFIGS) --make run) && \
-	$(CHECK_YAML) $$configs && $(VENV)/bin/snakemake --cores $(CORES) --directory $(EXP) \
+	@configs=$$($(EXP_CONFIGS) --make run) && $(CHECK_YAML) $$configs && \
+	$(call RESUME_ON_CTRL_C,make run$(if $(filter-out .,$(EXP)), EXP=$(EXP))$(if $(CONFIGS), CONFIGS='\''$(CONFIGS)'\'')) \
+	$(VENV)/bin/snakemake --cores $(CORES) --rerun-incomplete --directory $(EXP) \
 	$$(if [ -n "$$configs" ]; then echo --configfile $$configs; fi)
+	$(call tail_of,$(EXP),$(CONFIGS))
 
 # The MLE reference and its SMILE fine-tune on a small world (presets/quick.yaml), the
 # captions both give six test images, then the summary, SMILE against the reference and the
 # report of the two, and where each is.
 quick: install
 	$(CHECK_YAML) presets/quick.yaml
-	$(VENV)/bin/snakemake $(QUICK_TARGETS) --cores $(CORES) --directory $(QUICK) --configfile presets/quick.yaml
-	$(MAKE) --no-print-directory quick-tail
+	@$(call RESUME_ON_CTRL_C,make quick) $(VENV)/bin/snakemake $(QUICK_TARGETS) --cores $(CORES) --rerun-incomplete --directory $(QUICK) --configfile presets/quick.yaml
+	@$(MAKE) --no-print-directory quick-tail
 
 # make quick after its jobs: also the end of the quick-path test (tests/test_quick.py)
 quick-tail:
 	@for run in reference smile; do echo "== captions of $$run"; $(PY) -m distinctcap caption $(QUICK)/results/runs/$$run $$(ls $(QUICK)/results/data/images/*.png | tail -n 6); done
-	@echo "== against the reference"
-	@$(PY) -m distinctcap compare --results $(QUICK)/results
-	$(call report_of,$(QUICK),presets/quick.yaml,--quiet)
-	@echo "== where they are"
-	@echo "summary:    $(QUICK)/results/metrics/summary.csv"
-	@echo "comparison: $(QUICK)/results/report/versus.md (distinctcap compare prints it again)"
-	@echo "report:     $(QUICK)/results/report.html"
+	$(call tail_of,$(QUICK),presets/quick.yaml)
 	@echo "runs:       $(QUICK)/results/runs/reference, $(QUICK)/results/runs/smile"
+
+# The end of make quick and make run: the report of experiment folder $(1) with presets $(2),
+# Snakemake's lines about it in $(1)/logs/report.log, then every method against the reference
+# (distinctcap compare: the headline table and the verdicts) and where the results are, so
+# the verdict and the paths are the last lines.
+results_of = $(if $(filter .,$(1)),,$(1)/)results
+define tail_of
+$(call quiet_report_of,$(1),$(2))
+@echo "== against the reference"
+@$(PY) -m distinctcap compare --results $(call results_of,$(1))
+@echo "== where they are"
+@echo "summary:    $(call results_of,$(1))/metrics/summary.csv"
+@echo "comparison: $(call results_of,$(1))/report/versus.md (distinctcap compare prints it again)"
+@echo "report:     $(call results_of,$(1))/report.html (Snakemake's log of it: $(call report_log,$(1)))"
+endef
+
+# The report of experiment folder $(1) with presets $(2) (none: those recorded in it),
+# Snakemake's output in its log file (report_log); a failure says where that log is.
+report_log = $(if $(filter .,$(1)),,$(1)/)logs/report.log
+define quiet_report_of
+@mkdir -p $(dir $(call report_log,$(1))) && { \
+  configs=$$($(PY) -m distinctcap.runs.experiments $(1) --configs "$(2)" --make run) && \
+  $(CHECK_YAML) $$configs && $(VENV)/bin/snakemake --cores $(CORES) --directory $(1) \
+  $$(if [ -n "$$configs" ]; then echo --configfile $$configs; fi) --report results/report.html; } \
+  > $(call report_log,$(1)) 2>&1 || { echo "the report failed: see $(call report_log,$(1))" >&2; exit 1; }
+endef
 
 # Reports what the experiment folder holds; runs nothing (make run first for a full report).
 # Without results in $(EXP) it says so in one line, naming the folders that have them.

@@ -487,3 +487,28 @@ def test_a_caption_file_reads_as_results_entries_of_one_split():
     assert parse_results('{"image_id": 1}') == {"image_id": 1}  # refused by the reader
     with pytest.raises(ValueError, match="Expecting"):
         parse_results("[{not json")
+
+
+def test_a_ctrl_c_is_one_line_that_says_how_to_resume(tmp_path):
+    """Issue 48 item 3: Ctrl-C printed the traceback of wherever it landed. Interrupted while
+    `caption` loads torch (once libtorch is mapped, inside the command), the command says one
+    line and exits 130."""
+    import signal
+    import time
+
+    command = [sys.executable, "-m", "distinctcap", "caption", str(tmp_path / "run"), "x.png"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    maps = f"/proc/{proc.pid}/maps"
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and time.monotonic() < deadline:
+        if "libtorch" in open(maps).read():
+            break
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    said = err.strip().splitlines()
+    assert len(said) == 1 and said[0].startswith("distinctcap caption: stopped by SIGINT; "), err
+    assert said[0].endswith("run the same command again to finish it"), err

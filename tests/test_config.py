@@ -11,9 +11,12 @@ import pytest
 from conftest import ROOT, snakemake
 
 from distinctcap.core.config import (
+    TrainConfig,
+    effective_run_config,
     entropy_priority,
     load_schema,
     merge_configs,
+    read_configs,
     run_priorities,
     validate,
 )
@@ -169,6 +172,17 @@ def test_shipped_configs_and_presets_validate(files):
     validated = validate(config, SCHEMA)
     assert validated["runs"], files
 
+
+
+@pytest.mark.parametrize("presets", [[], ["presets/quick.yaml"]])
+def test_every_run_of_the_default_checkpoints_every_few_minutes(presets):
+    """Issue 48 item 7: make quick's SMILE trains 150 steps, fewer than checkpoint_every's 250,
+    so an interrupted SMILE restarted at step 0. Every run of the default and of make quick
+    writes its resume checkpoint at least every 5 minutes of training, whatever its steps."""
+    config = validate(read_configs([ROOT / "config.yaml", *(ROOT / p for p in presets)]), SCHEMA)
+    for name in config["runs"]:
+        train = TrainConfig.from_dict(effective_run_config(config, name)["train"])
+        assert train.checkpoint_minutes and train.checkpoint_minutes <= 5, (name, train)
 
 
 def test_a_run_gets_the_defaults_of_its_own_method_only():

@@ -25,15 +25,16 @@ needs_no_cuda = pytest.mark.skipif(
 def fresh(monkeypatch):
     """cuda_problem and the fallback warning asked anew (both are once per process)."""
     devices.cuda_problem.cache_clear()
-    devices._warn_cpu_fallback.cache_clear()
+    devices._note_cpu_fallback.cache_clear()
     yield
     devices.cuda_problem.cache_clear()
-    devices._warn_cpu_fallback.cache_clear()
+    devices._note_cpu_fallback.cache_clear()
 
 
 @needs_no_cuda
-def test_device_auto_warns_once_when_it_falls_back_to_the_cpu(fresh, caplog):
-    with caplog.at_level(logging.WARNING, logger="distinctcap"):
+def test_device_auto_says_once_at_info_when_it_falls_back_to_the_cpu(fresh, caplog):
+    """Issue 48 item 3: the CPU is what `auto` asks for without a GPU, so it is said at INFO."""
+    with caplog.at_level(logging.INFO, logger="distinctcap"):
         assert resolve_device("auto") == torch.device("cpu")
         assert resolve_device(None) == torch.device("cpu")
         assert resolve_device() == torch.device("cpu")
@@ -42,6 +43,19 @@ def test_device_auto_warns_once_when_it_falls_back_to_the_cpu(fresh, caplog):
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1, lines
     assert lines[0].startswith("device auto: running on the CPU, CUDA is unusable (")
+    assert caplog.records[0].levelno == logging.INFO
+
+
+@needs_no_cuda
+def test_a_command_without_logging_says_nothing_of_the_cpu():
+    """Issue 48 item 3: every `distinctcap caption` call warned that CUDA is unusable (the CLI
+    sets up no logging, and Python prints a bare warning on stderr), on a setup the README
+    calls "no GPU needed". A command that resolves `auto` as caption does prints nothing."""
+    code = "from distinctcap.core.devices import resolve_device; print(resolve_device('auto'))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (done.stdout, done.stderr) == ("cpu\n", ""), done.stderr
 
 
 @needs_no_cuda
@@ -62,7 +76,7 @@ def test_the_cpu_fallback_reaches_the_console_once_per_snakemake_run(
         console = io.StringIO()
         monkeypatch.setattr(sys, "stderr", console)
         logs.setup(str(tmp_path / f"{name}.log"))
-        devices._warn_cpu_fallback.cache_clear()  # a new job process
+        devices._note_cpu_fallback.cache_clear()  # a new job process
         resolve_device("auto")
         logging.getLogger().handlers.clear()
         return "CUDA is unusable" in console.getvalue(), (tmp_path / f"{name}.log").read_text()

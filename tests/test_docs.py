@@ -1,11 +1,13 @@
 """The documentation: README.md is a short front door, docs/ holds the rest, and the mkdocs
 site builds with no broken page, link or anchor (issue 26)."""
 
+import json
 import os
 import re
 import subprocess
 import sys
 
+import pytest
 import yaml
 from conftest import ROOT
 
@@ -94,3 +96,87 @@ def test_the_readme_commands_work_as_written_after_make_quick():
             if image:
                 first_test = world["n_train"] + world["n_val"]
                 assert first_test <= int(image.group(1)) < first_test + world["n_test"], word
+
+
+# Issue 48 item 4: the README is a front door, not a log. Each fact below is a number the README
+# states and a docs page (or the file that made it) states too; each pattern matches once.
+SHIPPED_CLIP = ROOT / "assets/clip/shapes-rn-tiny.json"
+DURATION = r"(\d+ min \d+ s)"
+FACTS = {  # name: {file: pattern whose group 1 is the number}
+    "the shipped CLIP's val R@1 image->text": {
+        "README.md": r"val R@1 image->text (\d\.\d+)",
+        "docs/configuration.md": r"\| 240 \(default[^\n]*the shipped weights [^|\n]*: (\d\.\d+) \|",
+    },
+    "make run's wall clock at 3fb7077": {
+        "README.md": r"\| `make run` \|[^\n]*\| " + DURATION + r" \|",
+        "docs/performance.md": r"At commit 3fb7077 the same command[^*]*\*\*" + DURATION,
+    },
+    "the effects that hold on every seed": {
+        "README.md": r"(\w+) of the ten effects",
+        "docs/seeds.md": r"\n(\w+) of the ten hold on every seed",
+    },
+    "UNKT's sampled CIDEr, teacher reading": {
+        "README.md": r"sampled\s+CIDEr (\d\.\d+) vs",
+        "docs/unkt-sampled-captions.md": r"sampled CIDEr-D (\d\.\d+) ± [\d.]+ vs",
+    },
+    "UNKT's oracle CIDEr@20, teacher reading": {
+        "README.md": r"oracle CIDEr@20 (\d\.\d+ ± \d\.\d+) vs",
+        "docs/unkt-sampled-captions.md": r"oracle CIDEr-D@20 of (\d\.\d+ ± \d\.\d+) against",
+    },
+    "the reference's oracle CIDEr@20": {
+        "README.md": r"the reference (\d\.\d+ ± \d\.\d+)\)",
+        "docs/unkt-sampled-captions.md": r"against the reference's (\d\.\d+ ± \d\.\d+) \(gold",
+    },
+}
+
+
+def stated(name: str) -> dict[str, str]:
+    """Each file's statement of fact `name`: the one match of its pattern, lower case."""
+    found = {}
+    for file, pattern in FACTS[name].items():
+        hits = re.findall(pattern, (ROOT / file).read_text())
+        assert len(hits) == 1, f"{name}: {file} states it {len(hits)} times ({pattern})"
+        found[file] = hits[0].lower()
+    return found
+
+
+@pytest.mark.parametrize("name", FACTS)
+def test_a_number_the_readme_shares_with_the_docs_is_the_same(name):
+    """The README gave the CLIP's val R@1 as 0.945, docs/configuration.md as 0.92."""
+    found = stated(name)
+    assert len(set(found.values())) == 1, found
+
+
+def test_the_readme_states_the_shipped_clips_recall_as_its_manifest():
+    recall = json.loads(SHIPPED_CLIP.read_text())["val_retrieval"]
+    readme = (ROOT / "README.md").read_text()
+    said = re.search(r"image->text (\d\.\d+) / text->image (\d\.\d+), chance (\d\.\d+)", readme)
+    keys = ("image_to_text_R@1", "text_to_image_R@1", "chance_R@1")
+    assert said and said.groups() == tuple(f"{recall[k]:.3f}" for k in keys), said
+
+
+def test_each_command_has_one_time():
+    """`make run` had three times (24:55, 14:03 at 398a1c1, 41:12 at 4223587); a table row and
+    the results section give one time each, from the one sitting the README names."""
+    readme = (ROOT / "README.md").read_text()
+    rows = re.findall(r"^\| `(?:make|snakemake) [^`]*` \|.*\|$", readme, re.M)
+    assert rows and all(len(re.findall(DURATION, row)) == 1 for row in rows), rows
+    results = readme[readme.index("## Results on the shapes default"):]
+    assert not re.search(DURATION, results), "the results section repeats a time"
+
+
+def test_the_readmes_cross_references_are_links():
+    """(Configuration, "The shapes world") and the like were plain text."""
+    readme = (ROOT / "README.md").read_text()
+    titles = "|".join(re.escape(t) for t in ("docs", "GPUs and SLURM", "Configuration",
+                                              "Performance", "Runs over several seeds"))
+    plain = re.findall(rf'\((?:{titles})(?:, "[^"]+")?\)', readme)
+    assert not plain, plain
+    ten = readme[readme.index("nine of the ten effects"):][:300]  # they were never listed
+    assert "](docs/seeds.md#measured)" in ten, ten
+
+
+def test_the_readme_uses_no_changelog_wording():
+    """'UNKT now beats' reads as a changelog; the README says what is."""
+    readme = (ROOT / "README.md").read_text()
+    assert not re.findall(r"\b(?:now beats|no longer|used to|since commit)\b", readme, re.I)

@@ -57,8 +57,16 @@ def test_make_quick_then_make_report_then_compare_end_on_results(tiny_dag, tmp_p
     results = repo / "experiments/quick/results"
     assert set(pd.read_csv(results / "metrics/summary.csv").run) == {"reference", "smile"}
     assert "== against the reference" in said and "\n- smile: " in said, said[-3000:]
-    assert "report: experiments/quick/results/report.html" in said
     assert "summary:    experiments/quick/results/metrics/summary.csv" in said
+    # issue 48 item 3: it ends on the verdict and the paths; the report's chatter ("Adding
+    # forest.png", "Loading script code for rule") is in the report's log
+    end = said[said.index("== against the reference"):]
+    assert end.index("\n- smile: ") < end.index("== where they are"), end
+    assert said.rstrip().splitlines()[-1].startswith("runs:       "), said[-1000:]
+    assert "report:     experiments/quick/results/report.html (Snakemake's log of it: " \
+        "experiments/quick/logs/report.log)" in end, end
+    log = (repo / "experiments/quick/logs/report.log").read_text()
+    assert "Loading script code" not in said and "Loading script code" in log
     assert (results / "report.html").stat().st_size > 10_000
     front = (repo / "experiments/quick/.snakemake/distinctcap/front.rst").read_text()
     listed = front[front.index("**What was run.**"):]

@@ -545,3 +545,71 @@ def test_without_results_the_commands_say_where_results_are(tmp_path, monkeypatc
     assert said.count("\n") == 0 and "results/ does not exist" in said and str(quick) in said
     assert report_check(Path("experiments/quick")) is None
     assert find_results("elsewhere", need_summary=True) == Path("elsewhere")
+
+
+# Issue 48 item 8: the front page's CLIP line, forest ticks and "-" cells, as a newcomer read them.
+SHIPPED_RETRIEVAL = {  # results/clip/retrieval.json of make quick (the shipped weights)
+    "n_images": 200, "n_captions": 1000, "chance_R@1": 0.005,
+    "text_to_image_R@1": 0.40799999237060547, "image_to_text_R@1": 0.9449999928474426,
+    "text_to_image_R@5": 0.5180000066757202, "image_to_text_R@5": 1.0, "train_seconds": 3.2,
+    "epochs": 240, "logit_scale": 35.497, "arch": "shapes-rn-tiny",
+    "fingerprint": {"arch": "shapes-rn-tiny", "seed": 0}, "weights": "shipped shapes-rn-tiny.pt",
+}
+
+
+def test_the_front_page_says_the_clips_retrieval_in_a_sentence(tmp_path):
+    """It was a raw key dump: `logit_scale 35.497, train_seconds 3.200` for shipped weights."""
+    from distinctcap.report.front import clip_retrieval
+
+    (tmp_path / "clip").mkdir()
+    (tmp_path / "clip" / "retrieval.json").write_text(json.dumps(SHIPPED_RETRIEVAL))
+    said = " ".join(clip_retrieval(tmp_path))
+    assert said.startswith("**The CLIP** on the validation split: for 94.5 % of the images one "
+                           "of their own captions is the nearest of all captions"), said
+    assert "40.8 % of the captions" in said and "chance is 0.5 %." in said
+    assert not re.search(r"logit_scale|train_seconds|fingerprint|_R@", said), said
+
+
+def test_a_dash_in_the_headline_table_says_why(tmp_path):
+    """make quick decodes greedily, so Div-2 and distinct are '-': the page says why, from the
+    reason the evaluation recorded."""
+    from distinctcap.report.front import dash_legend, escape
+
+    why = "diversity compares the captions of one image: needs >= 2 per image"
+    (tmp_path / "metrics" / "smile").mkdir(parents=True)
+    pd.DataFrame({"skipped": [json.dumps({"div2": why, "distinct": why})]}).to_parquet(
+        tmp_path / "metrics" / "smile" / "test-greedy.parquet")
+    rows = [["reference (MLE)", "0.4", "0.3", "1.0", "0.3", "43.2", "0.96", "0.2", "-", "-"],
+            ["smile", "0.5", "0.4", "1.4", "0.9", "1.1", "1.2", "0.6", "-", "-"]]
+    assert dash_legend(tmp_path, rows, "greedy", "greedy") == [
+        "A - in the table is a metric with no value:", "",
+        f"- Div-2 and distinct: {escape(why)} (decoding greedy).", ""]  # escaped for rst
+    rows[0][1] = "-"  # a metric nobody evaluated (yet)
+    assert "- BLEU-4: not evaluated yet." in dash_legend(tmp_path, rows, "greedy", "greedy")
+    assert dash_legend(tmp_path, rows[1:], "greedy", "sample20") == [
+        "A - in the table is a metric with no value:", "",
+        "- Div-2 and distinct: not evaluated yet.", ""]
+
+
+def test_the_forest_plots_tick_labels_stand_apart():
+    """The scene-precision panel's labels (-0.05 ... 0.01 in 2.3 inches) ran together: every
+    panel's neighbouring x tick labels are at least one font size apart."""
+    from distinctcap.report.plots import forest_figure
+    from distinctcap.report.versus import HEADERS
+
+    differences = {"bleu4": (0.012, -0.01, 0.035), "meteor": (0.08, 0.06, 0.1),
+                   "cider": (0.31, 0.2, 0.42), "r_at_1": (0.5, 0.42, 0.58),
+                   "mean_rank": (-30.0, -36.0, -24.0), "clipscore": (0.21, 0.19, 0.23),
+                   "scene_f1": (0.3, 0.26, 0.34), "scene_precision": (-0.0213, -0.0437, 0.0061)}
+    versus = pd.DataFrame([{"run": "smile", "decoding": "greedy", "split": "test", "metric": m,
+                            "difference": d, "ci_low": lo, "ci_high": hi, "verdict": "none"}
+                           for m, (d, lo, hi) in differences.items()])
+    fig = forest_figure(versus, ["smile"], "greedy", HEADERS)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        labels = [t for t in ax.get_xticklabels() if t.get_text()]
+        boxes = [t.get_window_extent(renderer) for t in labels]
+        em = labels[0].get_fontsize() * fig.dpi / 72
+        gaps = [b.x0 - a.x1 for a, b in zip(boxes, boxes[1:], strict=False)]
+        assert min(gaps) >= em, (ax.get_title(), [t.get_text() for t in labels], gaps)

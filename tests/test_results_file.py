@@ -204,7 +204,8 @@ def test_a_stopped_evaluate_removes_its_temporary_files(world, data, tmp_path, s
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signum, err
     assert err.strip().splitlines()[-1] == (
-        f"distinctcap: stopped by {signal.Signals(signum).name}; temporary files removed"
+        f"distinctcap evaluate: stopped by {signal.Signals(signum).name}; temporary files "
+        "removed; run the same command again to finish it"
     )
     left = list(tmp.glob("distinctcap-*"))  # torch may leave its own caches (torchinductor_*)
     assert "Traceback" not in err and not left, (err, left)

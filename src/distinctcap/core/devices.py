@@ -8,8 +8,10 @@ Devices are explicit:
 - a job whose rule holds GPUs (snakemake resource `gpu` > 0, set by the GPU profiles) or whose
   config says `device: cuda` stops at its start, before it writes anything, when CUDA is
   unusable; the one-line reason names the torch build and the NVIDIA driver it needs;
-- `device: auto` on a machine where CUDA is unusable runs on the CPU and says so in one
-  warning line (on the console once per Snakemake invocation, in every job's log);
+- `device: auto` on a machine where CUDA is unusable runs on the CPU and says so in one INFO
+  line (on the console once per Snakemake invocation, in every job's log; a command that sets
+  up no logging, such as `distinctcap caption`, says nothing): the CPU is what `auto` asks
+  for where there is no GPU, so it is no warning;
 - on a workstation with several GPUs each GPU job claims free cards (`claim_gpus`: one lock
   file per card, held while the job's process lives) and sees only those through
   CUDA_VISIBLE_DEVICES, unless that is set already (SLURM sets it for the job's GPUs).
@@ -137,10 +139,10 @@ def require_cuda(why: str) -> None:
 
 
 @functools.cache
-def _warn_cpu_fallback() -> None:
-    """Once per Snakemake invocation on the console (every job's log file has it)."""
+def _note_cpu_fallback() -> None:
+    """Once per Snakemake invocation on the console (every job's log file has it), at INFO."""
     extra = {} if logs.first_this_run("cpu-fallback") else logs.FILE_ONLY
-    log.warning(
+    log.info(
         "device auto: running on the CPU, CUDA is unusable (%s)", cuda_problem(), extra=extra
     )
 
@@ -154,7 +156,7 @@ def resolve_device(device: str | torch.device | None = "auto", gpus: int = 0) ->
     resource `gpu`; 0 outside snakemake).
 
     - `auto` (or None): the GPU when CUDA is usable; a job holding GPUs stops when it is not
-      (GpuUnavailableError); a job holding none runs on the CPU with one warning line.
+      (GpuUnavailableError); a job holding none runs on the CPU with one INFO line.
     - `cuda`, `cuda:N`: stops when CUDA is unusable or card N is not visible.
     - `cpu`: the CPU, also in a job holding GPUs (said in one warning line)."""
     if device is None or (isinstance(device, str) and device == "auto"):
@@ -163,7 +165,7 @@ def resolve_device(device: str | torch.device | None = "auto", gpus: int = 0) ->
             return torch.device("cuda")
         if cuda_problem() is None:
             return torch.device("cuda")
-        _warn_cpu_fallback()
+        _note_cpu_fallback()
         return torch.device("cpu")
     dev = torch.device(device)
     if dev.type == "cuda":

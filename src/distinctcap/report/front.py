@@ -11,13 +11,21 @@ Light (pandas, json): the Snakefile calls it while parsing the workflow for `--r
 from __future__ import annotations
 
 import base64
+import json
 import re
 from pathlib import Path
 
 import pandas as pd
 
 from distinctcap.core.io import atomic_path, read_json
-from distinctcap.report.summary import pick_decodings, pooled_rows, reference_run, run_label
+from distinctcap.report.summary import (
+    HEADLINE_DIVERSITY,
+    HEADLINE_QUALITY,
+    pick_decodings,
+    pooled_rows,
+    reference_run,
+    run_label,
+)
 from distinctcap.report.tables import source_label
 from distinctcap.report.verdicts import (
     front_table,
@@ -132,7 +140,37 @@ def headline(results: Path, runs: dict) -> list[str]:
     return [f"**Headline** (test split; {escape(quality)} decoding, diversity over "
             f"{escape(diversity)}; best value of each column in bold; [ ]: the 95 % interval "
             "of the run's difference from the reference).", "",
-            *rst_table(headers, cells, escaped=True)]
+            *rst_table(headers, cells, escaped=True),
+            *dash_legend(results, [[c[0] for c in row] for row in rows], quality, diversity)]
+
+
+def dash_legend(results: Path, rows: list[list[str]], quality: str,
+                diversity: str) -> list[str]:
+    """What a '-' in the headline table means, for each column that has one: the reason the
+    evaluation recorded for skipping its metric (`skip_reason`), else that no evaluation has
+    it yet. `rows`: the table's cell values, run label first."""
+    columns = [(h, c, quality) for h, c, _, _ in HEADLINE_QUALITY] + [
+        (h, c, diversity) for h, c, _, _ in HEADLINE_DIVERSITY]
+    said: dict[str, list[str]] = {}
+    for j, (header, column, decoding) in enumerate(columns, start=1):
+        if any(row[j] == "-" for row in rows):
+            said.setdefault(skip_reason(results, column, decoding), []).append(header)
+    if not said:
+        return []
+    return ["A - in the table is a metric with no value:", "",
+            *(f"- {escape(' and '.join(headers))}: {escape(reason)}."
+              for reason, headers in said.items()), ""]
+
+
+def skip_reason(results: Path, column: str, decoding: str) -> str:
+    """Why `column` has no value under `decoding` on the test split: the reason the evaluation
+    wrote in a metrics table's `skipped` (summary.csv has none), else not evaluated yet."""
+    for path in sorted((results / "metrics").glob(f"*/test-{decoding}.parquet")):
+        for skipped in pd.read_parquet(path, columns=["skipped"]).skipped:
+            reasons = json.loads(skipped)
+            if column in reasons:
+                return f"{reasons[column]} (decoding {decoding})"
+    return "not evaluated yet"
 
 
 def evaluated(runs: dict, summary: pd.DataFrame) -> dict:
@@ -178,14 +216,22 @@ def forest(results: Path) -> list[str]:
             *(f"   {line}" for line in lines[:-1]), f'   {lines[-1]}">', ""]
 
 
+RECALLS = ("image_to_text_R@1", "image_to_text_R@5", "text_to_image_R@1", "text_to_image_R@5",
+           "chance_R@1")  # the keys of results/clip/retrieval.json the sentence reads
+
+
 def clip_retrieval(results: Path) -> list[str]:
+    """The CLIP's retrieval on the validation split (results/clip/retrieval.json), in a
+    sentence; how the CLIP was obtained is said under What was run."""
     path = results / "clip" / "retrieval.json"
-    if not path.is_file():
+    found = read_json(path) if path.is_file() else {}
+    if not all(k in found for k in RECALLS):
         return []
-    flat = pd.json_normalize(read_json(path)).iloc[0].to_dict()
-    said = ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
-                     for k, v in flat.items())
-    return [f"**The CLIP** (retrieval on the validation split): {escape(said)}.", ""]
+    i2t1, i2t5, t2i1, t2i5, chance = (f"{100 * found[k]:.1f} %" for k in RECALLS)
+    return [f"**The CLIP** on the validation split: for {i2t1} of the images one of their own "
+            f"captions is the nearest of all captions ({i2t5} within the nearest five), and for "
+            f"{t2i1} of the captions their image is the nearest of all images ({t2i5} within "
+            f"five); chance is {chance}.", ""]
 
 
 def entropy_extremes(results: Path, top: int = 3) -> list[str]:

@@ -194,12 +194,23 @@ def interval_errors(
 FOREST_COLOURS = {"better": "tab:green", "worse": "tab:red"}  # others grey
 
 
+FOREST_TICKS = 3  # x ticks per panel at most: a 2.3-inch panel has room for 3 labels
+
+
 def plot_forest(
     versus: pd.DataFrame, order: Sequence[str], decoding: str, headers: dict, path: str | Path
 ) -> None:
     """The differences from the reference with their 95 % intervals (versus.csv), one panel per
     metric, one row per run in `order` (top to bottom), test split, `decoding`: green where the
     run is better, red where worse (the interval excludes 0), grey otherwise."""
+    save_png(forest_figure(versus, order, decoding, headers), path)
+
+
+def forest_figure(versus: pd.DataFrame, order: Sequence[str], decoding: str, headers: dict):
+    """plot_forest's figure. Each panel has at most FOREST_TICKS x ticks: with matplotlib's
+    choice, up to 7 labels such as -0.05 ... 0.01, the scene-precision panel's ran together."""
+    from matplotlib.ticker import MaxNLocator
+
     plt = pyplot()  # rows kept low: the plot must fit under the headline in a 1000 px window
     at = versus[(versus.decoding == decoding) & (versus.split == "test")]
     runs = [r for r in order if (at.run == r).any()]
@@ -221,6 +232,7 @@ def plot_forest(
         ax.set_ylim(-0.6, len(runs) - 0.4)
         ax.set_title(headers.get(metric, metric), fontsize=9)
         ax.tick_params(axis="x", labelsize=7)
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=FOREST_TICKS - 1, min_n_ticks=2))
         ax.grid(axis="x", alpha=0.3)
     if not metrics:
         ax = axes.flat[0]
@@ -228,7 +240,7 @@ def plot_forest(
     fig.suptitle(f"Difference from the reference, 95 % interval ({decoding}, test; green "
                  "better, red worse, grey no clear difference)", fontsize=9)
     fig.tight_layout()
-    save_png(fig, path)
+    return fig
 
 
 def plot_cider_vs_n(curve_paths: Sequence[str | Path], path: str | Path) -> None:

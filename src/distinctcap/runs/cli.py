@@ -281,8 +281,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except Stopped as stop:
         name = signal.Signals(stop.args[0]).name
-        print(f"distinctcap: stopped by {name}; temporary files removed", file=sys.stderr)
+        print(f"distinctcap {args.command}: stopped by {name}; temporary files removed; run "
+              "the same command again to finish it", file=sys.stderr)  # fmt: skip
         return 128 + stop.args[0]
+    except KeyboardInterrupt:  # Ctrl-C before the handler is in place: one line, no traceback
+        print(f"\ndistinctcap {args.command}: stopped by SIGINT; run the same command again "
+              "to finish it", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

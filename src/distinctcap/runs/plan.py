@@ -1,0 +1,194 @@
+"""`distinctcap plan [-- SNAKEMAKE_ARGS]`: what `snakemake SNAKEMAKE_ARGS` would redo, per rule
+and why, in words (issue 47): "7 trainings: train.lr changed in runs cl, smile".
+
+It asks Snakemake itself (`snakemake -n`, the same decision a real run makes), groups the
+planned jobs by rule and reason, and for a params change compares the values Snakemake prints
+(before and now) key by key. A job planned only because a job before it reruns is counted
+under that reason ("after a rerun of train_run"). Imports no torch.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from distinctcap.core.errors import DistinctcapError
+
+NOUNS = {
+    "train_run": "trainings",
+    "decode": "decodes",
+    "evaluate": "evaluations",
+    "evaluate_gpu": "GPU evaluations",
+    "run_card": "run cards",
+}
+PARAMS = "Params have changed since last execution: Union of exclusive params before and now "
+PARAMS += "across all output: "
+
+
+@dataclass
+class Job:
+    rule: str
+    wildcards: dict = field(default_factory=dict)
+    reason: str = ""
+    input: list = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        if list(self.wildcards) == ["run"]:
+            return self.wildcards["run"]
+        return ",".join(f"{k}={v}" for k, v in self.wildcards.items())
+
+
+def dry_run(directory: Path, args: list[str], snakemake: str | None = None) -> str:
+    """The output of `snakemake -n ARGS` in `directory` (`args`: what the user passes snakemake:
+    --directory, --configfile, targets)."""
+    snakemake = snakemake or str(Path(sys.executable).with_name("snakemake"))
+    command = [snakemake, "-n", "--cores", "1", "--nolock", *args]
+    try:
+        done = subprocess.run(command, cwd=directory, capture_output=True, text=True)
+    except FileNotFoundError as error:
+        raise DistinctcapError(f"cannot run snakemake ({snakemake}): {error.strerror}") from None
+    out = done.stdout + done.stderr
+    if done.returncode != 0:
+        last = [line for line in out.splitlines() if line.strip()][-1:] or ["no output"]
+        raise DistinctcapError(f"snakemake -n failed in {directory}: {last[0].strip()}")
+    return out
+
+
+def parse_jobs(text: str) -> list[Job]:
+    """The planned jobs of a `snakemake -n` output (its `rule NAME:` blocks)."""
+    jobs, job = [], None
+    for line in text.splitlines():
+        head = re.match(r"^(?:local)?rule (\S+):$", line)
+        if head:
+            job = Job(head.group(1))
+            jobs.append(job)
+        elif job and line.startswith("    ") and ": " in line:
+            key, value = line.strip().split(": ", 1)
+            if key == "wildcards":
+                job.wildcards = dict(p.split("=", 1) for p in value.split(", ") if "=" in p)
+            elif key == "reason":
+                job.reason = value
+            elif key == "input":
+                job.input = value.split(", ")
+        elif not line.startswith(" "):
+            job = None
+    return [j for j in jobs if j.rule != "all"]
+
+
+def _literals(text: str) -> list:
+    """The Python literals of Snakemake's comma-joined reprs (a split at a comma inside one is
+    never itself a literal, so the shortest parsing prefix is one value)."""
+    values, piece = [], ""
+    for part in text.split(","):
+        piece = f"{piece},{part}" if piece else part
+        try:
+            values.append(ast.literal_eval(piece.strip()))
+            piece = ""
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            continue
+    return values
+
+
+def params_change(reason: str) -> tuple[list, list] | None:
+    """(values before, values now) of a params-changed reason, else None."""
+    if PARAMS not in reason:
+        return None
+    text = reason.split(PARAMS, 1)[1].split("; ")[0].strip()
+    before, _, now = text.partition(" now: ")
+    before = before.removeprefix("before: ")
+
+    def values(part: str) -> list:
+        return [] if part.strip() == "<nothing exclusive>" else _literals(part)
+
+    return values(before), values(now)
+
+
+def flat(value: object, prefix: str = "") -> dict:
+    """{dotted key: leaf value} of nested dicts."""
+    if isinstance(value, dict) and value:
+        out = {}
+        for key, sub in value.items():
+            out |= flat(sub, f"{prefix}.{key}" if prefix else str(key))
+        return out
+    return {prefix: value}
+
+
+def changed_keys(before: list, now: list) -> list[str]:
+    """The dotted keys that differ between the changed params (dicts paired by position)."""
+    old = [v for v in before if isinstance(v, dict)]
+    new = [v for v in now if isinstance(v, dict)]
+    keys = set()
+    for a, b in zip(old, new, strict=False):
+        fa, fb = flat(a), flat(b)
+        keys |= {k for k in fa.keys() | fb.keys() if fa.get(k, ...) != fb.get(k, ...)}
+    if len(old) != len(new) or len(before) - len(old) or len(now) - len(new):
+        keys.add("other settings")
+    # a run's record names its run; its dotted keys read best without it
+    return sorted(k.removeprefix("run.") for k in keys) or ["settings"]
+
+
+def why(job: Job) -> str:
+    """The reason of `job` in words, the same for every job the same change reruns."""
+    reason = job.reason
+    change = params_change(reason)
+    if change is not None:
+        return ", ".join(changed_keys(*change)) + " changed"
+    if reason.startswith("Missing output files"):
+        return "outputs missing"
+    if reason.startswith("Forced execution"):
+        return "forced"
+    if reason.startswith("Input files updated by another job"):
+        return "after a rerun of what it reads"
+    if reason.startswith("Updated input files"):
+        return "an input file is newer"
+    if "Set of input files has changed" in reason:
+        return "its input files changed"
+    if "Code has changed" in reason:
+        return "its code changed"
+    if "Software environment" in reason:
+        return "its software environment changed"
+    if "metadata" in reason.lower():
+        return "no record of a previous run (metadata)"
+    return reason.split(":")[0].lower() or "planned"
+
+
+def describe(jobs: list[Job]) -> list[str]:
+    """One line per rule: how many jobs and why, naming the runs (or wildcards) of each."""
+    by_rule: dict[str, list[Job]] = defaultdict(list)
+    for job in jobs:
+        by_rule[job.rule].append(job)
+    lines = []
+    for rule, rule_jobs in by_rule.items():
+        reasons: dict[str, list[str]] = defaultdict(list)
+        for job in rule_jobs:
+            reasons[why(job)].append(job.label)
+        parts = []
+        for text, labels in reasons.items():
+            named = [label for label in labels if label]
+            if named:
+                if "run" in rule_jobs[0].wildcards:
+                    text += f" in run{'s' if len(named) > 1 else ''} {', '.join(named)}"
+                else:
+                    text += f" ({', '.join(named)})"
+            parts.append(text)
+        count = len(rule_jobs)
+        noun = NOUNS.get(rule, f"{rule} jobs")
+        if count == 1:
+            noun = noun.removesuffix("s") if rule in NOUNS else f"{rule} job"
+        lines.append(f"{count} {noun}: {'; '.join(parts)}")
+    return lines
+
+
+def plan(directory: str | Path = ".", args=(), snakemake: str | None = None) -> list[str]:
+    """The lines `distinctcap plan` prints for `snakemake ARGS` run in `directory`."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise DistinctcapError(f"{directory}: no such folder")
+    jobs = parse_jobs(dry_run(directory, list(args), snakemake))
+    return describe(jobs) or ["nothing to redo"]

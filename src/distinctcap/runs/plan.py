@@ -17,7 +17,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from distinctcap.core.config import load_schema
 from distinctcap.core.errors import DistinctcapError
+from distinctcap.core.params import Defaults, canonical_params
 
 NOUNS = {
     "train_run": "trainings",
@@ -110,8 +112,9 @@ def params_change(reason: str) -> tuple[list, list] | None:
 
 
 def flat(value: object, prefix: str = "") -> dict:
-    """{dotted key: leaf value} of nested dicts."""
-    if isinstance(value, dict) and value:
+    """{dotted key: leaf value} of nested dicts; an empty dict has no leaves (a section whose
+    keys are all at their defaults is the same as none)."""
+    if isinstance(value, dict):
         out = {}
         for key, sub in value.items():
             out |= flat(sub, f"{prefix}.{key}" if prefix else str(key))
@@ -119,26 +122,81 @@ def flat(value: object, prefix: str = "") -> dict:
     return {prefix: value}
 
 
-def changed_keys(before: list, now: list) -> list[str]:
-    """The dotted keys that differ between the changed params (dicts paired by position)."""
-    old = [v for v in before if isinstance(v, dict)]
-    new = [v for v in now if isinstance(v, dict)]
+# the config section whose defaults a rule's recorded settings dict is compared against, for
+# the rules that record one section (common.smk); runs, decodings and run configs are known by
+# their shape
+SECTIONS = {
+    "prepare_data": ("data",),
+    "train_clip": ("clip", "train"),
+    "extract_features": ("clip", "features"),
+    "extract_captioner_features": ("clip", "features"),
+    "evaluate": ("evaluate",),
+    "evaluate_gpu": ("evaluate",),
+}
+
+
+def canonical(value: object, rule: str, defaults: Defaults) -> object:
+    """`value`, a recorded param of `rule`, in the canonical form this release records, so
+    that a record of an older release (the full settings) compares by its settings alone."""
+    if isinstance(value, tuple) and len(value) == 3 and isinstance(value[2], dict):
+        split, name, setting = value  # a decode job's (split, decoding, setting)
+        return (split, name, canonical_params(setting, defaults.decoding(setting)))
+    if isinstance(value, list):
+        return [canonical(v, rule, defaults) for v in value]
+    if not isinstance(value, dict) or not value:
+        return value
+    if "method" in value and "train" in value:  # a run's effective config
+        return canonical_params(value, defaults.effective_run(value))
+    if all(isinstance(v, dict) and "method" in v for v in value.values()):
+        return defaults.runs(value)
+    if all(isinstance(v, dict) and "kind" in v for v in value.values()):
+        return defaults.decodings(value)
+    if rule in SECTIONS:
+        return canonical_params(value, defaults.section(*SECTIONS[rule]))
+    return value
+
+
+def changed_keys(before: list, now: list, rule: str = "", defaults: Defaults | None = None):
+    """The dotted keys that differ between a job's changed params, each old value paired with
+    the new one most like it; [] when the two differ only in form (a record of an older
+    release whose settings are the same)."""
+    if defaults is not None:
+        before = [canonical(v, rule, defaults) for v in before]
+        now = [canonical(v, rule, defaults) for v in now]
+    now = list(now)
     keys = set()
-    for a, b in zip(old, new, strict=False):
-        fa, fb = flat(a), flat(b)
+    for old in before:
+        if old in now:
+            now.remove(old)
+            continue
+        if not isinstance(old, dict):
+            keys.add("other settings")
+            continue
+        new = max(
+            (v for v in now if isinstance(v, dict)),
+            key=lambda v: sum(flat(old).get(k, ...) == x for k, x in flat(v).items()),
+            default=None,
+        )
+        if new is None:
+            keys.add("other settings")
+            continue
+        now.remove(new)
+        fa, fb = flat(old), flat(new)
         keys |= {k for k in fa.keys() | fb.keys() if fa.get(k, ...) != fb.get(k, ...)}
-    if len(old) != len(new) or len(before) - len(old) or len(now) - len(new):
+    if now:
         keys.add("other settings")
-    # a run's record names its run; its dotted keys read best without it
-    return sorted(k.removeprefix("run.") for k in keys) or ["settings"]
+    return sorted(keys)
 
 
-def why(job: Job) -> str:
+def why(job: Job, defaults: Defaults | None = None) -> str:
     """The reason of `job` in words, the same for every job the same change reruns."""
     reason = job.reason
     change = params_change(reason)
     if change is not None:
-        return ", ".join(changed_keys(*change)) + " changed"
+        keys = changed_keys(*change, rule=job.rule, defaults=defaults)
+        if not keys:
+            return "settings unchanged, recorded by an older release"
+        return ", ".join(keys) + " changed"
     if reason.startswith("Missing output files"):
         return "outputs missing"
     if reason.startswith("Forced execution"):
@@ -158,7 +216,7 @@ def why(job: Job) -> str:
     return reason.split(":")[0].lower() or "planned"
 
 
-def describe(jobs: list[Job]) -> list[str]:
+def describe(jobs: list[Job], defaults: Defaults | None = None) -> list[str]:
     """One line per rule: how many jobs and why, naming the runs (or wildcards) of each."""
     by_rule: dict[str, list[Job]] = defaultdict(list)
     for job in jobs:
@@ -167,7 +225,7 @@ def describe(jobs: list[Job]) -> list[str]:
     for rule, rule_jobs in by_rule.items():
         reasons: dict[str, list[str]] = defaultdict(list)
         for job in rule_jobs:
-            reasons[why(job)].append(job.label)
+            reasons[why(job, defaults)].append(job.label)
         parts = []
         for text, labels in reasons.items():
             named = [label for label in labels if label]
@@ -191,4 +249,4 @@ def plan(directory: str | Path = ".", args=(), snakemake: str | None = None) -> 
     if not directory.is_dir():
         raise DistinctcapError(f"{directory}: no such folder")
     jobs = parse_jobs(dry_run(directory, list(args), snakemake))
-    return describe(jobs) or ["nothing to redo"]
+    return describe(jobs, Defaults(load_schema())) or ["nothing to redo"]

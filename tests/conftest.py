@@ -26,7 +26,8 @@ SHIPPED_CLIP = ROOT / "assets" / "clip" / "shapes-rn-tiny.pt"
 # (xdist's own xdist_group marks write `item._nodeid`, which pytest 9 no longer reads).
 MODULE_GROUPS = {
     "slurm": ("test_slurm_cluster", "test_slurm_pipeline"),
-    "tiny_dag": ("test_entropy", "test_pipeline", "test_quick", "test_report", "test_seeds"),
+    "tiny_dag": ("test_entropy", "test_pipeline", "test_quick", "test_report", "test_seeds",
+                 "test_upgrade"),
 }
 SHARED_RUN_FIXTURES = {"tiny_dag", "tiny_report"}
 # The longest groups (the last serial CI's durations: SLURM ~17 min, the shared tiny run and

@@ -78,8 +78,8 @@ def tiny_config() -> dict:
 
 
 def copy_workflow(workdir: Path) -> Path:
-    """A copy of the workflow (Snakefile, rules, schemas) in `workdir`."""
-    for name in ("Snakefile", "workflow", "envs", "config.yaml"):
+    """A copy of the workflow (Snakefile, rules, schemas, its default profile) in `workdir`."""
+    for name in ("Snakefile", "workflow", "envs", "config.yaml", "profiles"):
         src = ROOT / name
         (shutil.copytree if src.is_dir() else shutil.copy)(src, workdir / name)
     return workdir

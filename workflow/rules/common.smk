@@ -59,6 +59,13 @@ CLIP_FILES = [TRAINED_CLIP] if TRAIN_CLIP else [
 ]
 
 
+# which CLIP the jobs that read one record (none for the default, a CLIP trained here): a file
+# or local-dir is an input whose path no other param names
+CLIP_RECORD = canonical_params(
+    {"clip": CLIP["pretrained"]}, {"clip": DEFAULTS.section("clip").get("pretrained")}
+)
+
+
 # --- Runs: training and decoding (train.smk, decode.smk) -------------------------------------
 
 # every trained model: a run once per seed (core.config.seed_runs; one seed: the config's runs)

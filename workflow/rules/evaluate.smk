@@ -6,7 +6,9 @@ from distinctcap.core.config import metric_block
 from distinctcap.report.summary import evaluation_keys, reference_run
 
 EVALUATE = config["evaluate"]
-METRIC_RECORD = canonical_params(metric_block(EVALUATE), DEFAULTS.section("evaluate"))
+METRIC_RECORD = (
+    canonical_params(metric_block(EVALUATE), DEFAULTS.section("evaluate")) | CLIP_RECORD
+)
 RUNS_RECORD = DEFAULTS.runs(config["runs"])  # the configured runs without their defaults
 SEED_RUNS_RECORD = DEFAULTS.runs(RUNS)
 EVALUATIONS = evaluation_keys(RUNS, DECODING)

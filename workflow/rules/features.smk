@@ -50,7 +50,8 @@ rule extract_features:
         pretrained=lambda w, input: input.weights[0] if TRAIN_CLIP else CLIP["pretrained"],
         tag=CLIP.get("tag"),
         settings=unrecorded(CLIP["features"]),
-        recorded=canonical_params(CLIP["features"], DEFAULTS.section("clip", "features")),
+        recorded=canonical_params(CLIP["features"], DEFAULTS.section("clip", "features"))
+        | CLIP_RECORD,
         **stage_version("extract_features"),
         device=config["device"],
         cache=lambda w, output: str(Path(output.index).parent / "cache"),

@@ -48,6 +48,7 @@ rule run_card:
         recorded=lambda w: RUN_RECORDS[w.run],
         decoding=unrecorded(DECODING),
         decodings_recorded=DEFAULTS.decodings(DECODING),
+        clip_recorded=CLIP_RECORD,
         **stage_version("run_card"),
         clip=lambda w, input: input.clip[0] if TRAIN_CLIP else CLIP["pretrained"],
     log:

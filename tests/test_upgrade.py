@@ -26,12 +26,12 @@ def jobs_planned(result) -> dict[str, int]:
     }
 
 
-def add_key(schema_file, where: str, key: str, spec: dict) -> None:
-    """Add `key` to the properties at dotted `where` ("" = the file's top) of a schema file."""
+def add_key(schema_file, key: str, spec: dict, *where: str) -> None:
+    """Add property `key` to the part of a schema file at keys `where` (none: its top)."""
     schema = yaml.safe_load(schema_file.read_text())
     part = schema
-    for name in filter(None, where.split(".")):
-        part = part["properties"][name]
+    for name in where:
+        part = part[name]
     part.setdefault("properties", {})[key] = spec
     schema_file.write_text(yaml.safe_dump(schema, sort_keys=False))
 
@@ -66,11 +66,13 @@ def test_upgrades_rerun_nothing_and_edits_rerun_their_runs(tiny_dag, tmp_path):
     config = copy.deepcopy(config)
     schemas = workdir / "workflow" / "schemas"
     spec = {"type": ["number", "null"], "default": None, "description": "a new option"}
-    add_key(schemas / "sections" / "data.yaml", "", "new_data_option", spec)
-    add_key(schemas / "sections" / "data.yaml", "shapes", "new_shapes_option", spec)
-    add_key(schemas / "methods" / "mle.yaml", "", "new_mle_option", {**spec, "default": 0.5})
-    add_key(schemas / "sections" / "captioner.yaml", "", "new_captioner_option", spec)
-    add_key(schemas / "sections" / "decoding.yaml", "", "new_decoding_option", spec)
+    sections = schemas / "sections"
+    add_key(sections / "data.yaml", "new_data_option", spec)
+    add_key(sections / "data.yaml", "new_shapes_option", spec, "properties", "shapes")
+    add_key(schemas / "methods" / "mle.yaml", "new_mle_option", {**spec, "default": 0.5})
+    add_key(sections / "captioner.yaml", "new_captioner_option", spec)
+    add_key(sections / "decoding.yaml", "new_decoding_option", spec, "additionalProperties")
+    add_key(sections / "evaluate.yaml", "new_metric_option", spec)
     # the keys really are in the copy's schema: a wrong value of one is refused
     bad = {**config, "data": {**config["data"], "new_data_option": "not a number"}}
     refused = snakemake(workdir, "-n", config=bad)

@@ -37,7 +37,7 @@ class Job:
     rule: str
     wildcards: dict = field(default_factory=dict)
     reason: str = ""
-    input: list = field(default_factory=list)
+    output: list = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -76,8 +76,8 @@ def parse_jobs(text: str) -> list[Job]:
                 job.wildcards = dict(p.split("=", 1) for p in value.split(", ") if "=" in p)
             elif key == "reason":
                 job.reason = value
-            elif key == "input":
-                job.input = value.split(", ")
+            elif key == "output":
+                job.output = value.split(", ")
         elif not line.startswith(" "):
             job = None
     return [j for j in jobs if j.rule != "all"]
@@ -156,6 +156,13 @@ def canonical(value: object, rule: str, defaults: Defaults) -> object:
     return value
 
 
+def _same(new: object, old: object) -> bool:
+    """The same values in the same order (a section at its defaults is the same as none)."""
+    if isinstance(new, dict) and isinstance(old, dict):
+        return list(flat(new).items()) == list(flat(old).items())
+    return repr(new) == repr(old)
+
+
 def changed_keys(before: list, now: list, rule: str = "", defaults: Defaults | None = None):
     """The dotted keys that differ between a job's changed params, each old value paired with
     the new one most like it; [] when the two differ only in form (a record of an older
@@ -166,8 +173,9 @@ def changed_keys(before: list, now: list, rule: str = "", defaults: Defaults | N
     now = list(now)
     keys = set()
     for old in before:
-        if old in now:
-            now.remove(old)
+        same = [k for k, v in enumerate(now) if _same(v, old)]
+        if same:  # the same value in the form this release records
+            del now[same[0]]
             continue
         if not isinstance(old, dict):
             keys.add("other settings")
@@ -182,42 +190,94 @@ def changed_keys(before: list, now: list, rule: str = "", defaults: Defaults | N
             continue
         now.remove(new)
         fa, fb = flat(old), flat(new)
-        keys |= {k for k in fa.keys() | fb.keys() if fa.get(k, ...) != fb.get(k, ...)}
+        differ = {k for k in fa.keys() | fb.keys() if fa.get(k, ...) != fb.get(k, ...)}
+        keys |= differ or {"the order of runs or settings"}  # equal but for their order
     if now:
         keys.add("other settings")
     return sorted(keys)
 
 
-def why(job: Job, defaults: Defaults | None = None) -> str:
-    """The reason of `job` in words, the same for every job the same change reruns."""
-    reason = job.reason
-    change = params_change(reason)
-    if change is not None:
-        keys = changed_keys(*change, rule=job.rule, defaults=defaults)
-        if not keys:
-            return "settings unchanged, recorded by an older release"
-        return ", ".join(keys) + " changed"
-    if reason.startswith("Missing output files"):
-        return "outputs missing"
-    if reason.startswith("Forced execution"):
-        return "forced"
-    if reason.startswith("Input files updated by another job"):
-        return "after a rerun of what it reads"
-    if reason.startswith("Updated input files"):
-        return "an input file is newer"
-    if "Set of input files has changed" in reason:
-        return "its input files changed"
-    if "Code has changed" in reason:
-        return "its code changed"
-    if "Software environment" in reason:
-        return "its software environment changed"
-    if "metadata" in reason.lower():
+OLDER_FORM = "settings unchanged, recorded by an older release"
+# reasons that recompute nothing a result depends on: the records' form, a rerun they cause,
+# an output a release added (`snakemake --touch` then `snakemake` keeps every result)
+NO_CHANGE = (OLDER_FORM, "outputs missing", "after a rerun")
+
+
+def _reason_parts(reason: str) -> list[str]:
+    """Snakemake's reasons of one job ("A: x; B: y"), a params change kept whole."""
+    if PARAMS in reason:
+        head, _, tail = reason.partition(PARAMS)
+        return [*_reason_parts(head.rstrip("; ")), PARAMS + tail] if head else [PARAMS + tail]
+    return [part for part in reason.split("; ") if part.strip()]
+
+
+def why(job: Job, defaults: Defaults | None = None, producers: dict | None = None) -> str:
+    """The reasons of `job` in words, the same for every job the same change reruns. A job
+    planned only because jobs before it rerun names the jobs that start it ("after a rerun of
+    prepare_data"); `producers`: planned output file -> its job."""
+    own, roots = _own_reasons(job, defaults), set()
+    if not own:
+        roots = _roots(job, defaults, producers or {}, set())
+    after = [f"after a rerun of {', '.join(sorted(roots))}"] if roots else []
+    return " and ".join(dict.fromkeys(own + after)) or "after a rerun"
+
+
+def _updated(job: Job) -> list[str]:
+    """The files of `job` that a job before it rewrites (Snakemake's reason)."""
+    for part in _reason_parts(job.reason):
+        if part.startswith("Input files updated by another job"):
+            return [f.strip() for f in part.split(": ", 1)[-1].split(", ")]
+    return []
+
+
+def _own_reasons(job: Job, defaults: Defaults | None) -> list[str]:
+    """`job`'s reasons in words, but the reruns before it."""
+    words = []
+    for part in _reason_parts(job.reason):
+        change = params_change(part)
+        if change is not None:
+            keys = changed_keys(*change, rule=job.rule, defaults=defaults)
+            words.append(", ".join(keys) + " changed" if keys else OLDER_FORM)
+        elif not part.startswith("Input files updated by another job"):
+            words.append(_plain(part))
+    return words
+
+
+def _roots(job: Job, defaults, producers: dict, seen: set) -> set[str]:
+    """The rules of the jobs with reasons of their own that `job` is planned after."""
+    roots = set()
+    for path in _updated(job):
+        before = producers.get(path)
+        if before is None or id(before) in seen:
+            continue
+        seen.add(id(before))
+        if _own_reasons(before, defaults):
+            roots.add(before.rule)
+        else:
+            roots |= _roots(before, defaults, producers, seen)
+    return roots
+
+
+def _plain(part: str) -> str:
+    for start, text in (
+        ("Missing output files", "outputs missing"),
+        ("Forced execution", "forced"),
+        ("Updated input files", "an input file is newer"),
+        ("Set of input files has changed", "its set of input files changed"),
+        ("Code has changed", "its script changed"),
+        ("Software environment", "its software environment changed"),
+    ):
+        if part.startswith(start):
+            return text
+    if "metadata" in part.lower():
         return "no record of a previous run (metadata)"
-    return reason.split(":")[0].lower() or "planned"
+    return part.split(":")[0].lower()
 
 
 def describe(jobs: list[Job], defaults: Defaults | None = None) -> list[str]:
-    """One line per rule: how many jobs and why, naming the runs (or wildcards) of each."""
+    """One line per rule: how many jobs and why, naming the runs (or wildcards) of each; a
+    last line when no job recomputes a result (only the records' form changed)."""
+    producers = {f: job for job in jobs for f in job.output}
     by_rule: dict[str, list[Job]] = defaultdict(list)
     for job in jobs:
         by_rule[job.rule].append(job)
@@ -225,7 +285,7 @@ def describe(jobs: list[Job], defaults: Defaults | None = None) -> list[str]:
     for rule, rule_jobs in by_rule.items():
         reasons: dict[str, list[str]] = defaultdict(list)
         for job in rule_jobs:
-            reasons[why(job, defaults)].append(job.label)
+            reasons[why(job, defaults, producers)].append(job.label)
         parts = []
         for text, labels in reasons.items():
             named = [label for label in labels if label]
@@ -240,6 +300,12 @@ def describe(jobs: list[Job], defaults: Defaults | None = None) -> list[str]:
         if count == 1:
             noun = noun.removesuffix("s") if rule in NOUNS else f"{rule} job"
         lines.append(f"{count} {noun}: {'; '.join(parts)}")
+    texts = [part for job in jobs for part in why(job, defaults, producers).split(" and ")]
+    if any(t == OLDER_FORM for t in texts) and all(t.startswith(NO_CHANGE) for t in texts):
+        lines.append(
+            "no setting changed, only the form of the records: `snakemake --touch` (with the "
+            "same arguments) records them as they are, then `snakemake` makes what is missing"
+        )
     return lines
 
 

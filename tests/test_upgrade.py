@@ -140,3 +140,6 @@ def test_plan_names_changed_keys_and_older_records():
         "1 training: settings unchanged, recorded by an older release in run cl"
     )
     assert lines("/abs/path/clip.pt", "")[0].startswith("1 training: other settings changed")
+    # only the records' form changed: plan says so last, and --adopt may touch
+    assert lines(older, record)[-1].startswith("no setting changed, only the form")
+    assert not lines(record, edited)[-1].startswith("no setting changed")

@@ -17,8 +17,10 @@
                                                score any captioner's results file (COCO caption
                                                format) as the evaluate rule scores the
                                                pipeline's captions; bootstrap against --versus
-    distinctcap plan [-- SNAKEMAKE_ARGS...]    what `snakemake SNAKEMAKE_ARGS` here would redo,
-                                               per rule and why (make plan EXP=... CONFIGS=...)
+    distinctcap plan [--adopt] [-- SNAKEMAKE_ARGS...]
+                                               what `snakemake SNAKEMAKE_ARGS` here would redo,
+                                               per rule and why (make plan EXP=... CONFIGS=...);
+                                               --adopt: keep an older release's results
 
 Light at import: torch loads only inside `caption`. SIGTERM and SIGINT stop a command with one
 line, after each `with` on the way out has removed its temporary files (`Stopped`).
@@ -91,6 +93,8 @@ def parser() -> argparse.ArgumentParser:
     check.add_argument("--syntax", action="store_true", help="check only that each is YAML")
     evaluate_parser(commands)
     plan = commands.add_parser("plan", help="what a snakemake run would redo, and why")
+    plan.add_argument("--adopt", action="store_true", help="when only the records' form "
+                      "changed (older release): snakemake --touch, recompute nothing")  # fmt: skip
     plan.add_argument("snakemake_args", nargs="*", metavar="SNAKEMAKE_ARGS",
                       help="after --: what you pass snakemake (--directory, --configfile, "
                       "targets)")  # fmt: skip
@@ -224,7 +228,7 @@ def evaluate(args) -> int:
 def plan(args) -> int:
     from distinctcap.runs.plan import plan as planned
 
-    for line in planned(".", args.snakemake_args):
+    for line in planned(".", args.snakemake_args, adopt=args.adopt):
         print(line)
     return 0
 

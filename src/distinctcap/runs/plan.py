@@ -49,8 +49,13 @@ class Job:
 def dry_run(directory: Path, args: list[str], snakemake: str | None = None) -> str:
     """The output of `snakemake -n ARGS` in `directory` (`args`: what the user passes snakemake:
     --directory, --configfile, targets)."""
+    return snakemake_run(directory, ["-n", "--nolock", *args], snakemake)
+
+
+def snakemake_run(directory: Path, args: list[str], snakemake: str | None = None) -> str:
+    """The output of `snakemake --cores 1 ARGS` in `directory`; one line if it fails."""
     snakemake = snakemake or str(Path(sys.executable).with_name("snakemake"))
-    command = [snakemake, "-n", "--cores", "1", "--nolock", *args]
+    command = [snakemake, "--cores", "1", *args]
     try:
         done = subprocess.run(command, cwd=directory, capture_output=True, text=True)
     except FileNotFoundError as error:
@@ -58,7 +63,8 @@ def dry_run(directory: Path, args: list[str], snakemake: str | None = None) -> s
     out = done.stdout + done.stderr
     if done.returncode != 0:
         last = [line for line in out.splitlines() if line.strip()][-1:] or ["no output"]
-        raise DistinctcapError(f"snakemake -n failed in {directory}: {last[0].strip()}")
+        what = " ".join(a for a in args if a in ("-n", "--touch"))
+        raise DistinctcapError(f"snakemake {what} failed in {directory}: {last[0].strip()}")
     return out
 
 
@@ -300,19 +306,39 @@ def describe(jobs: list[Job], defaults: Defaults | None = None) -> list[str]:
         if count == 1:
             noun = noun.removesuffix("s") if rule in NOUNS else f"{rule} job"
         lines.append(f"{count} {noun}: {'; '.join(parts)}")
-    texts = [part for job in jobs for part in why(job, defaults, producers).split(" and ")]
-    if any(t == OLDER_FORM for t in texts) and all(t.startswith(NO_CHANGE) for t in texts):
+    if only_form(jobs, defaults):
         lines.append(
-            "no setting changed, only the form of the records: `snakemake --touch` (with the "
-            "same arguments) records them as they are, then `snakemake` makes what is missing"
+            "no setting changed, only the form of the records: `distinctcap plan --adopt` "
+            "(snakemake --touch) records them as they are, then `snakemake` makes what is missing"
         )
     return lines
 
 
-def plan(directory: str | Path = ".", args=(), snakemake: str | None = None) -> list[str]:
-    """The lines `distinctcap plan` prints for `snakemake ARGS` run in `directory`."""
+def only_form(jobs: list[Job], defaults: Defaults | None) -> bool:
+    """Whether `jobs` rerun for no change of a setting or input: some only because of the
+    form of their records (an older release), the others after them or for new outputs."""
+    producers = {f: job for job in jobs for f in job.output}
+    texts = [part for job in jobs for part in why(job, defaults, producers).split(" and ")]
+    return any(t == OLDER_FORM for t in texts) and all(t.startswith(NO_CHANGE) for t in texts)
+
+
+def plan(
+    directory: str | Path = ".", args=(), snakemake: str | None = None, adopt: bool = False
+) -> list[str]:
+    """The lines `distinctcap plan` prints for `snakemake ARGS` run in `directory`. `adopt`:
+    when only the records' form changed (`only_form`), `snakemake --touch ARGS` first, so that
+    Snakemake records them as this release does and recomputes nothing, then the plan after."""
     directory = Path(directory)
     if not directory.is_dir():
         raise DistinctcapError(f"{directory}: no such folder")
+    defaults = Defaults(load_schema())
     jobs = parse_jobs(dry_run(directory, list(args), snakemake))
-    return describe(jobs, Defaults(load_schema())) or ["nothing to redo"]
+    if adopt and jobs:
+        if not only_form(jobs, defaults):
+            raise DistinctcapError(
+                "--adopt: a setting or input changed (distinctcap plan says which); nothing "
+                "was touched"
+            )
+        snakemake_run(directory, ["--touch", *args], snakemake)
+        jobs = parse_jobs(dry_run(directory, list(args), snakemake))
+    return describe(jobs, defaults) or ["nothing to redo"]

@@ -35,7 +35,7 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $@
 
-.PHONY: install run quick quick-tail test report report-screenshot readme-table unkt-ablations unkt-ablation-table unkt-seeds unkt-seeds-table seeds cleanup times ship-clip gpu-wheels gpu-rehearsal
+.PHONY: install run plan quick quick-tail test report report-screenshot readme-table unkt-ablations unkt-ablation-table unkt-seeds unkt-seeds-table seeds cleanup times ship-clip gpu-wheels gpu-rehearsal
 install: $(VENV)/.installed
 
 # A rerun of EXP without CONFIGS uses the config files recorded in it (results/experiment.json);
@@ -47,6 +47,10 @@ run: install
 	$(VENV)/bin/snakemake --cores $(CORES) --rerun-incomplete --directory $(EXP) \
 	$$(if [ -n "$$configs" ]; then echo --configfile $$configs; fi)
 	$(call tail_of,$(EXP),$(CONFIGS))
+
+# what `make run` with the same EXP and CONFIGS would redo, per rule and why (docs/pipeline.md)
+plan: install
+	$(PY) -m distinctcap plan -- --directory $(EXP) $(if $(CONFIGS),--configfile $(CONFIGS))
 
 # The MLE reference and its SMILE fine-tune on a small world (presets/quick.yaml), the
 # captions both give six test images, then the summary, SMILE against the reference and the

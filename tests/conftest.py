@@ -26,7 +26,8 @@ SHIPPED_CLIP = ROOT / "assets" / "clip" / "shapes-rn-tiny.pt"
 # (xdist's own xdist_group marks write `item._nodeid`, which pytest 9 no longer reads).
 MODULE_GROUPS = {
     "slurm": ("test_slurm_cluster", "test_slurm_pipeline"),
-    "tiny_dag": ("test_entropy", "test_pipeline", "test_quick", "test_report", "test_seeds"),
+    "tiny_dag": ("test_entropy", "test_pipeline", "test_quick", "test_report", "test_seeds",
+                 "test_upgrade"),
 }
 SHARED_RUN_FIXTURES = {"tiny_dag", "tiny_report"}
 # The longest groups (the last serial CI's durations: SLURM ~17 min, the shared tiny run and
@@ -77,8 +78,8 @@ def tiny_config() -> dict:
 
 
 def copy_workflow(workdir: Path) -> Path:
-    """A copy of the workflow (Snakefile, rules, schemas) in `workdir`."""
-    for name in ("Snakefile", "workflow", "envs", "config.yaml"):
+    """A copy of the workflow (Snakefile, rules, schemas, its default profile) in `workdir`."""
+    for name in ("Snakefile", "workflow", "envs", "config.yaml", "profiles"):
         src = ROOT / name
         (shutil.copytree if src.is_dir() else shutil.copy)(src, workdir / name)
     return workdir

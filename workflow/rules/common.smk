@@ -19,6 +19,7 @@ from distinctcap.core.config import (
     validate,
 )
 from distinctcap.core.errors import DistinctcapError
+from distinctcap.core.params import Defaults, canonical_params, stage_version
 from distinctcap.methods.facts import FACTS
 
 SCHEMA = Path(workflow.basedir) / "workflow" / "schemas" / "config.schema.yaml"
@@ -38,6 +39,18 @@ except DistinctcapError as error:
     sys.exit(1)
 
 DATA = "results/data"
+# What a rule's params record (Snakemake reruns a job whose recorded params changed): settings
+# without their schema defaults, so a release that adds a defaulted key reruns nothing
+# (distinctcap.core.params; docs/pipeline.md, "What reruns").
+DEFAULTS = Defaults(CONFIG_SCHEMA)
+
+
+def unrecorded(value):
+    """A param that reaches the script but not Snakemake's params record: a function of the
+    rule's input is a derived param, which Snakemake does not record. The rule records the
+    canonical form of `value` beside it (a function of the wildcards, or a value)."""
+    return lambda wildcards, input: value(wildcards) if callable(value) else value
+
 PREFLIGHT = "results/preflight.txt"  # preflight.smk: checked before the data is fetched
 ALL_TARGETS = []  # each stage file appends its final outputs
 
@@ -51,6 +64,13 @@ TRAIN_CLIP = CLIP["pretrained"] == "train"
 CLIP_FILES = [TRAINED_CLIP] if TRAIN_CLIP else [
     p for p in [CLIP["pretrained"].removeprefix("local-dir:")] if Path(p).exists()
 ]
+
+
+# which CLIP the jobs that read one record (none for the default, a CLIP trained here): a file
+# or local-dir is an input whose path no other param names
+CLIP_RECORD = canonical_params(
+    {"clip": CLIP["pretrained"]}, {"clip": DEFAULTS.section("clip").get("pretrained")}
+)
 
 
 # --- Runs: training and decoding (train.smk, decode.smk) -------------------------------------
@@ -84,6 +104,10 @@ try:  # every run's effective block, checked now so a bad override fails before 
 except DistinctcapError as error:
     sys.stderr.write(f"distinctcap: config error: {error}\n")
     sys.exit(1)
+# what train_run and run_card record of each run: its effective config without defaults
+RUN_RECORDS = {
+    name: canonical_params(run, DEFAULTS.effective_run(run)) for name, run in RUN_CONFIGS.items()
+}
 RUN_PRIORITIES = run_priorities(RUN_CONFIGS)  # train.smk: longest chain of training first
 ENTROPY_PRIORITY = entropy_priority(RUN_CONFIGS, RUN_PRIORITIES)  # entropy.smk: heads D-/D+ runs
 

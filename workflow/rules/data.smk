@@ -13,7 +13,9 @@ rule prepare_data:
         quarantine=f"{DATA}/quarantine.parquet",
         vocab=f"{DATA}/vocab.json",
     params:
-        data=data_stage_params(config["data"]),
+        data=unrecorded(data_stage_params(config["data"])),
+        recorded=canonical_params(data_stage_params(config["data"]), DEFAULTS.section("data")),
+        **stage_version("prepare_data"),
         on_bad_input=config["on_bad_input"],
     log:
         "logs/data/prepare_data.log",

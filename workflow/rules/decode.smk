@@ -16,7 +16,9 @@ if DECODES:  # a rule needs outputs; `decoding: {}` decodes nothing
         output:
             generated=[f"results/generated/{{run}}/{s}-{d}.parquet" for s, d in DECODES],
         params:
-            decodes=[(s, d, DECODING[d]) for s, d in DECODES],
+            decodes=unrecorded([(s, d, DECODING[d]) for s, d in DECODES]),
+            recorded=[(s, d, DEFAULTS.decodings(DECODING)[d]) for s, d in DECODES],
+            **stage_version("decode"),
             seed=config["seed"],
             device=config["device"],
         threads: 1

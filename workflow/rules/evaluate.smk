@@ -6,6 +6,11 @@ from distinctcap.core.config import metric_block
 from distinctcap.report.summary import evaluation_keys, reference_run
 
 EVALUATE = config["evaluate"]
+METRIC_RECORD = (
+    canonical_params(metric_block(EVALUATE), DEFAULTS.section("evaluate")) | CLIP_RECORD
+)
+RUNS_RECORD = DEFAULTS.runs(config["runs"])  # the configured runs without their defaults
+SEED_RUNS_RECORD = DEFAULTS.runs(RUNS)
 EVALUATIONS = evaluation_keys(RUNS, DECODING)
 # One evaluate job per run covers all its (split, decoding) pairs: one Python, CLIP and METEOR
 # start per run instead of per decoding (issue 19: METEOR's start is ~9 CPU s).
@@ -60,7 +65,9 @@ if PER_RUN and EVALUATE_GPU_JOB:  # a rule needs outputs; `decoding: {}` evaluat
             per_image=PER_IMAGE_OUT,
         params:
             evaluations=PER_RUN,
-            settings=metric_block(EVALUATE),
+            settings=unrecorded(metric_block(EVALUATE)),
+            recorded=METRIC_RECORD,
+            **stage_version("evaluate"),
             seed=config["seed"],
             device=config["device"],
         # one torch thread on the CPU: CPU numbers must not depend on the core count
@@ -87,7 +94,9 @@ if PER_RUN:
             **({} if EVALUATE_GPU_JOB else dict(per_image=PER_IMAGE_OUT)),
         params:
             evaluations=PER_RUN,
-            settings=metric_block(EVALUATE),
+            settings=unrecorded(metric_block(EVALUATE)),
+            recorded=METRIC_RECORD,
+            **stage_version("evaluate"),
             seed=config["seed"],
             # the torch part's device when it is computed here; torch gets one thread
             device="cpu" if EVALUATE_GPU_JOB else config["device"],
@@ -117,7 +126,8 @@ rule summarize:
         headline_md=f"{REPORT}/headline.md",
         headline_tex=f"{REPORT}/headline.tex",
     params:
-        runs=config["runs"],  # the configured runs; their models' seeds pooled (SEED_OF)
+        runs=unrecorded(config["runs"]),  # the configured runs; their models' seeds pooled (SEED_OF)
+        runs_recorded=RUNS_RECORD,
         seed_of=SEED_OF,
     log:
         "logs/evaluate/summarize.log",
@@ -167,7 +177,8 @@ rule versus_reference:
         forest=report(f"{REPORT}/forest.png", caption="../report/forest.rst", **PLOTS),
     params:
         reference=reference_run(RUNS),
-        runs=config["runs"],
+        runs=unrecorded(config["runs"]),
+        runs_recorded=RUNS_RECORD,
         seed_of=SEED_OF,
         seed=config["seed"],
     log:
@@ -192,7 +203,8 @@ rule report_plots:
         bars=report(f"{REPORT}/metric_bars.png", caption="../report/metric_bars.rst", **PLOTS),
         cider=report(f"{REPORT}/cider_vs_n.png", caption="../report/cider_vs_n.rst", **PLOTS),
     params:
-        runs=RUNS,
+        runs=unrecorded(RUNS),
+        runs_recorded=SEED_RUNS_RECORD,
         seed_of=SEED_OF,
     log:
         "logs/evaluate/report_plots.log",
@@ -215,8 +227,10 @@ rule report_gallery:
     params:
         split=GALLERY_SPLIT,
         images=EVALUATE["gallery_images"],
-        runs=RUNS,
-        decoding=DECODING,
+        runs=unrecorded(RUNS),
+        runs_recorded=SEED_RUNS_RECORD,
+        decoding=unrecorded(DECODING),
+        decodings_recorded=DEFAULTS.decodings(DECODING),
     log:
         "logs/evaluate/report_gallery.log",
     benchmark:

@@ -18,7 +18,9 @@ rule train_clip:
         ),
     params:
         arch=CLIP["arch"],
-        train=CLIP["train"],
+        train=unrecorded(CLIP["train"]),
+        recorded=canonical_params(CLIP["train"], DEFAULTS.section("clip", "train")),
+        **stage_version("train_clip"),
         seed=config["seed"],
         device=config["device"],
         # not an output, so a killed job keeps it and the rerun resumes from its last epoch
@@ -47,7 +49,10 @@ rule extract_features:
         arch=CLIP["arch"],
         pretrained=lambda w, input: input.weights[0] if TRAIN_CLIP else CLIP["pretrained"],
         tag=CLIP.get("tag"),
-        settings=CLIP["features"],
+        settings=unrecorded(CLIP["features"]),
+        recorded=canonical_params(CLIP["features"], DEFAULTS.section("clip", "features"))
+        | CLIP_RECORD,
+        **stage_version("extract_features"),
         device=config["device"],
         cache=lambda w, output: str(Path(output.index).parent / "cache"),
     # Every CPU of its job: snakemake caps a rule's threads at --cores, and a SLURM job runs
@@ -73,7 +78,8 @@ rule extract_captioner_features:
     params:
         pretrained=config["captioner"].get("pretrained"),
         vision=config["captioner"].get("vision", "frozen"),
-        settings=CLIP["features"],
+        settings=unrecorded(CLIP["features"]),
+        recorded=canonical_params(CLIP["features"], DEFAULTS.section("clip", "features")),
         device=config["device"],
         cache=lambda w, output: str(Path(output.index).parent / "cache"),
     threads: 256  # as extract_features: DataLoader workers on a GPU, one thread on the CPU

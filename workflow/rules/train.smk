@@ -13,9 +13,11 @@ rule train_run:
         curve=f"{RUN_DIR}/{{run}}/curve.csv",
         summary=f"{RUN_DIR}/{{run}}/summary.json",
     params:
-        run=lambda w: RUN_CONFIGS[w.run],
+        run=unrecorded(lambda w: RUN_CONFIGS[w.run]),  # the trainer's; RUN_RECORDS recorded
+        recorded=lambda w: RUN_RECORDS[w.run],
         paths=train_paths,
         device=config["device"],
+        **stage_version("train_run"),
     priority: lambda w: RUN_PRIORITIES[w.run]
     threads: 1  # the shapes-size captioner is fastest on one thread; profiles may set more
     log:
@@ -42,8 +44,12 @@ rule run_card:
         card=f"{RUN_DIR}/{{run}}/run.json",
         vocab=f"{RUN_DIR}/{{run}}/vocab.json",
     params:
-        run=lambda w: RUN_CONFIGS[w.run],
-        decoding=DECODING,
+        run=unrecorded(lambda w: RUN_CONFIGS[w.run]),
+        recorded=lambda w: RUN_RECORDS[w.run],
+        decoding=unrecorded(DECODING),
+        decodings_recorded=DEFAULTS.decodings(DECODING),
+        clip_recorded=CLIP_RECORD,
+        **stage_version("run_card"),
         clip=lambda w, input: input.clip[0] if TRAIN_CLIP else CLIP["pretrained"],
     log:
         "logs/train/{run}-card.log",

@@ -18,6 +18,10 @@
                                                format, or caption --out's JSON lines) as the
                                                evaluate rule scores the pipeline's captions;
                                                bootstrap against --versus
+    distinctcap plan [--adopt] [-- SNAKEMAKE_ARGS...]
+                                               what `snakemake SNAKEMAKE_ARGS` here would redo,
+                                               per rule and why (make plan EXP=... CONFIGS=...);
+                                               --adopt: keep an older release's results
 
 Light at import: torch loads only inside `caption`. SIGTERM and SIGINT stop a command with one
 line, after each `with` on the way out has removed its temporary files (`Stopped`).
@@ -52,6 +56,7 @@ EXAMPLES = {
     "fetch": "distinctcap fetch --configfile config.coco.yaml --offline",
     "check-config": "distinctcap check-config config.yaml presets/quick.yaml",
     "evaluate": "distinctcap evaluate my_results.json --data experiments/quick/results/data",
+    "plan": "distinctcap plan -- --directory experiments/quick --configfile presets/quick.yaml",
 }
 
 
@@ -89,6 +94,12 @@ def parser() -> argparse.ArgumentParser:
     check.add_argument("files", nargs="+", help="config.yaml and presets, in --configfile order")
     check.add_argument("--syntax", action="store_true", help="check only that each is YAML")
     evaluate_parser(commands)
+    plan = commands.add_parser("plan", help="what a snakemake run would redo, and why")
+    plan.add_argument("--adopt", action="store_true", help="when only the records' form "
+                      "changed (older release): snakemake --touch, recompute nothing")  # fmt: skip
+    plan.add_argument("snakemake_args", nargs="*", metavar="SNAKEMAKE_ARGS",
+                      help="after --: what you pass snakemake (--directory, --configfile, "
+                      "targets)")  # fmt: skip
     for name, sub in commands.choices.items():
         sub.epilog = examples_text([name]) if name in EXAMPLES else None
         sub.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -232,6 +243,14 @@ def evaluate(args) -> int:
     return 1 if any(r.problems for r, _ in scored) else 0
 
 
+def plan(args) -> int:
+    from distinctcap.runs.plan import plan as planned
+
+    for line in planned(".", args.snakemake_args, adopt=args.adopt):
+        print(line)
+    return 0
+
+
 COMMANDS = {
     "caption": caption,
     "runs": runs,
@@ -239,6 +258,7 @@ COMMANDS = {
     "fetch": fetch,
     "check-config": check_config,
     "evaluate": evaluate,
+    "plan": plan,
 }
 
 

@@ -48,9 +48,11 @@ run: install
 	$$(if [ -n "$$configs" ]; then echo --configfile $$configs; fi)
 	$(call tail_of,$(EXP),$(CONFIGS))
 
-# what `make run` with the same EXP and CONFIGS would redo, per rule and why (docs/pipeline.md)
+# what `make run` with the same EXP and CONFIGS (none: those recorded in EXP) would redo, per
+# rule and why (docs/pipeline.md)
 plan: install
-	$(PY) -m distinctcap plan -- --directory $(EXP) $(if $(CONFIGS),--configfile $(CONFIGS))
+	@configs=$$($(EXP_CONFIGS) --make run) && $(PY) -m distinctcap plan -- --directory $(EXP) \
+	$$(if [ -n "$$configs" ]; then echo --configfile $$configs; fi)
 
 # The MLE reference and its SMILE fine-tune on a small world (presets/quick.yaml), the
 # captions both give six test images, then the summary, SMILE against the reference and the

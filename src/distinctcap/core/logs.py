@@ -50,6 +50,8 @@ def setup_append(log_file: str | None, level: int = logging.INFO, fmt: str = FOR
     if log_file:
         handlers.append(logging.FileHandler(log_file, mode="a"))
     logging.basicConfig(level=level, handlers=handlers, force=True, format=fmt)
+    progress_log.handlers.clear()  # a command's own progress handler (runs.cli.show_progress)
+    progress_log.propagate = True
     logging.captureWarnings(True)
     sys.excepthook = log_uncaught
 

@@ -170,7 +170,7 @@ def show_progress() -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("distinctcap: %(message)s"))
     logger = logging.getLogger("distinctcap.progress")
-    logger.addHandler(handler)
+    logger.handlers = [handler]  # one, to this call's stderr: a second command adds no second
     logger.setLevel(logging.INFO)
     logger.propagate = False
 

@@ -42,8 +42,8 @@ install: $(VENV)/.installed
 # CONFIGS that differ from them are refused in one line printing the right command. Then the
 # report (built quietly), every method against the reference and where the results are.
 run: install
-	@configs=$$($(EXP_CONFIGS) --make run) && $(CHECK_YAML) $$configs && \
-	$(call RESUME_ON_CTRL_C,make run$(if $(filter-out .,$(EXP)), EXP=$(EXP))$(if $(CONFIGS), CONFIGS='\''$(CONFIGS)'\'')) \
+	@$(call RESUME_ON_CTRL_C,make run$(if $(filter-out .,$(EXP)), EXP=$(EXP))$(if $(CONFIGS), CONFIGS='\''$(CONFIGS)'\'')) \
+	configs=$$($(EXP_CONFIGS) --make run) && $(CHECK_YAML) $$configs && \
 	$(VENV)/bin/snakemake --cores $(CORES) --rerun-incomplete --directory $(EXP) \
 	$$(if [ -n "$$configs" ]; then echo --configfile $$configs; fi)
 	$(call tail_of,$(EXP),$(CONFIGS))

@@ -134,8 +134,9 @@ def test_plan_names_changed_keys_and_older_records():
         "1 training: train.lr changed in run cl",
         "1 neighbours job: outputs missing (pct=1)",
     ]
-    # a record of an older release (the full settings, with a key now gone), same settings
-    older = {**full, "train": {**full["train"], "checkpoint_minutes": None}}
+    # a record of an older release (the full settings, a key at its default included), same
+    # settings
+    older = {**full, "train": {**full["train"], "checkpoint_minutes": 5}}
     assert lines(older, record)[0] == (
         "1 training: settings unchanged, recorded by an older release in run cl"
     )

@@ -13,12 +13,13 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 HERE=${REHEARSAL:-$ROOT/.gpu-rehearsal}
 VENV=$HERE/venv
 IMAGE=$ROOT/bench/gpu/image.txt
-if ! cmp -s "$IMAGE" "$VENV/image.txt" 2> /dev/null; then  # new, or the image list changed
+WANTED=$(cat "$IMAGE" "$ROOT/requirements.txt")
+if [[ "$WANTED" != "$(cat "$VENV/wanted.txt" 2> /dev/null)" ]]; then  # new, or a list changed
     echo "rehearsal: a clean venv with the GPU image's packages in $VENV (minutes)"
     rm -rf "$VENV"
     python3 -m venv "$VENV"
-    "$VENV/bin/python" -m pip install --quiet -r "$IMAGE"
-    cp "$IMAGE" "$VENV/image.txt"
+    "$VENV/bin/python" -m pip install --quiet -r "$IMAGE" -c "$ROOT/requirements.txt"
+    echo "$WANTED" > "$VENV/wanted.txt"
 fi
 # The carried packages must come from the wheels alone, as on the node
 "$VENV/bin/python" - <<'PY'

@@ -27,7 +27,12 @@ for tag in manylinux_2_28 manylinux_2_27 manylinux_2_24 manylinux_2_17 manylinux
 done
 TRIM=$(mktemp -d)
 trap 'rm -rf "$TRIM"' EXIT
+pinned() {  # NAME -> NAME==VERSION from requirements.txt, or one line why not
+    grep -i -m 1 "^$1==" "$ROOT/requirements.txt" \
+        || { echo "wheels.sh: $1 has no version in carried.txt or requirements.txt" >&2; exit 2; }
+}
 grep -v -e '^#' -e '^$' "$ROOT/bench/gpu/carried.txt" | while read -r requirement how; do
+    [[ "$requirement" == *==* ]] || requirement=$(pinned "$requirement")
     into=$DEST
     [[ "$how" == trim ]] && into=$TRIM
     "$PY" -m pip download --quiet --no-deps --only-binary=:all: --python-version "$VERSION" \

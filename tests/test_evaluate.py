@@ -110,6 +110,10 @@ def test_perfect_captions_beat_generic_ones(results, world):
     assert generic["r_at_1"] == pytest.approx(1 / N_TEST)
     assert generic["mean_rank"] == pytest.approx((N_TEST + 1) / 2)
     assert generic["vocab"] == 5 and generic["length"] == 5  # "a picture of some shapes"
+    # the scene judge: no claims, every scene ties, chance exactly; specific captions win
+    assert generic["scene_r_at_1"] == pytest.approx(1 / N_TEST)
+    assert generic["scene_mean_rank"] == pytest.approx((N_TEST + 1) / 2)
+    assert perfect["scene_r_at_1"] > 0.5 and perfect["scene_mean_rank"] < 2
 
 
 def test_scene_f1_is_the_scene_scorer_on_sample_zero(results, world):
@@ -244,6 +248,8 @@ def test_per_image_means_are_the_metrics_row(results, per_image):
         assert (table.clip_rank == 1).mean() == row["r_at_1"]
         assert table.clip_rank.mean() == row["mean_rank"]
         assert np.mean(table.clipscore.to_numpy()) == row["clipscore"]
+        assert table.scene_top1.mean() == pytest.approx(row["scene_r_at_1"])
+        assert table.scene_rank.mean() == pytest.approx(row["scene_mean_rank"])
 
 
 def test_versus_values_are_the_summary_values(results, per_image, world):

@@ -82,25 +82,42 @@ def describe(fact: dict) -> str:
     return " ".join(fact[key] for key in ("size", "colour", "shape") if key in fact)
 
 
+def claim_list(claims: Claims) -> list[tuple]:
+    """Every claim of a parsed caption, in order (module docstring): ("object", fact) for each
+    of an object's facts, ("relation", a, rel, b) with the two objects' claims, and
+    ("background", colour)."""
+    out: list[tuple] = [("object", fact) for claim in claims.objects
+                        for fact in object_facts(claim)]  # fmt: skip
+    out += [("relation", claims.objects[i], rel, claims.objects[j])
+            for i, rel, j in claims.relations]  # fmt: skip
+    if claims.background:
+        out.append(("background", claims.background))
+    return out
+
+
+def claim_holds(claim: tuple, scene: dict) -> bool:
+    """Whether the scene holds one claim of `claim_list`."""
+    kind, *rest = claim
+    if kind == "object":
+        return any(matches(rest[0], o) for o in scene["objects"])
+    if kind == "relation":
+        return relation_holds(scene, *rest)
+    return rest[0] == scene["background"]
+
+
+def claim_words(claim: tuple) -> str:
+    kind, *rest = claim
+    if kind == "object":
+        return describe(rest[0])
+    if kind == "relation":
+        return f"{describe(rest[0])} {rest[1]} {describe(rest[2])}"
+    return f"{rest[0]} background"
+
+
 def claim_marks(text: str, scene: dict) -> list[tuple[str, bool]]:
     """Each claim of a caption in words, with whether the scene holds it (module docstring:
     an object's facts, its relations, the background)."""
-    claims, objs = parse(text), scene["objects"]
-    marks = [
-        (describe(fact), any(matches(fact, o) for o in objs))
-        for claim in claims.objects
-        for fact in object_facts(claim)
-    ]
-    marks += [
-        (
-            f"{describe(claims.objects[i])} {rel} {describe(claims.objects[j])}",
-            relation_holds(scene, claims.objects[i], rel, claims.objects[j]),
-        )
-        for i, rel, j in claims.relations
-    ]
-    if claims.background:
-        marks.append((f"{claims.background} background", claims.background == scene["background"]))
-    return marks
+    return [(claim_words(c), claim_holds(c, scene)) for c in claim_list(parse(text))]
 
 
 def score_caption(text: str, scene: dict) -> dict[str, int]:

@@ -1,6 +1,7 @@
 """The evaluation stage: one metrics row per (run, split, decoding), its CIDEr-vs-n curve and
-its per-image table (`PER_IMAGE`: CLIP rank and CLIPScore of each image's first caption, for
-the paired bootstrap against the reference in distinctcap.report.versus).
+its per-image table (`PER_IMAGE`: CLIP rank and CLIPScore of each image's first caption and,
+on the shapes world, its scene-retrieval rank, for the paired bootstrap against the reference
+in distinctcap.report.versus).
 
 `evaluate_decoding(paths, settings)` loads a run's generated captions, the references, the
 CLIP features (and the CLIP itself, from the features manifest, to encode the captions), the
@@ -16,7 +17,9 @@ computes with `distinctcap.evaluate.metrics`:
   references are the image's captions in the split);
 - the captioner's own self-retrieval (CL §4.1): rank the images of a pool by log p(c | I);
 - GPT-2 perplexity (SMILE §3.1) where local weights exist; scene precision/recall/F1 on the
-  shapes world (distinctcap.data.scene).
+  shapes world (distinctcap.data.scene) and the scene-retrieval judge: R@k and mean rank of
+  each image among the split's by how many of its caption's claims each true scene holds, ties
+  at their expected rank (distinctcap.data.scene_retrieval).
 
 Single-caption metrics (quality, length, vocab, novelty, retrieval, CLIPScore,
 RefCLIPScore, PPL, scene) use
@@ -66,6 +69,12 @@ from distinctcap.evaluate.metrics import (
     retrieval_ranks,
     retrieval_scores,
 )
+from distinctcap.evaluate.scene_judge import (
+    NO_SCENES,
+    PER_IMAGE_SCENE,
+    scene_retrieval_metrics,
+    split_scenes,
+)
 from distinctcap.features.read import ImageFeatures, feature_ids, load_image_features
 from distinctcap.report.summary import HEADLINE_DIVERSITY, HEADLINE_QUALITY
 
@@ -102,6 +111,8 @@ def metric_columns(settings: EvalSettings) -> list[str]:
         "scene_precision",
         "scene_recall",
         "scene_f1",
+        *[f"scene_r_at_{k}" for k in ks],
+        "scene_mean_rank",
     ]
 
 
@@ -316,11 +327,11 @@ def scene_metrics(
     """Scene precision/recall/F1 against the true scene graphs (shapes world only)."""
     out = MetricResult()
     names = ("scene_precision", "scene_recall", "scene_f1")
-    if "scene" not in images.columns:
+    scenes = split_scenes(images, image_ids)
+    if scenes is None:
         for name in names:
-            out.skip(name, "no scene graphs: only the shapes world knows its scenes")
+            out.skip(name, NO_SCENES)
         return out
-    scenes = images.set_index("image_id").scene.loc[list(image_ids)].tolist()
     for name, value in scene_f1(list(texts), scenes).items():
         if math.isnan(value):
             out.skip(name, "undefined: the captions make no claim about their scenes")
@@ -341,7 +352,7 @@ def skip_unavailable(out: MetricResult, names: Sequence[str], reason: str) -> No
 # The per-image table of an evaluation: each image's first caption (sample 0), as the metrics
 # row's single-caption columns; paired by image_id for the bootstrap against the reference
 # (distinctcap.report.versus).
-PER_IMAGE = ("image_id", "clip_rank", "clipscore")
+PER_IMAGE = ("image_id", "clip_rank", "clipscore", *PER_IMAGE_SCENE)
 
 
 @dataclass
@@ -406,8 +417,8 @@ class DeviceMetrics:
 def device_metrics(
     paths: EvalPaths, split: str, settings: EvalSettings, inputs: DecodingInputs | None = None
 ) -> DeviceMetrics:
-    """CLIP retrieval and CLIPScore, model self-retrieval and GPT-2 perplexity of sample 0
-    of every image, on `settings.device`."""
+    """CLIP retrieval and CLIPScore, model self-retrieval, GPT-2 perplexity and the
+    scene-retrieval judge (shapes world) of sample 0 of every image, on `settings.device`."""
     inputs = inputs or DecodingInputs.read(paths, split)
     timings: dict[str, list[float]] = {}
     ids, first = inputs.ids, inputs.first
@@ -428,6 +439,12 @@ def device_metrics(
         out.merge(model_metrics(paths, ids, first, settings, inputs.n_samples))
     with timed(timings, "GPT-2 perplexity"):
         out.merge(gpt2_perplexity(first, settings.gpt2_path, device=settings.device))
+    with timed(timings, "scene retrieval"):
+        scene_out, scene_per_caption = scene_retrieval_metrics(
+            first, ids, inputs.images, settings.retrieval_ks
+        )
+        out.merge(scene_out)
+    per_caption |= scene_per_caption
     per_image = pd.DataFrame({"image_id": np.asarray(ids, dtype=np.int64), **per_caption})
     return DeviceMetrics(out, per_image, timings)
 
@@ -617,7 +634,10 @@ def write_metrics(evaluation: Evaluation, path: str | Path) -> None:
 
 def write_per_image(evaluation: Evaluation, path: str | Path) -> None:
     """Parquet `PER_IMAGE` of the first captions: clip_rank (int64; r_at_1 is the share of
-    rank 1, mean_rank the mean) and clipscore (float32; the metrics row's is its mean)."""
+    rank 1, mean_rank the mean), clipscore (float32; the metrics row's is its mean),
+    scene_rank and scene_top1 (float64: the expected scene-retrieval rank and P(rank 1) under
+    a random order of tied images, whose means are scene_mean_rank and scene_r_at_1; NaN off
+    the shapes world)."""
     write_table(evaluation.per_image[list(PER_IMAGE)], path, "per_image")
 
 

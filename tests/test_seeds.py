@@ -222,6 +222,10 @@ def test_an_r_at_1_effect_is_read_by_the_independent_judges_seed_by_seed():
     assert table.loc["CL: greedy CIDEr above the reference's", "judges"] == (
         "n/a (not a CLIP metric)")
     assert table.loc["UNKT: oracle CIDEr-D@20 above the reference's", "judges"] == ""  # not run
+    coco = effects_table(summary.drop(columns="scene_r_at_1")).set_index("effect")  # no scenes
+    assert coco.loc["CL: greedy R@1 above the reference's", "judges"] == (
+        "survives the judge CLIP (the only judge evaluated)")
+    assert coco.loc["specificity: greedy R@1 above the reference's", "judges"] == FLAG
 
 
 def test_the_bars_of_a_run_over_seeds_stand_at_its_mean_with_a_dot_per_seed(tmp_path):

@@ -613,3 +613,69 @@ def test_the_forest_plots_tick_labels_stand_apart():
         em = labels[0].get_fontsize() * fig.dpi / 72
         gaps = [b.x0 - a.x1 for a, b in zip(boxes, boxes[1:], strict=False)]
         assert min(gaps) >= em, (ax.get_title(), [t.get_text() for t in labels], gaps)
+
+
+def judged_summary(judge_r_at_1, scene_r_at_1, judge_clipscore) -> pd.DataFrame:
+    """`front_summary` with the independent judges' columns (issue 45), the same on each run."""
+    return front_summary().assign(judge_r_at_1=judge_r_at_1, scene_r_at_1=scene_r_at_1,
+                                  judge_clipscore=judge_clipscore)
+
+
+def test_the_headline_shows_the_judges_beside_the_trainers_clip_where_evaluated():
+    """Issue 45: judge R@1 and scene R@1 right after R@1, judge CLIPScore after CLIPScore; a
+    judge every row of which is NaN (a config without it) leaves today's headline exactly."""
+    today = headline_markdown(front_summary(), FRONT_RUNS)
+    assert headline_markdown(judged_summary(np.nan, np.nan, np.nan), FRONT_RUNS) == today
+    lines = headline_markdown(judged_summary(0.25, 0.5, 0.81), FRONT_RUNS).splitlines()
+    assert lines[0] == ("| run | BLEU-4 ↑ | METEOR ↑ | CIDEr ↑ | R@1 ↑ | judge R@1 ↑ | scene R@1 ↑ "
+                        "| mean rank ↓ | CLIPScore ↑ | judge CLIPScore ↑ | scene F1 ↑ "
+                        "| Div-2 (20 samples) ↑ | distinct (20 samples) ↑ |")
+    assert lines[2] == ("| reference (MLE) | 0.300 | 0.300 | 1.000 | 0.400 | 0.250 | 0.500 "
+                        "| 2.0 | 0.90 | 0.81 | 0.500 | - | - |")
+    coco = headline_markdown(judged_summary(0.25, np.nan, 0.81), FRONT_RUNS)  # no scene judge
+    assert "judge R@1 ↑ | mean rank ↓" in coco and "scene R@1" not in coco
+
+
+def test_the_summary_keeps_the_judges_columns_where_the_evaluation_wrote_them(metrics):
+    judged = metrics.assign(judge_r_at_1=0.2, judge_mean_rank=3.0, judge_clipscore=0.7,
+                            judge_refclipscore=0.75, scene_r_at_1=0.4, scene_mean_rank=2.5)
+    columns = summary_columns(judged)
+    assert columns == list(dict.fromkeys(columns))
+    base = columns.index("refclipscore")
+    assert columns[base + 1:base + 5] == ["judge_r_at_1", "judge_mean_rank", "judge_clipscore",
+                                          "judge_refclipscore"]
+    assert columns[-3:] == ["scene_f1", "scene_r_at_1", "scene_mean_rank"]
+    assert summary_columns(metrics) == [c for c in columns if "judge_" not in c
+                                        and c not in ("scene_r_at_1", "scene_mean_rank")]
+
+
+JUDGED_ROWS = [  # a gain under the trainer's CLIP that the judge CLIP barely shares
+    ("smile", "greedy", "r_at_1", 0.3, 0.2, 0.4, "better"),
+    ("smile", "greedy", "judge_r_at_1", 0.02, -0.01, 0.05, "no significant difference"),
+    ("smile", "greedy", "scene_r_at_1", 0.2, 0.1, 0.3, "better"),
+]
+
+
+def test_a_gain_under_half_of_the_clips_is_flagged_on_the_verdict_line(versus):
+    """Issue 45's words on the front page and in `distinctcap compare` (verdict_lines); a
+    judge gain of at least half the CLIP's, its interval above 0, confirms it instead."""
+    from distinctcap.report.verdicts import front_table, verdict_lines
+
+    rows = [{"run": r, "decoding": d, "split": "test", "metric": m, "value": 1.0,
+             "reference_value": 1.0 - diff, "difference": diff, "ci_low": lo, "ci_high": hi,
+             "verdict": v} for r, d, m, diff, lo, hi, v in JUDGED_ROWS]  # fmt: skip
+    judged = pd.concat([versus[versus.metric != "r_at_1"], pd.DataFrame(rows)])
+    line = verdict_lines(judged, FRONT_RUNS, "greedy")[0]
+    assert line.endswith(
+        "; gain measured mainly by the CLIP it was tuned on (R@1 +0.300: judge R@1 +0.020 "
+        "[-0.010, +0.050])")
+    assert "wins CIDEr +0.200 [+0.100, +0.300], R@1 +0.300 [+0.200, +0.400], scene R@1" in line
+    judged.loc[judged.metric == "judge_r_at_1", ["difference", "ci_low", "verdict"]] = [
+        0.15, 0.05, "better"]
+    assert verdict_lines(judged, FRONT_RUNS, "greedy")[0].endswith(
+        "; the judges confirm its CLIP gains (R@1 +0.300: judge R@1 +0.150 [+0.050, +0.050]; "
+        "R@1 +0.300: scene R@1 +0.200 [+0.100, +0.300])")
+    headers, table = front_table(judged_summary(0.25, 0.5, 0.81), judged, FRONT_RUNS, "greedy",
+                                 "greedy")  # fmt: skip
+    assert table[1][headers.index("judge R@1 ↑")] == ("0.250", "[+0.050, +0.050]", False)
+    assert table[1][headers.index("scene R@1 ↑")] == ("0.500", "[+0.100, +0.300]", False)

@@ -189,6 +189,45 @@ def test_an_effect_holds_across_seeds_only_where_every_seed_and_the_interval_sho
     assert cl.holds == "on every seed, interval includes 0"
 
 
+def test_an_r_at_1_effect_is_read_by_the_independent_judges_seed_by_seed():
+    """Issue 45: each judge confirms an R@1 effect where its mean gain over seeds is at least
+    half the trainer-CLIP's and it shows a gain on every seed; none confirming is the flag."""
+    from distinctcap.report.effects import effects_table
+    from distinctcap.report.judged import FLAG
+
+    gains = {  # run: (judge CLIP's R@1 gain per seed, the scene judge's)
+        "cl": ([0.15] * 3, [0.12] * 3), "smile": ([0.15] * 3, [0.02] * 3),
+        "specificity": ([0.02] * 3, [0.15] * 3), "unkt": ([0.3, 0.3, -0.15], [0.01] * 3),
+        "reference": ([0.0] * 3, [0.0] * 3),
+    }
+    summary = pd.DataFrame([
+        {"run": run, "seed": seed, "split": "test", "decoding": "greedy", "cider": 1.0,
+         "r_at_1": 0.3 + (run != "reference") * 0.2, "judge_r_at_1": 0.3 + judge[seed],
+         "scene_r_at_1": 0.3 + scene[seed]}
+        for run, (judge, scene) in gains.items() for seed in range(3)
+    ] + [{"run": run, "seed": seed, "split": "test", "decoding": "greedy", "r_at_1": r,
+          "judge_r_at_1": np.nan, "scene_r_at_1": np.nan}
+         for run, r in (("teacher_pos", 0.5), ("teacher_neg", 0.4)) for seed in range(3)])
+    table = effects_table(summary).set_index("effect")
+    judges = {run: table.loc[f"{name}: greedy R@1 above the reference's", "judges"]
+              for run, name in (("cl", "CL"), ("smile", "SMILE"),
+                                ("specificity", "specificity"), ("unkt", "UNKT"))}
+    assert judges == {"cl": "survives both judges", "smile": "survives the judge CLIP only",
+                      "specificity": "survives the scene judge only", "unkt": FLAG}
+    unkt = table.loc["UNKT: greedy R@1 above the reference's"]
+    assert unkt["judge CLIP per seed"] == "+0.300, +0.300, -0.150"  # mean +0.15, not every seed
+    assert unkt["scene judge per seed"] == "+0.010, +0.010, +0.010"
+    teachers = table.loc["D+ teacher: greedy R@1 above the D- teacher's"]
+    assert (teachers.judges, teachers["judge CLIP per seed"]) == ("no judge", "")
+    assert table.loc["CL: greedy CIDEr above the reference's", "judges"] == (
+        "n/a (not a CLIP metric)")
+    assert table.loc["UNKT: oracle CIDEr-D@20 above the reference's", "judges"] == ""  # not run
+    coco = effects_table(summary.drop(columns="scene_r_at_1")).set_index("effect")  # no scenes
+    assert coco.loc["CL: greedy R@1 above the reference's", "judges"] == (
+        "survives the judge CLIP (the only judge evaluated)")
+    assert coco.loc["specificity: greedy R@1 above the reference's", "judges"] == FLAG
+
+
 def test_the_bars_of_a_run_over_seeds_stand_at_its_mean_with_a_dot_per_seed(tmp_path):
     from distinctcap.report.plots import bar_heights, plot_metric_bars
     from distinctcap.report.summary import with_seeds

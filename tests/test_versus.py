@@ -160,3 +160,72 @@ def test_markdown_csv_and_latex_exports(world, tmp_path):
     assert "mean rank $\\downarrow$" in tex
     without = wide(compare_runs(runs, captions, images, "reference"))[0]  # no per-image tables
     assert without == ["run", "decoding", "CIDEr ↑", "scene precision ↑", "scene F1 ↑"]
+
+
+def judged_table(images, ranks, clipscore, judge_ranks, judge_score, scene_top1, scene_ranks):
+    """`clip_table` with the independent judges' per-image columns (issue 45): the judge
+    CLIP's rank and CLIPScore, the scene judge's expected rank and probability of rank 1."""
+    n = len(images)
+    return clip_table(images, ranks, clipscore).assign(
+        judge_rank=np.broadcast_to(judge_ranks, n).astype(np.int64),
+        judge_clipscore=np.float32(judge_score),
+        scene_rank=np.broadcast_to(scene_ranks, n).astype(float),
+        scene_top1=np.broadcast_to(scene_top1, n).astype(float))
+
+
+@pytest.fixture(scope="module")
+def judged(world):
+    """`tuned` wins everything under the trainer's CLIP and almost nothing under the judges;
+    `honest` wins as much under the judges; `unjudged` has no judge columns."""
+    images, captions = world
+    n = len(images)
+    ranks, quarter = reference_ranks(n), np.arange(n) % 4
+    one_more = np.where(np.arange(n) == 1, 1, ranks)  # one more judge hit: +1/60
+    kept = np.where(quarter != 3, 1, ranks)  # the judges: rank 1 on three images of four
+    per_image = {
+        ("reference", "test", "greedy"): judged_table(
+            images, ranks, 0.6, ranks, 0.5, (ranks == 1).astype(float), ranks),
+        ("tuned", "test", "greedy"): judged_table(
+            images, 1, 0.7, one_more, 0.5, (ranks == 1).astype(float), ranks),
+        ("honest", "test", "greedy"): judged_table(
+            images, 1, 0.7, kept, 0.58, np.where(quarter != 3, 1.0, 0.5), kept),
+        ("unjudged", "test", "greedy"): clip_table(images, 1, 0.7),
+    }
+    runs = runs_of(world, reference=generic, tuned=generic, honest=generic, unjudged=generic)
+    return compare_runs(runs, captions, images, "reference", per_image=per_image)
+
+
+def test_the_judges_get_their_own_rows_where_both_tables_have_them(judged, world):
+    table = judged.set_index(["run", "metric"])
+    judges = ["judge_r_at_1", "judge_mean_rank", "judge_clipscore", "scene_r_at_1",
+              "scene_mean_rank"]
+    assert [m for m in judges if ("unjudged", m) in table.index] == []  # its table has none
+    assert table.loc[("unjudged", "r_at_1"), "verdict"] == "better"  # today's rows stay
+    tuned, honest = table.loc["tuned"], table.loc["honest"]
+    assert tuned.loc["r_at_1", "difference"] == pytest.approx(0.75)  # 1.0 against 15 of 60
+    assert tuned.loc["judge_r_at_1", "difference"] == pytest.approx(1 / 60)
+    assert tuned.loc["scene_r_at_1", "difference"] == 0
+    assert honest.loc["judge_r_at_1", "difference"] == pytest.approx(0.5)  # 45 of 60 hits
+    assert honest.loc["scene_r_at_1", "difference"] == pytest.approx(0.875 - 0.25)
+    assert honest.loc["scene_r_at_1", "value"] == pytest.approx(0.875)  # the mean of scene_top1
+    n = len(world[0])
+    kept_mean = np.where(np.arange(n) % 4 != 3, 1, reference_ranks(n)).mean()
+    assert honest.loc["judge_mean_rank", "value"] == pytest.approx(kept_mean)
+    assert honest.loc["judge_mean_rank", "verdict"] == "better"  # lower is better
+    assert honest.loc["scene_mean_rank", "verdict"] == "better"
+    assert honest.loc["judge_clipscore", "difference"] == pytest.approx(0.08, abs=1e-6)
+
+
+def test_a_gain_the_judges_do_not_share_is_flagged_in_words(judged):
+    text = markdown(judged, "reference")
+    tuned = next(line for line in text.splitlines() if line.startswith("- tuned"))
+    assert tuned.startswith("- tuned (greedy): gain measured mainly by the CLIP it was tuned on "
+                            "(R@1 +0.750: judge R@1 +0.017 [")
+    assert "R@1 +0.750: scene R@1 +0.000 [+0.000, +0.000]" in tuned
+    assert "CLIPScore +0.100: judge CLIPScore +0.000 [+0.000, +0.000]" in tuned
+    honest = next(line for line in text.splitlines() if line.startswith("- honest"))
+    assert honest.startswith("- honest (greedy): the judges confirm its CLIP gains (R@1 +0.750: "
+                             "judge R@1 +0.500 [")
+    assert "mean rank" in honest and "scene R@1 +0.625" in honest
+    assert "unjudged" not in text.split("is flagged.")[-1]  # no judge: no line
+    assert "judge R@1 ↑" in wide(judged)[0] and "scene mean rank ↓" in wide(judged)[0]

@@ -5,7 +5,9 @@ An effect is "run's metric above that of `than`" under one decoding on the test 
 seed, the difference is the run's value minus `than`'s of the same seed (summary.csv). An
 effect holds across seeds where every seed shows it and, for the metrics versus_reference
 compares with the reference, where its interval over seeds and images (versus.csv, the
-two-stage bootstrap) also excludes 0.
+two-stage bootstrap) also excludes 0. An effect on a trainer-CLIP metric (R@1, mean rank) is
+also read by the independent judges (issue 45, report.judged): the same differences per seed
+under the judge CLIP and the scene judge, and whether each confirms the gain (`judges_verdict`).
 
     python -m distinctcap.report.effects results/metrics/summary.csv results/report/versus.csv
 """
@@ -18,6 +20,7 @@ from typing import NamedTuple
 
 import pandas as pd
 
+from distinctcap.report.judged import FLAG, gain, judges_of, survives
 from distinctcap.report.summary import markdown_table
 from distinctcap.report.verdicts import interval
 
@@ -56,7 +59,12 @@ UNMET = Effect(
     "UNKT: oracle CIDEr-D@20 above the reference's", "unkt", "oracle_cider_20", "sample20"
 )
 COLUMNS = ["effect", "seeds", "difference per seed", "mean ± sd", "interval (seeds, images)",
-           "holds"]  # fmt: skip
+           "holds", "judge CLIP per seed", "scene judge per seed", "judges"]  # fmt: skip
+
+
+def judge_name(column: str) -> str:
+    """'judge CLIP' for judge_<metric>, 'scene judge' for scene_<metric> (`judged.judges_of`)."""
+    return "judge CLIP" if column.startswith("judge_") else "scene judge"
 
 
 def seed_differences(summary: pd.DataFrame, effect: Effect, split: str = "test") -> pd.Series:
@@ -85,7 +93,7 @@ def judge(effect: Effect, summary: pd.DataFrame, versus: pd.DataFrame | None) ->
     """One row of COLUMNS."""
     diffs = seed_differences(summary, effect)
     if diffs.empty:
-        return [effect.claim, 0, "", "", "", "not run"]
+        return [effect.claim, 0, "", "", "", "not run", "", "", ""]
     shown = int((diffs > 0).sum())
     row = versus_row(versus, effect)
     span = "" if row is None else interval(row)
@@ -97,7 +105,47 @@ def judge(effect: Effect, summary: pd.DataFrame, versus: pd.DataFrame | None) ->
         holds = f"no: on {shown} of {len(diffs)} seeds"
     spread = f"{diffs.mean():+.3f}" + (f" ± {diffs.std():.3f}" if len(diffs) > 1 else "")
     per_seed = ", ".join(f"{d:+.3f}" for d in diffs)
-    return [effect.claim, len(diffs), per_seed, spread, span, holds]
+    return [effect.claim, len(diffs), per_seed, spread, span, holds,
+            *judges_view(effect, summary, diffs)]
+
+
+def judges_view(effect: Effect, summary: pd.DataFrame, diffs: pd.Series) -> list[str]:
+    """[judge CLIP per seed, scene judge per seed, judges]: the effect's differences per seed
+    under each judge of its metric (`judged.judges_of`; '' where that judge was not
+    evaluated), and `judges_verdict`."""
+    judges = judges_of(effect.metric)
+    if not judges:
+        return ["", "", "n/a (not a CLIP metric)"]
+    seen = {}
+    for judge in judges:
+        judged = seed_differences(summary, effect._replace(metric=judge))
+        if not judged.empty:
+            seen[judge] = judged
+    cells = {judge_name(j): ", ".join(f"{d:+.3f}" for d in seen[j]) for j in seen}
+    return [cells.get("judge CLIP", ""), cells.get("scene judge", ""),
+            judges_verdict(effect.metric, diffs, seen)]
+
+
+def judges_verdict(metric: str, diffs: pd.Series, seen: dict[str, pd.Series]) -> str:
+    """Which judges confirm the trainer-CLIP effect (`diffs`, per seed): each judge whose mean
+    gain over seeds is at least half the trainer-CLIP's and who shows a gain on every seed the
+    effect has (`judged.survives`); none -> the issue's flag. 'no judge' where neither was
+    evaluated; 'n/a' where the trainer's CLIP shows no gain to confirm."""
+    if not seen:
+        return "no judge"
+    ours = gain(metric, diffs.mean())
+    if ours <= 0:
+        return "n/a (no gain under the trainer's CLIP)"
+    kept = [judge_name(judge) for judge, judged in seen.items() if survives(
+        ours, gain(judge, judged.mean()),
+        all(gain(judge, judged.get(s, float("nan"))) > 0 for s in diffs.index))]
+    if not kept:
+        return FLAG
+    if len(kept) == 2:
+        return "survives both judges"
+    if len(seen) == 1:
+        return f"survives the {kept[0]} (the only judge evaluated)"
+    return f"survives the {kept[0]} only"
 
 
 def effects_table(summary: pd.DataFrame, versus: pd.DataFrame | None = None) -> pd.DataFrame:

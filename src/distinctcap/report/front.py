@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -21,6 +22,7 @@ from distinctcap.core.io import atomic_path, read_json
 from distinctcap.report.summary import (
     HEADLINE_DIVERSITY,
     HEADLINE_QUALITY,
+    headline_quality,
     pick_decodings,
     pooled_rows,
     reference_run,
@@ -42,7 +44,12 @@ compared with; the *teachers* are MLE runs on the high-entropy (D-, generic) or 
 captions that single out their image. ↑ marks a column where higher is better, ↓ one where
 lower is better. Quality (BLEU-4, METEOR, CIDEr) compares captions with the human ones;
 retrieval (``R@1``: share of test images whose caption retrieves them first through the CLIP;
-mean rank) measures distinctiveness; scene F1 (shapes world) checks each claim against the
+mean rank) measures distinctiveness under the CLIP the methods were tuned on, which the
+independent judges re-measure where evaluated: judge R@1 and judge CLIPScore with a second CLIP
+no training rule sees, scene R@1 (shapes world) by ranking each caption's claims against every
+image's true scene; a gain under the trainer's CLIP that a judge's gain does not reach half of,
+or whose judge interval includes 0, reads "gain measured mainly by the CLIP it was tuned on";
+scene F1 (shapes world) checks each claim against the
 true scene; Div-2 and distinct measure how varied sampled captions are. Values are on their
 metric's own scale (fractions stay fractions). A difference against the reference counts only
 where its paired bootstrap 95 % interval excludes 0.
@@ -141,15 +148,17 @@ def headline(results: Path, runs: dict) -> list[str]:
             f"{escape(diversity)}; best value of each column in bold; [ ]: the 95 % interval "
             "of the run's difference from the reference).", "",
             *rst_table(headers, cells, escaped=True),
-            *dash_legend(results, [[c[0] for c in row] for row in rows], quality, diversity)]
+            *dash_legend(results, [[c[0] for c in row] for row in rows], quality, diversity,
+                         headline_quality(summary, "test", quality))]
 
 
-def dash_legend(results: Path, rows: list[list[str]], quality: str,
-                diversity: str) -> list[str]:
+def dash_legend(results: Path, rows: list[list[str]], quality: str, diversity: str,
+                shown: Sequence[tuple] = HEADLINE_QUALITY) -> list[str]:
     """What a '-' in the headline table means, for each column that has one: the reason the
     evaluation recorded for skipping its metric (`skip_reason`), else that no evaluation has
-    it yet. `rows`: the table's cell values, run label first."""
-    columns = [(h, c, quality) for h, c, _, _ in HEADLINE_QUALITY] + [
+    it yet. `rows`: the table's cell values, run label first; `shown`: its quality columns
+    (`headline_quality`: with the judges' where evaluated)."""
+    columns = [(h, c, quality) for h, c, _, _ in shown] + [
         (h, c, diversity) for h, c, _, _ in HEADLINE_DIVERSITY]
     said: dict[str, list[str]] = {}
     for j, (header, column, decoding) in enumerate(columns, start=1):

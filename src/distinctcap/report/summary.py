@@ -69,11 +69,20 @@ def reference_run(runs: dict) -> str | None:
     return mle[0] if mle else None
 
 
+# The independent judges' columns (issue 45), where the evaluation wrote them: the judge CLIP's
+# after refclipscore, the scene-retrieval judge's (shapes world) after scene_f1.
+JUDGE_CLIP_COLUMN = re.compile(r"judge_(r_at_\d+|mean_rank|clipscore|refclipscore)")
+SCENE_JUDGE_COLUMN = re.compile(r"scene_(r_at_\d+|mean_rank)")
+
+
 def summary_columns(metrics: pd.DataFrame) -> list[str]:
-    """The summary's columns: the issue's named ones, the oracle columns present, consensus,
-    ppl and scene precision/recall/F1."""
+    """The summary's columns: the issue's named ones, the judge CLIP's present, the oracle
+    columns present, consensus, ppl, scene precision/recall/F1 and the scene judge's present."""
     oracle = [c for c in metrics.columns if c.startswith("oracle_")]
-    return [*SUMMARY_BASE, *oracle, *CONSENSUS, *SUMMARY_TAIL]
+    judge = [c for c in metrics.columns if JUDGE_CLIP_COLUMN.fullmatch(c)]
+    scene = [c for c in metrics.columns if SCENE_JUDGE_COLUMN.fullmatch(c)]
+    columns = [*SUMMARY_BASE, *judge, *oracle, *CONSENSUS, *SUMMARY_TAIL, *scene]
+    return list(dict.fromkeys(columns))  # once, should SUMMARY_BASE name a judge's column
 
 
 def summary_table(metrics: pd.DataFrame) -> pd.DataFrame:
@@ -179,6 +188,33 @@ HEADLINE_QUALITY = (
     ("CLIPScore", "clipscore", 2, "↑"), ("scene F1", "scene_f1", 3, "↑"),
 )
 HEADLINE_DIVERSITY = (("Div-2", "div2", 3, "↑"), ("distinct", "distinct", 3, "↑"))
+# The independent judges (issue 45) beside the trainer's CLIP metric each re-measures: the judge
+# CLIP (a second CLIP no training rule sees) and, on the shapes world, scene retrieval (the
+# caption's parsed claims ranked against every image's true scene graph).
+JUDGE_METRICS = (  # (header, column, decimals, direction, the trainer's CLIP column)
+    ("judge R@1", "judge_r_at_1", 3, "↑", "r_at_1"),
+    ("scene R@1", "scene_r_at_1", 3, "↑", "r_at_1"),
+    ("judge mean rank", "judge_mean_rank", 1, "↓", "mean_rank"),
+    ("scene mean rank", "scene_mean_rank", 1, "↓", "mean_rank"),
+    ("judge CLIPScore", "judge_clipscore", 2, "↑", "clipscore"),
+)
+HEADLINE_JUDGES = ("judge_r_at_1", "scene_r_at_1", "judge_clipscore")  # after their CLIP column
+
+
+def headline_quality(
+    summary: pd.DataFrame, split: str = "test", quality: str = "greedy"
+) -> list[tuple[str, str, int, str]]:
+    """HEADLINE_QUALITY with each of HEADLINE_JUDGES right after the trainer's CLIP column it
+    re-measures, where the summary has a value of it (split, decoding `quality`): a config
+    without a judge keeps exactly HEADLINE_QUALITY."""
+    rows = summary[(summary.split == split) & (summary.decoding == quality)]
+    shown = [j for j in JUDGE_METRICS if j[1] in HEADLINE_JUDGES and j[1] in rows
+             and pd.to_numeric(rows[j[1]], errors="coerce").notna().any()]  # fmt: skip
+    columns = []
+    for header, column, digits, arrow in HEADLINE_QUALITY:
+        columns.append((header, column, digits, arrow))
+        columns += [judge[:4] for judge in shown if judge[4] == column]
+    return columns
 
 
 def run_label(name: str, run: dict) -> str:
@@ -193,20 +229,22 @@ def headline_table(
     summary: pd.DataFrame, runs: dict, split: str = "test", quality: str = "greedy",
     diversity: str = "sample20",
 ) -> tuple[list[str], list[list[str]]]:
-    """(headers with their direction, rounded rows): one row per run in `run_order`, quality
-    and retrieval columns of decoding `quality`, diversity columns of decoding `diversity`;
+    """(headers with their direction, rounded rows): one row per run in `run_order`, quality,
+    retrieval and judge columns (`headline_quality`) of decoding `quality`, diversity columns
+    of decoding `diversity`;
     a run over several seeds shows each cell's mean ± sd (n seeds) (`spread`)."""
     rows = pooled_rows(summary, split)
     n_samples = "".join(c for c in diversity if c.isdigit())
     samples = f" ({n_samples} samples)" if n_samples else ""  # none: greedy (make quick)
-    headers = ["run"] + [f"{h} {arrow}" for h, _, _, arrow in HEADLINE_QUALITY] + [
+    shown = headline_quality(summary, split, quality)
+    headers = ["run"] + [f"{h} {arrow}" for h, _, _, arrow in shown] + [
         f"{h}{samples} {arrow}" for h, _, _, arrow in HEADLINE_DIVERSITY
     ]
     table = []
     for name in run_order(runs):
         cells = [
             _cell(rows, (name, decoding), column, digits)
-            for decoding, columns in ((quality, HEADLINE_QUALITY), (diversity, HEADLINE_DIVERSITY))
+            for decoding, columns in ((quality, shown), (diversity, HEADLINE_DIVERSITY))
             for _, column, digits, _ in columns
         ]
         table.append([run_label(name, runs[name]), *cells])

@@ -14,10 +14,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from distinctcap.report.judged import JUDGE_NAMES, judge_line
 from distinctcap.report.summary import (
     HEADLINE_DIVERSITY,
     HEADLINE_QUALITY,
     compare_table,
+    headline_quality,
     headline_table,
     pick_decodings,
     read_summary,
@@ -28,7 +30,7 @@ from distinctcap.report.summary import (
 
 METRIC_NAMES = {column: header for header, column, _, _ in HEADLINE_QUALITY}
 METRIC_NAMES["scene_precision"] = "scene precision"
-HEADLINE_COLUMNS = [(c, arrow) for _, c, _, arrow in (*HEADLINE_QUALITY, *HEADLINE_DIVERSITY)]
+METRIC_NAMES |= JUDGE_NAMES
 
 
 def is_teacher(name: str, runs: dict) -> bool:
@@ -48,7 +50,9 @@ def interval(row) -> str:
 
 def verdict_line(run: str, rows: pd.DataFrame) -> str:
     """`smile: wins R@1 +0.050 [+0.020, +0.080]; loses CIDEr ...; no clear difference on ...`
-    from one run's versus rows under one decoding."""
+    from one run's versus rows under one decoding, then what the independent judges say of its
+    trainer-CLIP gains where they measured them (`judged.judge_line`: confirmed, or 'gain
+    measured mainly by the CLIP it was tuned on')."""
     said = {kind: [f"{METRIC_NAMES.get(r.metric, r.metric)} {interval(r)}"
                    for r in rows.itertuples() if r.verdict == verdict]
             for kind, verdict in (("wins", "better"), ("loses", "worse"))}  # fmt: skip
@@ -57,6 +61,9 @@ def verdict_line(run: str, rows: pd.DataFrame) -> str:
     parts = [f"{kind} {', '.join(items)}" for kind, items in said.items() if items]
     if unclear:
         parts.append("no clear difference on " + ", ".join(unclear))
+    judged = judge_line(rows, METRIC_NAMES)
+    if judged:
+        parts.append(judged)
     return f"{run}: " + "; ".join(parts)
 
 
@@ -80,16 +87,18 @@ def front_table(
     """(headers, rows) of the headline table in `methods_first` order; each cell (value,
     interval of its difference from the reference or "", best in its column)."""
     headers, rows = headline_table(summary, runs, "test", quality, diversity)
+    shown = headline_quality(summary, "test", quality)
+    columns = [(c, arrow) for _, c, _, arrow in (*shown, *HEADLINE_DIVERSITY)]
     by_name = dict(zip(run_order(runs), rows, strict=True))
     names = methods_first(runs)
     ordered = [by_name[n] for n in names]
     best = [best_values([row[i + 1] for row in ordered], arrow)
-            for i, (_, arrow) in enumerate(HEADLINE_COLUMNS)]  # fmt: skip
+            for i, (_, arrow) in enumerate(columns)]  # fmt: skip
     out = []
     for name, row in zip(names, ordered, strict=True):
         cells = [(row[0], "", False)]
-        for i, (column, _) in enumerate(HEADLINE_COLUMNS):
-            said = _interval_of(versus, name, column, quality) if i < len(HEADLINE_QUALITY) else ""
+        for i, (column, _) in enumerate(columns):
+            said = _interval_of(versus, name, column, quality) if i < len(shown) else ""
             cells.append((row[i + 1], said, row[i + 1] in best[i]))
         out.append(cells)
     return headers, out

@@ -14,6 +14,12 @@ same images for run and reference:
   clip_rank and of clipscore, so the full sample gives the summary's r_at_1, mean_rank and
   clipscore. Mean rank is lower-better: its difference is better where the interval lies
   below 0 (`LOWER_BETTER`);
+- the independent judges' R@1, mean rank and CLIPScore (issue 45), where both per-image tables
+  hold them: the judge CLIP's (judge_rank, judge_clipscore; as the trainer's CLIP's) and, on
+  the shapes world, scene retrieval's (scene_top1: the probability that the image ranks first
+  under random tie order, whose mean is scene_r_at_1; scene_rank: the expected rank under it).
+  Below the table a line per run says whether its trainer-CLIP gains survive the judges
+  (report.judged);
 - scene precision and F1 (shapes world): claim and fact counts per image, the statistic is
   the micro average over the resampled images, as in the summary.
 Bootstrap (Efron & Tibshirani 1993, percentile interval): `n_boot` resamples of the images
@@ -34,23 +40,36 @@ import pandas as pd
 from distinctcap.core.io import atomic_path
 from distinctcap.data.scene import score_caption
 from distinctcap.evaluate.metrics.cider import CiderD
-from distinctcap.report.summary import HEADLINE_QUALITY, latex, run_order
+from distinctcap.report.judged import LOWER_BETTER, judge_line
+from distinctcap.report.summary import HEADLINE_QUALITY, JUDGE_METRICS, latex, run_order
 
 COLUMNS = [
     "run", "decoding", "split", "metric", "value", "reference_value", "difference",
     "ci_low", "ci_high", "verdict",
 ]  # fmt: skip
-# the README's headline columns with their arrows (report.summary), plus scene precision
-HEADERS = {column: f"{header} {arrow}" for header, column, _, arrow in HEADLINE_QUALITY}
+# the README's headline columns and the judges' with their arrows (report.summary), plus scene
+# precision; LOWER_BETTER (report.judged): the mean ranks
+HEADERS = {column: f"{header} {arrow}"
+           for header, column, _, arrow, *_ in (*HEADLINE_QUALITY, *JUDGE_METRICS)}  # fmt: skip
 HEADERS["scene_precision"] = "scene precision ↑"
-LOWER_BETTER = frozenset(column for _, column, _, arrow in HEADLINE_QUALITY if arrow == "↓")
 SCENE_COUNTS = ("claims", "correct", "facts", "covered")
-# metric -> its value per image from a per-image table (distinctcap.evaluate.stage.PER_IMAGE)
-PER_IMAGE_VALUES: dict[str, Callable[[pd.DataFrame], pd.Series]] = {
-    "r_at_1": lambda t: (t.clip_rank <= 1).astype(float),  # the hit of R@1 (recall_at_k)
-    "mean_rank": lambda t: t.clip_rank.astype(float),
-    "clipscore": lambda t: t.clipscore.astype(float),
+# metric -> (the per-image table's column, its value per image) (distinctcap.evaluate.stage.
+# PER_IMAGE): the trainer's CLIP (clip_rank, clipscore), the judge CLIP (judge_rank,
+# judge_clipscore) and the scene judge (scene_rank: the expected rank under random tie order,
+# scene_top1: the probability of rank 1 under it, whose mean is scene_r_at_1)
+PER_IMAGE_VALUES: dict[str, tuple[str, Callable[[pd.Series], pd.Series]]] = {
+    "r_at_1": ("clip_rank", lambda rank: (rank <= 1).astype(float)),  # R@1's hit (recall_at_k)
+    "mean_rank": ("clip_rank", lambda rank: rank.astype(float)),
+    "clipscore": ("clipscore", lambda score: score.astype(float)),
+    "judge_r_at_1": ("judge_rank", lambda rank: (rank <= 1).astype(float)),
+    "judge_mean_rank": ("judge_rank", lambda rank: rank.astype(float)),
+    "judge_clipscore": ("judge_clipscore", lambda score: score.astype(float)),
+    "scene_r_at_1": ("scene_top1", lambda top1: top1.astype(float)),
+    "scene_mean_rank": ("scene_rank", lambda rank: rank.astype(float)),
 }
+# the trainer's CLIP columns every per-image table has; a judge's metric only where both tables
+# hold its column with finite values (a config without that judge)
+ALWAYS = frozenset({"clip_rank", "clipscore"})
 
 
 def first_captions(generated: pd.DataFrame) -> pd.Series:
@@ -156,13 +175,23 @@ def per_image_scores(
     ours: pd.DataFrame, theirs: pd.DataFrame, shared: pd.Index
 ) -> dict[str, tuple[np.ndarray, np.ndarray, Callable[[np.ndarray], np.ndarray]]]:
     """metric -> (run's, reference's (images, 1) values on `shared`, mean statistic) for each of
-    `PER_IMAGE_VALUES`, from two per-image tables (image_id, clip_rank, clipscore)."""
+    `PER_IMAGE_VALUES` the two per-image tables (image_id, clip_rank, clipscore, and the
+    judges' columns where evaluated) both hold (`measured`)."""
     a, b = ours.set_index("image_id").loc[shared], theirs.set_index("image_id").loc[shared]
     return {
-        metric: (value(a).to_numpy()[:, None], value(b).to_numpy()[:, None],
+        metric: (value(a[column]).to_numpy()[:, None], value(b[column]).to_numpy()[:, None],
                  mean_statistic(len(shared)))
-        for metric, value in PER_IMAGE_VALUES.items()
+        for metric, (column, value) in PER_IMAGE_VALUES.items() if measured(column, a, b)
     }  # fmt: skip
+
+
+def measured(column: str, *tables: pd.DataFrame) -> bool:
+    """Whether every table holds `column`: the trainer's CLIP always, a judge's where each
+    table has it with finite values."""
+    if column in ALWAYS:
+        return True
+    return all(column in t and np.isfinite(pd.to_numeric(t[column]).astype(float)).all()
+               for t in tables)  # fmt: skip
 
 
 def compare_runs(
@@ -308,8 +337,23 @@ def markdown(table: pd.DataFrame, reference: str) -> str:
         "| " + " | ".join(headers) + " |",
         "|---" * len(headers) + "|",
         *("| " + " | ".join(r) + " |" for r in rows),
+        *judges_lines(table),
     ]
     return "\n".join(lines) + "\n"
+
+
+def judges_lines(table: pd.DataFrame) -> list[str]:
+    """Under the table, one line per run and decoding with a trainer-CLIP gain that a judge
+    re-measured: confirmed, or flagged (report.judged.judge_line)."""
+    names = {metric: header.rsplit(" ", 1)[0] for metric, header in HEADERS.items()}
+    lines = [f"- {seeds_label(run, group)} ({decoding}): {said}"
+             for (run, decoding), group in table.groupby(["run", "decoding"], sort=False)
+             if (said := judge_line(group, names))]  # fmt: skip
+    if not lines:
+        return []
+    return ["", "The independent judges (judge CLIP, scene retrieval) on each gain under the "
+            "trainer's CLIP: a judge's gain under half the CLIP's, or its interval including 0, "
+            "is flagged.", "", *lines]
 
 
 

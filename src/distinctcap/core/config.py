@@ -819,7 +819,8 @@ def check_judge(config: dict) -> None:
     another training seed than the top-level `seed` that train_clip uses."""
     judge = JudgeSettings.from_config(config)
     clip = config.get("clip", {})
-    if judge is None or (judge.arch, judge.pretrained) != (clip.get("arch"), clip.get("pretrained")):
+    trainer = (clip.get("arch"), clip.get("pretrained"))
+    if judge is None or (judge.arch, judge.pretrained) != trainer:
         return
     if not judge.trained or judge.seed == config.get("seed", 0):
         same = f"arch {judge.arch!r}, pretrained {judge.pretrained!r}"

@@ -40,7 +40,8 @@ SCHEMAS: dict[str, pa.Schema] = {
          ("text", pa.string()), ("logprob", pa.float32())]
     ),
     "per_image": pa.schema(  # distinctcap.evaluate.stage.PER_IMAGE
-        [("image_id", pa.int64()), ("clip_rank", pa.int64()), ("clipscore", pa.float32())]
+        [("image_id", pa.int64()), ("clip_rank", pa.int64()), ("clipscore", pa.float32()),
+         ("judge_rank", pa.int64()), ("judge_clipscore", pa.float32())]  # fmt: skip
     ),
 }
 

@@ -50,6 +50,7 @@ from distinctcap.core.devices import CPU
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import atomic_path, read_json, read_table, write_table
 from distinctcap.data.scene import scene_f1
+from distinctcap.evaluate import judge
 from distinctcap.evaluate.metrics import (
     CLIPSCORE_PREFIX,
     DIVERSITY_METRICS,
@@ -92,6 +93,7 @@ def metric_columns(settings: EvalSettings) -> list[str]:
         "mean_rank",
         "clipscore",
         "refclipscore",
+        *judge.judge_columns(ks),
         *[f"hard_r_at_{k}" for k in ks],
         "hard_mean_rank",
         *[f"self_r_at_{k}" for k in settings.self_retrieval_ks],
@@ -119,6 +121,7 @@ class EvalPaths:
     features: str  # the CLIP features index JSON (distinctcap.features.extract)
     model: str | None = None  # the run's captioner, for model-based self-retrieval
     captioner_features: str | None = None  # the captioner's own image features, if not CLIP's
+    judge_features: str | None = None  # the judge CLIP's pooled features (evaluate.judge), if any
 
 
 def read_generated(path: str | Path) -> tuple[str, dict[int, list[str]]]:
@@ -341,7 +344,7 @@ def skip_unavailable(out: MetricResult, names: Sequence[str], reason: str) -> No
 # The per-image table of an evaluation: each image's first caption (sample 0), as the metrics
 # row's single-caption columns; paired by image_id for the bootstrap against the reference
 # (distinctcap.report.versus).
-PER_IMAGE = ("image_id", "clip_rank", "clipscore")
+PER_IMAGE = ("image_id", "clip_rank", "clipscore", *judge.PER_IMAGE)
 
 
 @dataclass
@@ -424,11 +427,18 @@ def device_metrics(
             settings,
         )
         out.merge(clip_out)
+    with timed(timings, "judge CLIP retrieval and CLIPScore"):
+        judge_out, judge_per_caption = judge.judge_metrics(
+            paths.judge_features, ids, first, [inputs.gts[i] for i in ids], settings, clip_metrics
+        )
+        out.merge(judge_out)
     with timed(timings, "model self-retrieval"):
         out.merge(model_metrics(paths, ids, first, settings, inputs.n_samples))
     with timed(timings, "GPT-2 perplexity"):
         out.merge(gpt2_perplexity(first, settings.gpt2_path, device=settings.device))
-    per_image = pd.DataFrame({"image_id": np.asarray(ids, dtype=np.int64), **per_caption})
+    per_image = pd.DataFrame(
+        {"image_id": np.asarray(ids, dtype=np.int64), **per_caption, **judge_per_caption}
+    )
     return DeviceMetrics(out, per_image, timings)
 
 
@@ -617,7 +627,8 @@ def write_metrics(evaluation: Evaluation, path: str | Path) -> None:
 
 def write_per_image(evaluation: Evaluation, path: str | Path) -> None:
     """Parquet `PER_IMAGE` of the first captions: clip_rank (int64; r_at_1 is the share of
-    rank 1, mean_rank the mean) and clipscore (float32; the metrics row's is its mean)."""
+    rank 1, mean_rank the mean) and clipscore (float32; the metrics row's is its mean), and
+    the judge CLIP's judge_rank and judge_clipscore (null without a judge; evaluate.judge)."""
     write_table(evaluation.per_image[list(PER_IMAGE)], path, "per_image")
 
 
@@ -665,7 +676,8 @@ def read_device_metrics(path: str | Path, per_image: str | Path) -> DeviceMetric
 
 def stage_paths(inputs: dict, k: int) -> EvalPaths:
     """The EvalPaths of the k-th generated table of a rule's named inputs."""
-    names = ("images", "captions", "vocab", "features", "model", "captioner_features")
+    names = ("images", "captions", "vocab", "features", "model", "captioner_features",
+             "judge_features")  # fmt: skip
     common = {n: str(inputs[n]) for n in names if n in inputs}
     return EvalPaths(generated=str(inputs["generated"][k]), **common)
 

@@ -28,7 +28,7 @@ STAGE_VERSIONS = {
     "train_run": 1,
     "run_card": 1,
     "decode": 1,
-    "evaluate": 1,
+    "evaluate": 2,
 }
 
 
@@ -110,6 +110,10 @@ class Defaults:
             "captioner": self.section("captioner"),
             "train": self.section("train"),
         }
+
+    def judge(self) -> dict:
+        """The defaults of an evaluate.judge block (every key but `arch`, which has none)."""
+        return filled({"evaluate": {"judge": {}}}, self.schema, self.schema)["evaluate"]["judge"]
 
     def decoding(self, setting: dict) -> dict:
         """The defaults of a `decoding:` entry of `setting`'s kind."""

@@ -3,9 +3,9 @@ config's jobs will read, downloaded into the places the jobs read it from and ch
 COCO (data.coco's download_dir, by the data stage's own resumable, verified download), the CLIP
 tags of `clip` and `evaluate.judge` (the Hugging Face hub cache, by open_clip's download), the
 pre-trained captioner (the same cache, by transformers) and SPICE's CoreNLP jars
-(pycocoevalcap's folder) when evaluate.spice asks for them. With `offline` (or HF_HUB_OFFLINE set) nothing is downloaded: it says what is
-there and what is missing. Every check reads the caches with downloads off, as a compute node
-with `HF_HUB_OFFLINE=1` will.
+(pycocoevalcap's folder) when evaluate.spice asks for them. With `offline` (or HF_HUB_OFFLINE
+set) nothing is downloaded: it says what is there and what is missing. Every check reads the
+caches with downloads off, as a compute node with `HF_HUB_OFFLINE=1` will.
 """
 
 from __future__ import annotations

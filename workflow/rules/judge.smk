@@ -1,4 +1,4 @@
-"""The judge CLIP (evaluate.judge; docs/pipeline.md, "The judge CLIP"): a CLIP that only the
+"""The judge CLIP (evaluate.judge; docs/report.md, "The judge CLIP"): a CLIP that only the
 evaluation reads, never a training rule, a checkpoint selection or an objective. Trained like
 the trainer's CLIP by the same script (evaluate.judge.pretrained = train; the weights shipped in
 assets/clip/ of the same training fingerprint are taken instead), then the pooled embeddings of

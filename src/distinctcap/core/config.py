@@ -786,7 +786,7 @@ def metric_block(block: dict) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# The judge CLIP (evaluate.judge; docs/pipeline.md, "The judge CLIP")
+# The judge CLIP (evaluate.judge; docs/report.md, "The judge CLIP")
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The judge CLIP's columns (evaluate.judge; docs/pipeline.md, "The judge CLIP").
+"""The judge CLIP's columns (evaluate.judge; docs/report.md, "The judge CLIP").
 
 R@k, mean rank, CLIPScore and RefCLIPScore are also computed by the trainer's CLIP (`clip`),
 which selects SMILE's and specificity's checkpoints and which specificity trains through: a

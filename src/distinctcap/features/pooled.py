@@ -1,5 +1,5 @@
 """Pooled image embeddings of the evaluated splits in one parquet file: the judge CLIP's features
-(evaluate.judge, rule judge_features; docs/pipeline.md, "The judge CLIP").
+(evaluate.judge, rule judge_features; docs/report.md, "The judge CLIP").
 
 The images go through extract_features' own loader and encoder (distinctcap.features.extract:
 the CLIP's resize/crop, the configured decoder and precision), so the judge's embeddings are

@@ -22,6 +22,8 @@ GPU_RULES = {
     "train_clip",
     "extract_features",
     "extract_captioner_features",
+    "train_judge_clip",
+    "judge_features",
     "train_run",
     "decode",
     "retrieval_entropy",

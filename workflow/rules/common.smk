@@ -73,6 +73,18 @@ CLIP_RECORD = canonical_params(
 )
 
 
+# --- The judge CLIP (evaluate.judge; judge.smk): read by the evaluation only ------------------
+
+JUDGE = config["evaluate"].get("judge")  # None: no judge, its columns are skipped
+TRAIN_JUDGE = bool(JUDGE) and JUDGE["pretrained"] == "train"
+TRAINED_JUDGE = f"results/judge/{JUDGE['arch']}.pt" if JUDGE else None
+JUDGE_FEATURES = "results/judge/features.parquet"  # judge_features: pooled, val and test images
+# the judge's weights file or local-dir folder (none for a tag), as CLIP_FILES
+JUDGE_FILES = [TRAINED_JUDGE] if TRAIN_JUDGE else [
+    p for p in [JUDGE["pretrained"].removeprefix("local-dir:")] if Path(p).exists()
+] if JUDGE else []
+
+
 # --- Runs: training and decoding (train.smk, decode.smk) -------------------------------------
 
 # every trained model: a run once per seed (core.config.seed_runs; one seed: the config's runs)

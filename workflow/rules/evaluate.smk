@@ -6,9 +6,9 @@ from distinctcap.core.config import metric_block
 from distinctcap.report.summary import evaluation_keys, reference_run
 
 EVALUATE = config["evaluate"]
-METRIC_RECORD = (
-    canonical_params(metric_block(EVALUATE), DEFAULTS.section("evaluate")) | CLIP_RECORD
-)
+# a judge's keys recorded without their defaults, as the clip section's
+METRIC_DEFAULTS = DEFAULTS.section("evaluate") | ({"judge": DEFAULTS.judge()} if JUDGE else {})
+METRIC_RECORD = canonical_params(metric_block(EVALUATE), METRIC_DEFAULTS) | CLIP_RECORD
 RUNS_RECORD = DEFAULTS.runs(config["runs"])  # the configured runs without their defaults
 SEED_RUNS_RECORD = DEFAULTS.runs(RUNS)
 EVALUATIONS = evaluation_keys(RUNS, DECODING)
@@ -52,6 +52,8 @@ TORCH_INPUTS = dict(
     clip=CLIP_FILES,
     model=f"{RUN_DIR}/{{run}}/model.pt",
     captioner_features=CAPTIONER_FEATURES,
+    # the judge CLIP's features and weights (evaluate.judge): only when one is configured
+    **(dict(judge_features=JUDGE_FEATURES, judge_clip=JUDGE_FILES) if JUDGE else {}),
 )
 
 if PER_RUN and EVALUATE_GPU_JOB:  # a rule needs outputs; `decoding: {}` evaluates nothing

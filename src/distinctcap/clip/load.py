@@ -6,13 +6,16 @@ contrastive training and retrieval recall.
   schema: open_clip_config.json + weights); `tag` gives a file or folder that tag's settings.
   A tag is found where open_clip's download puts it (the hub cache; distinctcap.clip.weights);
   missing, unknown or unreadable weights stop with one line naming the key.
-- Two tiny architectures for the shapes world (model_configs/ beside this file) are registered
-  with open_clip on import, both with a text tower on CLIP's BPE vocabulary (49408) so captioner
-  tokens map straight to its ids: `shapes-rn-tiny` (the default), open_clip's ModifiedResNet
-  (CLIP's RN50 design) at 64 px and width 16, whose last feature map is a 2 x 2 grid; and
-  `shapes-vit-tiny`, a 2-layer ViT in 8 px patches (an 8 x 8 grid). Trained contrastively on
-  2,000 images, the ViT learns colour but barely shape (a linear probe of its embedding
-  predicts the shape of a lone object at chance); the ResNet's convolutions learn it.
+- Three tiny architectures for the shapes world (model_configs/ beside this file) are
+  registered with open_clip on import, all with a text tower on CLIP's BPE vocabulary (49408)
+  so captioner tokens map straight to its ids: `shapes-rn-tiny` (the default), open_clip's
+  ModifiedResNet (CLIP's RN50 design) at 64 px and width 16, whose last feature map is a 2 x 2
+  grid; `shapes-vit-tiny`, a 2-layer ViT in 8 px patches (an 8 x 8 grid); and
+  `shapes-rn-judge`, shapes-rn-tiny at vision width 12, the shapes world's judge CLIP
+  (evaluate.judge: a CLIP of another architecture and seed that only the evaluation reads).
+  Trained contrastively on 2,000 images, the ViT learns colour but barely shape (a linear probe
+  of its embedding predicts the shape of a lone object at chance); the ResNet's convolutions
+  learn it.
 - `train_clip` trains it contrastively (open_clip's ClipLoss, the symmetric InfoNCE of CLIP)
   and `save_weights` writes a state dict that `create_model_and_transforms(arch,
   pretrained=path)` loads, so the trained model goes through the same loading code as a

@@ -420,6 +420,7 @@ def check_values(config: dict) -> None:
     check_captioner(config.get("captioner", {}), config.get("runs", {}))
     check_data_source(config.get("data", {}))
     check_run_options(config.get("runs", {}))
+    check_judge(config)
     fraction = config.get("entropy", {}).get("fraction")
     if fraction is not None and not 0 < fraction < 1:
         raise DistinctcapError(
@@ -768,6 +769,7 @@ class EvalSettings:
     self_retrieval_of_samples: bool = from_schema("evaluate", "self_retrieval_of_samples")
     seed: int = from_schema("seed")
     batch_size: int = from_schema("evaluate", "batch_size")
+    judge: dict | None = from_schema("evaluate", "judge")  # JudgeSettings.from_config reads it
     device: str = "cpu"  # a resolved device (the config's `device` may say auto)
 
     @classmethod
@@ -781,3 +783,49 @@ def metric_block(block: dict) -> dict:
     editing a report-only key does not rerun every evaluation."""
     names = {f.name for f in fields(EvalSettings)}
     return {k: v for k, v in block.items() if k in names}
+
+
+# ---------------------------------------------------------------------------------------------
+# The judge CLIP (evaluate.judge; docs/report.md, "The judge CLIP")
+
+
+@dataclass(frozen=True)
+class JudgeSettings:
+    """evaluate.judge, filled with the schema's defaults: a CLIP of its own that only the
+    evaluation reads (its judge_* columns), never a training rule, a checkpoint selection or an
+    objective. `train` holds clip.train's keys (clip.train.TrainSettings), for pretrained =
+    train, as the trainer CLIP's do."""
+
+    arch: str
+    pretrained: str = "train"
+    tag: str | None = None
+    seed: int = 1
+    train: dict = field(default_factory=dict)
+
+    @property
+    def trained(self) -> bool:
+        """Does the pipeline train it (rule train_judge_clip)?"""
+        return self.pretrained == "train"
+
+    @classmethod
+    def from_config(cls, config: dict) -> JudgeSettings | None:
+        """The judge of a validated config; None when evaluate.judge is null or absent."""
+        block = (config.get("evaluate") or {}).get("judge")
+        return cls(**block) if block else None
+
+
+def check_judge(config: dict) -> None:
+    """The judge is not the trainer's CLIP: another arch, other weights or (both trained here)
+    another training seed than the top-level `seed` that train_clip uses."""
+    judge = JudgeSettings.from_config(config)
+    clip = config.get("clip", {})
+    trainer = (clip.get("arch"), clip.get("pretrained"))
+    if judge is None or (judge.arch, judge.pretrained) != trainer:
+        return
+    if not judge.trained or judge.seed == config.get("seed", 0):
+        same = f"arch {judge.arch!r}, pretrained {judge.pretrained!r}"
+        same += f", seed {judge.seed}" if judge.trained else ""
+        fix = "arch, pretrained or seed" if judge.trained else "arch or pretrained"
+        raise DistinctcapError(
+            f"evaluate.judge: the judge is the trainer's CLIP ({same}); give it another {fix}"
+        )

@@ -41,6 +41,7 @@ SCHEMAS: dict[str, pa.Schema] = {
     ),
     "per_image": pa.schema(  # distinctcap.evaluate.stage.PER_IMAGE
         [("image_id", pa.int64()), ("clip_rank", pa.int64()), ("clipscore", pa.float32()),
+         ("judge_rank", pa.int64()), ("judge_clipscore", pa.float32()),
          ("scene_rank", pa.float64()), ("scene_top1", pa.float64())]
     ),
 }

@@ -111,6 +111,10 @@ class Defaults:
             "train": self.section("train"),
         }
 
+    def judge(self) -> dict:
+        """The defaults of an evaluate.judge block (every key but `arch`, which has none)."""
+        return filled({"evaluate": {"judge": {}}}, self.schema, self.schema)["evaluate"]["judge"]
+
     def decoding(self, setting: dict) -> dict:
         """The defaults of a `decoding:` entry of `setting`'s kind."""
         part = self.schema["properties"]["decoding"].get("additionalProperties", {})

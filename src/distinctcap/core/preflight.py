@@ -23,6 +23,7 @@ import re
 import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from distinctcap.core.errors import DistinctcapError
@@ -328,23 +329,33 @@ def workers_fitting_shm(workers: int, batch_bytes: float) -> int:
     return shm_workers(workers, batch_bytes, LOADER_PREFETCH, shm_free())
 
 
+def clip_blocks(config: dict) -> list[tuple[str, dict]]:
+    """(config key, block) of each CLIP the config reads: the trainer's (`clip`) and the judge
+    (`evaluate.judge`, when one is set); each block has arch, pretrained and maybe tag."""
+    judge = (config.get("evaluate") or {}).get("judge")
+    return [("clip", config["clip"]), *([("evaluate.judge", judge)] if judge else [])]
+
+
 def weights_lines(config: dict) -> list[str | None]:
-    """The CLIP tag or file and the pre-trained captioner, without downloading."""
+    """The CLIP tags or files (the trainer's and the judge's) and the pre-trained captioner,
+    without downloading."""
     lines: list[str | None] = []
-    clip = config["clip"]
-    if clip["pretrained"] != "train":
-        lines.append(_weights_problem(lambda: _clip_weights(clip)))
+    for key, clip in clip_blocks(config):
+        if clip["pretrained"] != "train":
+            lines.append(_weights_problem(partial(_clip_weights, clip), key))
     captioner = config.get("captioner", {})
     if captioner.get("kind") == "transformers":
         lines.append(_weights_problem(lambda: captioner_weights(captioner["pretrained"])))
     return lines
 
 
-def _weights_problem(find: Callable[[], object]) -> str | None:
+def _weights_problem(find: Callable[[], object], key: str = "clip") -> str | None:
+    """None when `find()` finds its weights, else its error; a CLIP other than `clip` says
+    which (distinctcap.clip.weights names the keys of the `clip` section)."""
     try:
         find()
     except DistinctcapError as error:
-        return str(error)
+        return str(error) if key == "clip" else f"{key}: {error}"
     return None
 
 

@@ -53,6 +53,7 @@ from distinctcap.core.devices import CPU
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import atomic_path, read_json, read_table, write_table
 from distinctcap.data.scene import scene_f1
+from distinctcap.evaluate import judge
 from distinctcap.evaluate.metrics import (
     CLIPSCORE_PREFIX,
     DIVERSITY_METRICS,
@@ -101,6 +102,7 @@ def metric_columns(settings: EvalSettings) -> list[str]:
         "mean_rank",
         "clipscore",
         "refclipscore",
+        *judge.judge_columns(ks),
         *[f"hard_r_at_{k}" for k in ks],
         "hard_mean_rank",
         *[f"self_r_at_{k}" for k in settings.self_retrieval_ks],
@@ -130,6 +132,7 @@ class EvalPaths:
     features: str  # the CLIP features index JSON (distinctcap.features.extract)
     model: str | None = None  # the run's captioner, for model-based self-retrieval
     captioner_features: str | None = None  # the captioner's own image features, if not CLIP's
+    judge_features: str | None = None  # the judge CLIP's pooled features (evaluate.judge), if any
 
 
 def read_generated(path: str | Path) -> tuple[str, dict[int, list[str]]]:
@@ -352,7 +355,7 @@ def skip_unavailable(out: MetricResult, names: Sequence[str], reason: str) -> No
 # The per-image table of an evaluation: each image's first caption (sample 0), as the metrics
 # row's single-caption columns; paired by image_id for the bootstrap against the reference
 # (distinctcap.report.versus).
-PER_IMAGE = ("image_id", "clip_rank", "clipscore", *PER_IMAGE_SCENE)
+PER_IMAGE = ("image_id", "clip_rank", "clipscore", *judge.PER_IMAGE, *PER_IMAGE_SCENE)
 
 
 @dataclass
@@ -435,6 +438,11 @@ def device_metrics(
             settings,
         )
         out.merge(clip_out)
+    with timed(timings, "judge CLIP retrieval and CLIPScore"):
+        judge_out, judge_per_caption = judge.judge_metrics(
+            paths.judge_features, ids, first, [inputs.gts[i] for i in ids], settings, clip_metrics
+        )
+        out.merge(judge_out)
     with timed(timings, "model self-retrieval"):
         out.merge(model_metrics(paths, ids, first, settings, inputs.n_samples))
     with timed(timings, "GPT-2 perplexity"):
@@ -444,8 +452,9 @@ def device_metrics(
             first, ids, inputs.images, settings.retrieval_ks
         )
         out.merge(scene_out)
-    per_caption |= scene_per_caption
-    per_image = pd.DataFrame({"image_id": np.asarray(ids, dtype=np.int64), **per_caption})
+    columns = {"image_id": np.asarray(ids, dtype=np.int64), **per_caption,
+               **judge_per_caption, **scene_per_caption}  # fmt: skip
+    per_image = pd.DataFrame(columns)[list(PER_IMAGE)]
     return DeviceMetrics(out, per_image, timings)
 
 
@@ -634,7 +643,8 @@ def write_metrics(evaluation: Evaluation, path: str | Path) -> None:
 
 def write_per_image(evaluation: Evaluation, path: str | Path) -> None:
     """Parquet `PER_IMAGE` of the first captions: clip_rank (int64; r_at_1 is the share of
-    rank 1, mean_rank the mean), clipscore (float32; the metrics row's is its mean),
+    rank 1, mean_rank the mean), clipscore (float32; the metrics row's is its mean), the
+    judge CLIP's judge_rank and judge_clipscore (null without a judge; evaluate.judge), and
     scene_rank and scene_top1 (float64: the expected scene-retrieval rank and P(rank 1) under
     a random order of tied images, whose means are scene_mean_rank and scene_r_at_1; NaN off
     the shapes world)."""
@@ -685,7 +695,8 @@ def read_device_metrics(path: str | Path, per_image: str | Path) -> DeviceMetric
 
 def stage_paths(inputs: dict, k: int) -> EvalPaths:
     """The EvalPaths of the k-th generated table of a rule's named inputs."""
-    names = ("images", "captions", "vocab", "features", "model", "captioner_features")
+    names = ("images", "captions", "vocab", "features", "model", "captioner_features",
+             "judge_features")  # fmt: skip
     common = {n: str(inputs[n]) for n in names if n in inputs}
     return EvalPaths(generated=str(inputs["generated"][k]), **common)
 

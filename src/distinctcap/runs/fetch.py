@@ -1,11 +1,11 @@
 """`distinctcap fetch`: on a machine with network access (a cluster's login node), everything a
 config's jobs will read, downloaded into the places the jobs read it from and checked there:
 COCO (data.coco's download_dir, by the data stage's own resumable, verified download), the CLIP
-tag (the Hugging Face hub cache, by open_clip's download), the pre-trained captioner (the same
-cache, by transformers) and SPICE's CoreNLP jars (pycocoevalcap's folder) when evaluate.spice
-asks for them. With `offline` (or HF_HUB_OFFLINE set) nothing is downloaded: it says what is
-there and what is missing. Every check reads the caches with downloads off, as a compute node
-with `HF_HUB_OFFLINE=1` will.
+tags of `clip` and `evaluate.judge` (the Hugging Face hub cache, by open_clip's download), the
+pre-trained captioner (the same cache, by transformers) and SPICE's CoreNLP jars
+(pycocoevalcap's folder) when evaluate.spice asks for them. With `offline` (or HF_HUB_OFFLINE
+set) nothing is downloaded: it says what is there and what is missing. Every check reads the
+caches with downloads off, as a compute node with `HF_HUB_OFFLINE=1` will.
 """
 
 from __future__ import annotations
@@ -13,9 +13,11 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from distinctcap.core.errors import DistinctcapError
+from distinctcap.core.preflight import clip_blocks
 
 
 @dataclass(frozen=True)
@@ -125,10 +127,10 @@ def fetch_all(config: dict, download: bool) -> list[Fetched]:
         block = config["data"].get("coco", {})
         what = f"COCO ({block.get('split', 'karpathy')})"
         out.append(attempt(what, lambda: fetch_coco(block, download)))
-    clip = config["clip"]
-    if clip["pretrained"] != "train":
-        what = f"CLIP {clip['arch']} {clip['pretrained']}"
-        out.append(attempt(what, lambda: fetch_clip(clip, hub)))
+    for key, clip in clip_blocks(config):  # the trainer's CLIP and the judge
+        if clip["pretrained"] != "train":
+            what = f"{'judge ' if key != 'clip' else ''}CLIP {clip['arch']} {clip['pretrained']}"
+            out.append(attempt(what, partial(fetch_clip, clip, hub)))
     captioner = config.get("captioner", {})
     if captioner.get("kind") == "transformers":
         source = captioner["pretrained"]

@@ -1,0 +1,71 @@
+"""The judge CLIP (evaluate.judge; docs/report.md, "The judge CLIP"): a CLIP that only the
+evaluation reads, never a training rule, a checkpoint selection or an objective. Trained like
+the trainer's CLIP by the same script (evaluate.judge.pretrained = train; the weights shipped in
+assets/clip/ of the same training fingerprint are taken instead), then the pooled embeddings of
+the val and test images (distinctcap.features.pooled) for the evaluate rules."""
+
+# JUDGE, TRAIN_JUDGE, TRAINED_JUDGE, JUDGE_FILES and JUDGE_FEATURES are defined in common.smk:
+# the evaluate rules read them too.
+
+if TRAIN_JUDGE:
+
+    rule train_judge_clip:
+        input:
+            images=f"{DATA}/images.parquet",
+            captions=f"{DATA}/captions.parquet",
+        output:
+            weights=TRAINED_JUDGE,
+            retrieval=report(
+                "results/judge/retrieval.json", caption="../report/judge.rst", category="CLIP"
+            ),
+        params:
+            arch=JUDGE["arch"],
+            train=unrecorded(JUDGE["train"]),
+            recorded=canonical_params(JUDGE["train"], DEFAULTS.section("clip", "train")),
+            **stage_version("train_clip"),
+            seed=JUDGE["seed"],
+            device=config["device"],
+            checkpoint=lambda w, output: str(
+                Path(output.weights).parent / "checkpoints" / Path(output.weights).name
+            ),
+        threads: 2  # as train_clip
+        log:
+            "logs/judge/train_judge_clip.log",
+        benchmark:
+            "benchmarks/train_judge_clip.tsv"
+        conda:
+            "../../envs/torch.yaml"
+        script:
+            "../scripts/train_clip.py"
+
+
+if JUDGE:
+
+    rule judge_features:
+        input:
+            images=f"{DATA}/images.parquet",
+            weights=JUDGE_FILES,
+        output:
+            features=JUDGE_FEATURES,
+        params:
+            arch=JUDGE["arch"],
+            pretrained=lambda w, input: input.weights[0] if TRAIN_JUDGE else JUDGE["pretrained"],
+            tag=JUDGE.get("tag"),
+            settings=unrecorded(CLIP["features"]),
+            recorded=canonical_params(CLIP["features"], DEFAULTS.section("clip", "features"))
+            | canonical_params({"judge": JUDGE["pretrained"]}, {"judge": "train"}),
+            **stage_version("extract_features"),
+            device=config["device"],
+        threads: 256  # as extract_features: DataLoader workers on a GPU, one thread on the CPU
+        log:
+            "logs/judge/judge_features.log",
+        benchmark:
+            "benchmarks/judge_features.tsv"
+        conda:
+            "../../envs/torch.yaml"
+        script:
+            "../scripts/judge_features.py"
+
+    ALL_TARGETS.extend(
+        [*rules.judge_features.output, *(rules.train_judge_clip.output if TRAIN_JUDGE else [])]
+    )

@@ -92,6 +92,8 @@ if PER_RUN:
         output:
             metrics=[f"results/metrics/{{run}}/{s}-{d}.parquet" for s, d in PER_RUN],
             curve=[f"results/metrics/{{run}}/{s}-{d}-cider_vs_n.csv" for s, d in PER_RUN],
+            # the captions each metric scored, per (split, decoding): the work budget's record
+            work="results/metrics/{run}/work.json",
             **({} if EVALUATE_GPU_JOB else dict(per_image=PER_IMAGE_OUT)),
         params:
             evaluations=PER_RUN,

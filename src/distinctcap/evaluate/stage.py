@@ -692,7 +692,7 @@ def write_device_metrics(part: DeviceMetrics, path: str | Path) -> None:
 def read_device_metrics(path: str | Path, per_image: str | Path) -> DeviceMetrics:
     """`write_device_metrics`' table and its per-image table back as DeviceMetrics."""
     row = read_table(path).iloc[0].to_dict()
-    skipped, done = json.loads(row.pop("skipped")), json.loads(row.pop("work"))
+    skipped, done = json.loads(row.pop("skipped")), json.loads(row.pop("work", "{}"))
     values = {k: float(v) for k, v in row.items()}
     per_image_table = read_table(per_image, "per_image")
     return DeviceMetrics(MetricResult(values, skipped), per_image_table, work=done)

@@ -27,7 +27,7 @@ SHIPPED_CLIP = ROOT / "assets" / "clip" / "shapes-rn-tiny.pt"
 MODULE_GROUPS = {
     "slurm": ("test_slurm_cluster", "test_slurm_pipeline"),
     "tiny_dag": ("test_entropy", "test_pipeline", "test_quick", "test_report", "test_seeds",
-                 "test_upgrade"),
+                 "test_upgrade", "test_work_budget"),
 }
 SHARED_RUN_FIXTURES = {"tiny_dag", "tiny_report"}
 # The longest groups (the last serial CI's durations: SLURM ~17 min, the shared tiny run and

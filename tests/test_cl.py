@@ -14,6 +14,7 @@ from train_job import fit, job_parts, run_of
 
 from distinctcap.captioner.model import Captioner
 from distinctcap.captioner.search import sequence_logprob
+from distinctcap.core import work
 from distinctcap.core.config import effective_run_config, load_schema, validate
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.data.batches import CaptionData
@@ -319,3 +320,11 @@ def test_cl_resumed_mid_run_ends_with_the_uninterrupted_weights(
     assert resumed.resumed_from == 3
     after = resumed.model.state_dict()
     assert all(torch.equal(v, after[k]) for k, v in whole.model.state_dict().items())
+
+
+def test_the_negatives_scored_are_counted(data):
+    data, _ = data
+    obj = objective(data, frozen(captioner(1)), negatives=3)
+    with work.counting() as counted:
+        obj.loss(captioner(0), data.batch(ROWS), 0, 10)
+    assert counted == {"cl_negatives": 3 * len(ROWS)}

@@ -204,6 +204,7 @@ def test_the_rules_parallel_jobs_give_the_one_process_serial_rows(
     outputs = {
         "metrics": [str(tmp_path / f"{run}-{dec}.parquet") for run, dec in keys],
         "curve": [str(tmp_path / f"{run}-{dec}.csv") for run, dec in keys],
+        "work": str(tmp_path / "work.json"),
     }
     inputs = common
     if gpu_job:
@@ -219,6 +220,8 @@ def test_the_rules_parallel_jobs_give_the_one_process_serial_rows(
     for key, evaluation, table in zip(keys, done, per_image, strict=True):
         want = results[key]
         assert evaluation.skipped == want.skipped
+        # the same work counted wherever the torch part ran, whatever the caches held
+        assert evaluation.work == want.work and evaluation.work["clip_encoded"] > 0
         got, expected = pd.Series(evaluation.row), pd.Series(want.row)
         pd.testing.assert_series_equal(got, expected, check_exact=True)
         pd.testing.assert_frame_equal(
@@ -227,6 +230,10 @@ def test_the_rules_parallel_jobs_give_the_one_process_serial_rows(
             check_exact=True,
         )
     assert list((tmp_path / "cache").glob("ptb-*.txt.gz"))
+    # one job per run in the rule; here both runs' entries share their (split, decoding) keys
+    assert json.loads((tmp_path / "work.json").read_text()) == {
+        f"test-{dec}": done[len(DECODINGS) + k].work for k, dec in enumerate(DECODINGS)
+    }
 
 
 @pytest.fixture(scope="module")

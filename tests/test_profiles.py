@@ -215,3 +215,22 @@ def test_slurm_runtimes_stay_inside_common_partition_limits(attempt: int) -> Non
     times = [resource(profile, rule, "runtime", attempt) for rule in group]
     assert max(times) <= 60 and sum(times) <= 60, times
     assert resource(profile, "preflight", "runtime", attempt) <= 30
+
+
+class _Workflow:
+    """The three attributes of snakemake's Workflow that `local_cores` reads."""
+
+    def __init__(self, local_exec: bool, remote_exec: bool, cores: int | None):
+        self.local_exec, self.remote_exec = local_exec, remote_exec
+        self.global_resources = {"_cores": cores}
+
+
+def test_evaluate_takes_half_the_local_cores_and_its_own_eight_on_a_cluster() -> None:
+    from distinctcap.core.cores import evaluate_threads, local_cores
+
+    assert [evaluate_threads(c) for c in (1, 2, 3, 4, 8, 16, 64)] == [1, 1, 1, 2, 4, 8, 8]
+    assert local_cores(_Workflow(True, False, 2)) == 2
+    # SLURM: the submitting process and the job itself (its own cpus_per_task) keep 8
+    assert evaluate_threads(local_cores(_Workflow(False, False, 2))) == 8
+    assert evaluate_threads(local_cores(_Workflow(True, True, 8))) == 8
+    assert evaluate_threads(local_cores(_Workflow(True, False, None))) == 8

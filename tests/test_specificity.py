@@ -18,6 +18,7 @@ import distinctcap.clip.train  # save_weights (not imported by anything else her
 import distinctcap.clip.weights  # registers the tiny `shapes-vit-tiny` architecture
 from distinctcap.captioner.search import greedy
 from distinctcap.clip.text import ClipTextEncoder
+from distinctcap.core import work
 from distinctcap.core.config import effective_run_config, load_schema, validate
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.data.batches import CaptionData
@@ -285,7 +286,9 @@ def test_duplicate_images_decoded_once_give_the_per_caption_loss(clip, tok):
     data = CaptionData(feats, np.arange(6), image_ids, [tok.encode(t) for t in TEXTS], 12)
     model = captioner(tok)
     batch = data.batch(torch.arange(6))
-    loss, _ = make_objective(clip, tok, data, feats, loss="cos").loss(model, batch, 0, 1)
+    with work.counting() as counted:
+        loss, _ = make_objective(clip, tok, data, feats, loss="cos").loss(model, batch, 0, 1)
+    assert counted == {"decoded": 3}  # the work record counts the 3 images' captions once
     seqs, _ = generate_ids(model, batch.grid, batch.pooled)
     with torch.no_grad():
         text = ClipTextEncoder(clip, tok.clip_ids)(seqs)

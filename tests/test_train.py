@@ -333,6 +333,7 @@ def test_resume_after_sigkill_ends_with_the_uninterrupted_weights(tmp_path):
     assert same_weights(resumed, whole.model.state_dict())
     curve = pd.read_csv(tmp_path / "killed" / "curve.csv")
     pd.testing.assert_series_equal(curve.loss, whole.curve.loss, check_exact=True)
+    assert summary["work"] == whole.work  # the work before the kill comes with the checkpoint
 
 
 def test_a_checkpoint_of_another_config_is_not_resumed(tmp_path, monkeypatch, caplog):

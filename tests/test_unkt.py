@@ -15,6 +15,7 @@ from train_job import fit, job_parts, run_of
 
 from distinctcap.captioner.model import Captioner
 from distinctcap.captioner.search import greedy
+from distinctcap.core import work
 from distinctcap.core.config import steps_per_epoch
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.data.batches import CaptionData
@@ -615,3 +616,20 @@ def test_shared_prefix_then_divergent_prefix():
     *shared, last = optimum_p_gold(gold, own, teacher)
     assert shared == pytest.approx([formula(0.8), formula(0.3)], abs=0.01)
     assert last > 0.99
+
+
+@pytest.mark.parametrize(
+    ("options", "decoded"),
+    # batch images 0, 1, 2: greedy captions decoded once an image and kept (two steps: 3);
+    # two samples an image drawn afresh every step (2 x 3 x 2)
+    [
+        ({"negative_decoding": "greedy"}, 3),
+        ({"negative_decoding": "sample", "negative_samples": 2}, 12),
+    ],
+)
+def test_the_teachers_captions_are_counted_where_they_are_decoded(data, options, decoded):
+    obj = make(data, {"negative_captions": "teacher", **options})
+    with work.counting() as counted:
+        for step in (500, 501):
+            obj.loss(tiny(0), a_batch(data), step, 1000)
+    assert counted == {"decoded": decoded}

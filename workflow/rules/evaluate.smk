@@ -3,6 +3,7 @@ table, the papers' table layouts with their published numbers, plots and a capti
 all wired into `snakemake --report` (captions in workflow/report/)."""
 
 from distinctcap.core.config import metric_block
+from distinctcap.core.cores import evaluate_threads, local_cores
 from distinctcap.report.summary import evaluation_keys, reference_run
 
 EVALUATE = config["evaluate"]
@@ -93,6 +94,8 @@ if PER_RUN:
         output:
             metrics=[f"results/metrics/{{run}}/{s}-{d}.parquet" for s, d in PER_RUN],
             curve=[f"results/metrics/{{run}}/{s}-{d}-cider_vs_n.csv" for s, d in PER_RUN],
+            # the captions each metric scored, per (split, decoding): the work budget's record
+            work="results/metrics/{run}/work.json",
             **({} if EVALUATE_GPU_JOB else dict(per_image=PER_IMAGE_OUT)),
         params:
             evaluations=PER_RUN,
@@ -105,9 +108,10 @@ if PER_RUN:
             # reference token sets by content hash, reused by later jobs and runs (and
             # SPICE's parse cache): inside the results folder, never outside it
             cache="results/cache/evaluate",
-        # the text metrics' forked workers, METEOR servers and tokenizer JVMs (capped at
-        # --cores); the numbers do not depend on it
-        threads: 8
+        # the text metrics' forked workers, METEOR servers and tokenizer JVMs: half the local
+        # cores (1 on a 2-core box, leaving the other to a ready training), 8 on a cluster
+        # (core.cores.evaluate_threads); the numbers do not depend on it
+        threads: evaluate_threads(local_cores(workflow))
         log:
             "logs/evaluate/{run}.log",
         benchmark:

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from distinctcap.captioner.model import Captioner, label_logprobs, make_batch
+from distinctcap.core import work
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.logs import progress
 from distinctcap.data.tokenizer import BOS, EOS, PAD
@@ -134,6 +135,7 @@ def _generate(
     steps only add pad columns, which are cut off, so the result is the same as with 1 as long
     as `choose` draws no random numbers that a later call would see."""
     b = memory.shape[0] * group
+    work.count("decoded", b)
     cache = model.init_cache(memory, group)
     tok = torch.full((b, 1), BOS, dtype=torch.long, device=memory.device)
     logprob = torch.zeros(b, device=memory.device)
@@ -269,6 +271,7 @@ def beam_search_all(
     with _inference(model):
         memory = _memory(model, grid, pooled)
         b, dev = memory.shape[0], memory.device
+        work.count("decoded", b * k)  # k beams an image
         cache = model.init_cache(memory, group=k)
         scores = torch.full((b, k), float("-inf"), device=dev)
         scores[:, 0] = 0.0  # start from one beam, or the k copies would fill the beam
@@ -334,6 +337,7 @@ def sequence_logprob(
     index = torch.arange(n) if image_index is None else torch.as_tensor(image_index).long()
     if len(index) != n:
         raise DistinctcapError(f"{n} captions but {len(index)} entries in image_index")
+    work.count("logprob_scored", n)
     out = []
     with _inference(model):
         for s in range(0, n, batch_size):

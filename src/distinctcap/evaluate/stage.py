@@ -35,6 +35,7 @@ import logging
 import math
 import resource
 import time
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -47,11 +48,11 @@ import torch
 from distinctcap.captioner.load import caption_tokenizer, load_captioner
 from distinctcap.captioner.model import label_logprobs, make_batch
 from distinctcap.clip.text import encode_text
-from distinctcap.core import logs
+from distinctcap.core import logs, work
 from distinctcap.core.config import EvalSettings
 from distinctcap.core.devices import CPU
 from distinctcap.core.errors import DistinctcapError
-from distinctcap.core.io import atomic_path, read_json, read_table, write_table
+from distinctcap.core.io import atomic_path, read_json, read_table, write_json, write_table
 from distinctcap.data.scene import scene_f1
 from distinctcap.evaluate import judge
 from distinctcap.evaluate.metrics import (
@@ -190,6 +191,7 @@ def timed(timings: dict[str, list[float]] | None, part: str) -> Iterator[None]:
 def encode_texts(clip, texts: Sequence[str], batch_size: int = 256) -> np.ndarray:
     """CLIP text embeddings (N, D), L2-normalised, float32."""
     device = next(clip.model.parameters()).device
+    work.count("clip_encoded", len(texts))
     out = []
     with torch.inference_mode():
         for s in range(0, len(texts), batch_size):
@@ -365,6 +367,8 @@ class Evaluation:
     curve: pd.DataFrame  # run, split, decoding, n, cider (oracle CIDEr over the first n)
     timings: dict[str, list[float]] = field(default_factory=dict)
     per_image: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=PER_IMAGE))
+    # captions (or pairs) each metric's source scored (distinctcap.core.work), for work.json
+    work: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -415,6 +419,7 @@ class DeviceMetrics:
     result: MetricResult
     per_image: pd.DataFrame  # PER_IMAGE
     timings: dict[str, list[float]] = field(default_factory=dict)
+    work: dict[str, int] = field(default_factory=dict)  # distinctcap.core.work's counts
 
 
 def device_metrics(
@@ -422,6 +427,15 @@ def device_metrics(
 ) -> DeviceMetrics:
     """CLIP retrieval and CLIPScore, model self-retrieval, GPT-2 perplexity and the
     scene-retrieval judge (shapes world) of sample 0 of every image, on `settings.device`."""
+    with work.counting() as counted:
+        part = _device_metrics(paths, split, settings, inputs)
+    part.work = dict(counted)
+    return part
+
+
+def _device_metrics(
+    paths: EvalPaths, split: str, settings: EvalSettings, inputs: DecodingInputs | None
+) -> DeviceMetrics:
     inputs = inputs or DecodingInputs.read(paths, split)
     timings: dict[str, list[float]] = {}
     ids, first = inputs.ids, inputs.first
@@ -471,8 +485,24 @@ def evaluate_decoding(
     the torch part computed by another job (`device_metrics`), else computed here."""
     settings = settings or EvalSettings()
     inputs = DecodingInputs.read(paths, split)
-    ids, n_samples = inputs.ids, inputs.n_samples
     device = device or device_metrics(paths, split, settings, inputs)
+    with work.counting() as counted:
+        evaluation = _cpu_metrics(paths, split, decoding, settings, tools, device, inputs)
+    done = Counter(device.work) + counted
+    evaluation.work = {k: int(done[k]) for k in sorted(done)}
+    return evaluation
+
+
+def _cpu_metrics(
+    paths: EvalPaths,
+    split: str,
+    decoding: str,
+    settings: EvalSettings,
+    tools: CocoTools | None,
+    device: DeviceMetrics,
+    inputs: DecodingInputs,
+) -> Evaluation:
+    ids, n_samples = inputs.ids, inputs.n_samples
     timings: dict[str, list[float]] = {}
     with timed(timings, "load CLIP features (consensus neighbours)"):
         pooled, train_pooled, train_with_feat = load_pooled(
@@ -681,16 +711,21 @@ def log_timings(split: str, decoding: str, timings: dict[str, list[float]]) -> N
 
 def write_device_metrics(part: DeviceMetrics, path: str | Path) -> None:
     """One-row parquet of the torch part's metric values and `skipped` (JSON)."""
-    row = {**part.result.values, "skipped": json.dumps(part.result.skipped, sort_keys=True)}
+    row = {
+        **part.result.values,
+        "skipped": json.dumps(part.result.skipped, sort_keys=True),
+        "work": json.dumps(part.work, sort_keys=True),
+    }
     write_table(pd.DataFrame([row]), path)
 
 
 def read_device_metrics(path: str | Path, per_image: str | Path) -> DeviceMetrics:
     """`write_device_metrics`' table and its per-image table back as DeviceMetrics."""
     row = read_table(path).iloc[0].to_dict()
-    skipped = json.loads(row.pop("skipped"))
+    skipped, done = json.loads(row.pop("skipped")), json.loads(row.pop("work", "{}"))
     values = {k: float(v) for k, v in row.items()}
-    return DeviceMetrics(MetricResult(values, skipped), read_table(per_image, "per_image"))
+    per_image_table = read_table(per_image, "per_image")
+    return DeviceMetrics(MetricResult(values, skipped), per_image_table, work=done)
 
 
 def stage_paths(inputs: dict, k: int) -> EvalPaths:
@@ -757,4 +792,14 @@ def evaluate_stage(
             log.info("%s", headline_line(evaluation))
             log_timings(split, decoding, evaluation.timings)
             done.append(evaluation)
+    if "work" in outputs:
+        write_work(done, outputs["work"])
     return done
+
+
+def write_work(evaluations: Sequence[Evaluation], path: str | Path) -> None:
+    """The job's work record (the work budget's, distinctcap.runs.budget): for each
+    "<split>-<decoding>", the captions or pairs each metric's source scored. A side file, not
+    a column of the metrics rows: those rows feed the summary, the seed pooling and the
+    tables, which would each have to skip a column of dicts."""
+    write_json({f"{e.row['split']}-{e.row['decoding']}": e.work for e in evaluations}, path)

@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from distinctcap.core import work
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.data.batches import encode_batch
 from distinctcap.methods import facts
@@ -169,6 +170,7 @@ class ContrastiveLearning(facts.CL):
             labels.append(batch.labels[:, None])
         if self.use_neg:
             neg = self.negatives(batch, step)  # (B, K)
+            work.count("cl_negatives", neg.numel())
             n = max(int(self.data.lengths[neg].max()), 1)
             inputs.append(self.data.inputs[neg, :n].to(device, non_blocking=True))  # (B, K, n)
             labels.append(self.data.labels[neg, :n].to(device, non_blocking=True))

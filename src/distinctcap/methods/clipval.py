@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from distinctcap.captioner.model import Captioner
 from distinctcap.captioner.search import greedy
+from distinctcap.core import work
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.data.tokenizer import EOS, PAD
 from distinctcap.evaluate.metrics.retrieval import retrieval_ranks
@@ -77,6 +78,7 @@ def clip_val_ranks(
             seqs = caption_ids_tensor([c.tokens for c in caps], device)
             texts.append(encoder(seqs).float().cpu())
     text = torch.cat(texts)
+    work.count("clip_scored", len(text))
     return retrieval_ranks(text, val.features.pooled[rows].float(), np.arange(len(rows)))
 
 

@@ -28,6 +28,7 @@ import torch
 
 from distinctcap.captioner.model import Captioner
 from distinctcap.captioner.search import greedy, sample, sequence_logprob
+from distinctcap.core import work
 from distinctcap.data.batches import Batch, CaptionData, encode_batch
 from distinctcap.data.tokenizer import EOS, PAD
 from distinctcap.evaluate.metrics.cider import CiderD
@@ -73,6 +74,7 @@ def _cider_table(model, val, autocast: Callable | None, n: int, images: int) -> 
     refs = references(val, rows)
     scorer = CiderD(refs)
     candidates = _decode(model, val, rows, autocast, n)
+    work.count("cider_scored", sum(map(len, candidates)))
     pairs = zip(candidates, refs, strict=True)
     return np.array([[scorer.score(c, r) for c in cs] for cs, r in pairs])
 
@@ -106,6 +108,7 @@ def val_loss(model: Captioner, val: CaptionData, batches: list[Batch], autocast:
     with torch.no_grad():
         for batch in batches:
             b = batch.to(device)
+            work.count("teacher_forced", b.labels.shape[0])
             with autocast():
                 logits = model.decode(encode_batch(model, b), b.inputs)
             nll = torch.nn.functional.cross_entropy(

@@ -46,6 +46,7 @@ import contextlib
 import logging
 import os
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -57,7 +58,7 @@ import torch
 from distinctcap.captioner.hf import HFCaptioner
 from distinctcap.captioner.load import load_captioner
 from distinctcap.captioner.model import Captioner, CaptionerConfig, DecoderBlock, EncoderBlock
-from distinctcap.core import logs
+from distinctcap.core import logs, work
 from distinctcap.core.config import TrainConfig
 from distinctcap.core.distributed import (
     DistEnv,
@@ -112,6 +113,10 @@ def new_window() -> dict:
     """Sums since the last curve row; extras as [sum, count] since not every step reports
     every extra (e.g. a validation-only number)."""
     return {"loss": 0.0, "norm": 0.0, "n": 0, "tokens": 0, "seconds": 0.0, "extras": {}}
+
+
+def sorted_counts(counts: Counter) -> dict[str, int]:
+    return {k: int(counts[k]) for k in sorted(counts)}
 
 
 def _cpu_state(model: torch.nn.Module) -> dict:
@@ -169,6 +174,7 @@ class TrainResult:
     curve: pd.DataFrame
     train_seconds: float  # time in training steps in this process (no setup, val, checkpoints)
     tokens_per_s: float
+    work: dict = field(default_factory=dict)  # Trainer.work_record, summary.json's `work`
 
 
 def warn_if_capped(run: str, key: str, value: int, limit: int, which: str) -> None:
@@ -236,6 +242,10 @@ class Trainer:
         self.stats = DeferredStats(self.tc.steps, self.tc.grad_accum, not self.scaler.is_enabled())
         self.window_start: float | None = None
         self.train_seconds, self.total_tokens = 0.0, 0
+        # the run's work as its sources count it (distinctcap.core.work): steps, examples,
+        # tokens, decoded captions, ..., and one entry per validation pass; checkpointed
+        self.work_counts: Counter = Counter()
+        self.validations: list[dict] = []
         if compile_wanted(self.tc.compile, self.device):
             self._compile()
 
@@ -381,6 +391,7 @@ class Trainer:
                 "window": s.window,
                 # an objective's state beyond the model (e.g. CL's replaced reference), {} if none
                 "objective": self.objective.state_dict(),
+                "work": {"counts": dict(self.work_counts), "validations": self.validations},
             }
         )
         self.checkpointed_at = time.monotonic()
@@ -398,6 +409,8 @@ class Trainer:
         set_rng_state(ckpt["rng"])
         if ckpt.get("objective") is not None:
             self.objective.load_state_dict(ckpt["objective"])
+        done = ckpt.get("work") or {"counts": {}, "validations": []}  # none before issue 46
+        self.work_counts, self.validations = Counter(done["counts"]), list(done["validations"])
         best = ckpt["best"]
         self.state = LoopState(
             ckpt["step"],
@@ -436,7 +449,10 @@ class Trainer:
             losses.append(value)
             ids.append(batch.caption_ids)
             extras.append(extra)
-            tokens += self.batches.tokens(positions)
+            n_tokens = self.batches.tokens(positions)
+            tokens += n_tokens
+            work.count("examples", len(positions))
+            work.count("tokens", n_tokens)
             if self.dist.active:  # as float(value) / grad_accum summed in float64
                 loss_sum += value.double() / tc.grad_accum
         self.reducer.finish()
@@ -456,6 +472,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         s.step += 1
+        work.count("steps")
         return StepStats(s.step, losses, ids, norm, tokens, extras, reduced)
 
     def gather(self, idx: torch.Tensor) -> Batch:
@@ -488,10 +505,14 @@ class Trainer:
         s, tc = self.state, self.tc
         self.model.eval()
         val = self.data.val
-        metrics = {"val_loss": val_loss(self.model, val, self.val_batches, self.autocast)}
-        if tc.select_metric not in metrics:
-            fn = self.selection.fn
-            metrics[tc.select_metric] = float(fn(self.model, val, self.val_batches, self.autocast))
+        with work.counting() as counted:
+            metrics = {"val_loss": val_loss(self.model, val, self.val_batches, self.autocast)}
+            if tc.select_metric not in metrics:
+                fn = self.selection.fn
+                value = fn(self.model, val, self.val_batches, self.autocast)
+                metrics[tc.select_metric] = float(value)
+        done = {"step": s.step, "metrics": list(metrics), **sorted_counts(counted)}
+        self.validations.append(done)
         value = metrics[tc.select_metric]
         if not self.objective.selectable(s.step, tc.steps):
             return metrics
@@ -510,6 +531,10 @@ class Trainer:
 
     def run(self) -> TrainResult:
         resumed = self.try_resume()  # replaces self.state
+        with work.counting(self.work_counts):
+            return self._loop(resumed)
+
+    def _loop(self, resumed: int | None) -> TrainResult:
         tc, s = self.tc, self.state
         self._log_start()
         bar = progress(
@@ -615,6 +640,7 @@ class Trainer:
             pd.DataFrame(s.curve),
             seconds,
             self.total_tokens / seconds if seconds else 0.0,
+            self.work_record(),
         )
         if self.out_dir and self.dist.is_main:
             self.write_outputs(result)
@@ -655,10 +681,19 @@ class Trainer:
                 "fingerprint": self.fingerprint.hash,
                 "inputs": self.fingerprint.parts,
                 "config": self.run_config.effective(),
+                "work": result.work,
             },
             out / "summary.json",
         )
         self.checkpoints.drop()
+
+    def work_record(self) -> dict:
+        """summary.json's `work`: what this run computed, counted where it was computed
+        (distinctcap.core.work): optimiser steps, training examples (captions) and tokens
+        (non-pad target tokens) of this process, captions decoded during the steps (UNKT's
+        teacher, specificity's own captions), CL's negatives scored, and per validation pass
+        its step, metric names and the captions it decoded and scored."""
+        return {**sorted_counts(self.work_counts), "validations": self.validations}
 
 
 def train(

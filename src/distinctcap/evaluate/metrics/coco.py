@@ -39,6 +39,7 @@ from pycocoevalcap.cider.cider import Cider
 from pycocoevalcap.rouge.rouge import Rouge
 from pycocoevalcap.tokenizer import ptbtokenizer
 
+from distinctcap.core import work
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import atomic_path
 from distinctcap.evaluate.metrics.cider import CiderD
@@ -516,7 +517,16 @@ def quality_scores(
             out.skip("spice", t.spice_skip_reason)
         else:
             out.values["spice"] = float(np.mean(spice))
+    count_scored([m for m in QUALITY_METRICS if m in out.values], len(pairs))
     return out
+
+
+def count_scored(metrics: Sequence[str], pairs: int) -> None:
+    """The work record's `<metric>_scored` (distinctcap.core.work): the pairs each metric was
+    asked to score, before the caches and deduplication (which depend on what ran before), so
+    the count is the same whatever order the jobs ran in."""
+    for m in metrics:
+        work.count(f"{m}_scored", pairs)
 
 
 def per_item_scores(
@@ -558,6 +568,7 @@ def per_item_scores(
             scores["spice"] = np.full(len(pairs), math.nan)
         else:
             scores["spice"] = np.asarray(spice, dtype=float)
+    count_scored([m for m in metrics if m not in skipped], len(pairs))
     return {m: scores.get(m, np.zeros(0)) for m in metrics}, skipped
 
 

@@ -12,6 +12,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from distinctcap.core import work
 from distinctcap.evaluate.metrics.result import MetricResult
 
 
@@ -45,6 +46,7 @@ def gpt2_perplexity(
     model = AutoModelForCausalLM.from_pretrained(model_path).to(device).eval()
     bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else bos
+    work.count("gpt2_scored", len(texts))
     nll, count = 0.0, 0
     with torch.no_grad():
         for start in range(0, len(texts), batch_size):

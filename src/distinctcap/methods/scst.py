@@ -149,17 +149,19 @@ class SCST(facts.SCST):
         image_of = torch.arange(len(first)).repeat_interleave(self.k)
         parts = self.rewards(model, seqs, rows, image_of)
         reward = parts["reward"].view(-1, self.k)  # (U, K)
-        extras = {name: value.mean().float() for name, value in parts.items()}
+        # the rewards are on the CPU already: floats, not tensors, so the trainer's deferred
+        # stack of a step's device tensors never meets a CPU one
+        extras = {name: float(value.mean()) for name, value in parts.items()}
         if self.baseline == "new":
             advantages = new_scst_advantages(reward)
         else:
             greedy, _ = decode_ids(model, grid, pooled, lambda logp: logp.argmax(dim=-1))
             base = self.rewards(model, greedy, rows, torch.arange(len(first)))["reward"]
             advantages = greedy_advantages(reward, base)
-            extras["greedy_reward"] = base.mean().float()
+            extras["greedy_reward"] = float(base.mean())
         logp, mask = sample_logprobs(model, grid, pooled, seqs)
         loss = reinforce_loss(logp, mask, advantages.view(-1).to(device, torch.float32))
-        extras["gen_len"] = token_lengths(seqs.cpu()).float().mean()
+        extras["gen_len"] = float(token_lengths(seqs.cpu()).float().mean())
         return loss, extras
 
 

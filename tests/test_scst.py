@@ -237,6 +237,36 @@ def test_rewards_of_the_objective(clip, tok):
     assert torch.allclose(parts["reward"], total)
 
 
+def test_scst_steps_raise_the_expected_cider_reward(clip, tok):
+    """The direction of the gradient: 60 Adam steps of the objective on the six images raise
+    the mean CIDEr-D of 20 fresh samples an image (the same draws before and after) by more
+    than 10 % (0.22 -> 0.27-0.32 after 40 steps from three random initialisations)."""
+    from conftest import tiny_captioner
+
+    data = world(clip, tok)
+    ctx = TrainContext(torch.device("cpu"), data, {}, tok)
+    objective = SCST(run_of({"method": "scst", "seed": 0}), ctx)
+    model = tiny_captioner(tok.vocab_size, 16, clip_embed_dim(), seed=0, max_len=12)
+    batch = data.batch(torch.arange(len(data)))
+    first = torch.arange(0, len(data), 2)  # one caption of each image
+
+    def expected_cider() -> float:
+        grid, pooled = batch.grid[first].float(), batch.pooled[first]
+        seqs, _ = sample_ids(model, grid, pooled, 20, torch.Generator().manual_seed(9))
+        image_of = torch.arange(len(first)).repeat_interleave(20)
+        rewards = objective.rewards(model, seqs, batch.image_rows[first], image_of)
+        return float(rewards["cider"].mean())
+
+    before = expected_cider()
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for step in range(60):
+        loss, _ = objective.loss(model, batch, step, 60)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert expected_cider() > 1.1 * before
+
+
 @pytest.mark.parametrize(
     ("options", "match"),
     [

@@ -35,7 +35,7 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $@
 
-.PHONY: install run plan quick quick-tail test report report-screenshot readme-table unkt-ablations unkt-ablation-table unkt-seeds unkt-seeds-table seeds cleanup times ship-clip gpu-wheels gpu-rehearsal
+.PHONY: install run plan quick quick-tail test report report-screenshot readme-table unkt-ablations unkt-ablation-table unkt-seeds unkt-seeds-table scst scst-table seeds cleanup times ship-clip gpu-wheels gpu-rehearsal
 install: $(VENV)/.installed
 
 # A rerun of EXP without CONFIGS uses the config files recorded in it (results/experiment.json);
@@ -142,6 +142,17 @@ unkt-seeds: install
 
 unkt-seeds-table: install
 	$(PY) -m distinctcap.report.summary --seeds $(EXP)/results/metrics config.yaml presets/unkt-ablations.yaml
+
+# Self-critical training (issue 49, presets/scst.yaml, docs/methods.md): the SCST arms (seeds
+# 0-2 for scst and scst_retrieval) and CL / SMILE / specificity / UNKT started from `scst`,
+# each decoded and evaluated; scst-table renders the headline table of those finished so far.
+SCST_RUNS := scst scst_s1 scst_s2 scst_retrieval scst_retrieval_s1 scst_retrieval_s2 scst_clipscore cl_on_scst smile_on_scst specificity_on_scst unkt_on_scst
+scst: install
+	$(CHECK_YAML) presets/scst.yaml
+	$(SNAKEMAKE) --configfile config.yaml presets/scst.yaml -- $(foreach run,reference reference_s1 reference_s2 $(SCST_RUNS),$(foreach d,greedy beam3 sample20,results/metrics/$(run)/test-$(d).parquet))
+
+scst-table: install
+	$(PY) -m distinctcap.report.summary $(EXP)/results/metrics config.yaml presets/scst.yaml
 
 # The shapes default over training seeds 0-2 (presets/seeds.yaml, docs/seeds.md): seed 0 is the
 # default's own models (not retrained), seeds 1-2 are <run>_s1/_s2; then the headline table

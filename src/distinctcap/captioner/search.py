@@ -191,6 +191,29 @@ def decode_ids(
         return _generate(model, memory, 1, _max_len(model, max_len), choose, every)
 
 
+def sample_ids(
+    model: Captioner,
+    grid: Tensor,
+    pooled: Tensor,
+    n: int,
+    generator: torch.Generator | None = None,
+    max_len: int | None = None,
+) -> tuple[Tensor, Tensor]:
+    """n captions per image drawn from the model's own distribution (temperature 1, no
+    truncation: `sample`'s law with its defaults), in eval mode without gradient: ids (B*n, T),
+    image i's in rows i*n .. i*n + n - 1, each with eos unless it hit max_len, pad after it;
+    and their log p (B*n,). For REINFORCE (self-critical training, methods.scst), which scores
+    the ids without a round trip through `Caption`s. `generator` must be this call's own
+    (`decode_ids`: on a GPU a few draws after the last eos are thrown away)."""
+    if n < 1:
+        raise DistinctcapError(f"sampling n={n}: allowed n >= 1")
+    with _inference(model):
+        memory = _memory(model, grid, pooled)
+        every = done_check_every(memory.device)
+        choose = lambda logp: _draw(logp.softmax(dim=-1), generator)  # noqa: E731
+        return _generate(model, memory, n, _max_len(model, max_len), choose, every)
+
+
 def greedy(
     model: Captioner,
     grid: Tensor,

@@ -118,11 +118,13 @@ class ClipTextEncoder(torch.nn.Module):
     vocabulary (V_clip = 49408) times the token-embedding matrix E equals a one-hot over the
     captioner's vocabulary times E[clip_ids] (V_cap rows), and so do their gradients; the
     second is what runs, so memory is (B, T, V_cap), not (B, T, 49408). Building it freezes
-    the tower (requires_grad off, eval mode).
+    the tower (requires_grad off, eval mode). `prefix` (CLIP ids) goes before every caption,
+    e.g. CLIPScore's "A photo depicts" (data.tokenizer.CLIPSCORE_PREFIX).
     """
 
-    def __init__(self, clip: torch.nn.Module, clip_ids: Sequence[int]):
+    def __init__(self, clip: torch.nn.Module, clip_ids: Sequence[int], prefix: Sequence[int] = ()):
         super().__init__()
+        self.prefix = torch.as_tensor(list(prefix), dtype=torch.long)  # CLIP ids after sot
         self.text = TextTower(clip)
         self.tower = self.text.module
         self.pool, self.eos_id = self.text.pool, self.text.eos_id
@@ -137,20 +139,25 @@ class ClipTextEncoder(torch.nn.Module):
     def train(self, mode: bool = True) -> ClipTextEncoder:
         return super().train(False)  # frozen: always eval (no dropout)
 
+    def _fit(self, t: int) -> int:
+        """Caption positions of a (B, t) batch that fit the context after sot and the prefix."""
+        return max(0, min(t, self.context_length - 1 - len(self.prefix)))
+
     def clip_tokens(self, seqs: torch.Tensor) -> torch.Tensor:
         """Captioner ids (B, T) of generated captions (pad after eos; eos may be missing when
-        the caption hit max_len) -> CLIP ids (B, context_length): [sot] + caption + [eot],
-        pad 0. Too long a caption keeps its first context_length - 2 tokens and ends with eot,
-        as open_clip's tokenizer truncates."""
+        the caption hit max_len) -> CLIP ids (B, context_length): [sot] + prefix + caption +
+        [eot], pad 0. Too long a caption keeps its first context_length - 2 - len(prefix)
+        tokens and ends with eot, as open_clip's tokenizer truncates."""
         b, t = seqs.shape
-        ctx = self.context_length
-        n_fit = min(t, ctx - 1)
+        ctx, p = self.context_length, len(self.prefix)
+        n_fit = self._fit(t)
         is_tok = (seqs != PAD) & (seqs != EOS)
         first_end = torch.where(is_tok, t, torch.arange(t, device=seqs.device)).min(dim=1).values
-        eot_pos = (first_end + 1).clamp(max=ctx - 1)  # (B,)
+        eot_pos = (first_end + 1 + p).clamp(max=ctx - 1)  # (B,)
         tok = seqs.new_zeros(b, ctx)
         tok[:, 0] = self.sot
-        tok[:, 1 : 1 + n_fit] = self.clip_ids[seqs[:, :n_fit]]
+        tok[:, 1 : 1 + p] = self.prefix.to(seqs.device)
+        tok[:, 1 + p : 1 + p + n_fit] = self.clip_ids[seqs[:, :n_fit]]
         pos = torch.arange(ctx, device=seqs.device)
         tok = tok.masked_fill(pos > eot_pos[:, None], 0)
         return tok.scatter(1, eot_pos[:, None], self.eot)
@@ -180,11 +187,11 @@ class ClipTextEncoder(torch.nn.Module):
         tok = self.clip_tokens(seqs)
         x = self.tower.token_embedding(tok)  # (B, L, W): the hard one-hot times E
         if probs is not None:
-            n_fit = min(seqs.shape[1], self.context_length - 1)
-            kept = tok[:, 1 : 1 + n_fit] == self.clip_ids[seqs[:, :n_fit]]
+            n_fit, start = self._fit(seqs.shape[1]), 1 + len(self.prefix)
+            kept = tok[:, start : start + n_fit] == self.clip_ids[seqs[:, :n_fit]]
             kept &= seqs[:, :n_fit] != PAD  # positions whose CLIP token is the generated one
             residual = (probs - probs.detach())[:, :n_fit] * kept[..., None]  # value 0
             emb = self.tower.token_embedding.weight[self.clip_ids]  # (V_cap, W)
             delta = residual.to(emb.dtype) @ emb  # (B, n_fit, W)
-            x = x + F.pad(delta, (0, 0, 1, self.context_length - 1 - n_fit))
+            x = x + F.pad(delta, (0, 0, start, self.context_length - start - n_fit))
         return self.forward_embeddings(x, tok, normalize)

@@ -17,6 +17,10 @@ from distinctcap.core.io import atomic_path
 
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
+# Hessel et al. 2021 encode candidates as "A photo depicts <caption>" for CLIPScore, and
+# references the same way for RefCLIPScore (their clipscore.py): the evaluation's CLIPScore
+# (evaluate.metrics.retrieval) and the CLIPScore reward of self-critical training (methods.scst)
+CLIPSCORE_PREFIX = "A photo depicts "
 
 
 class CaptionTokenizer:
@@ -67,6 +71,11 @@ class CaptionTokenizer:
     def load(cls, path: str | os.PathLike) -> CaptionTokenizer:
         with open(path) as f:
             return cls(json.load(f)["clip_ids"])
+
+
+def clip_bpe_ids(text: str) -> list[int]:
+    """CLIP's own token ids of `text` (open_clip's BPE, lowercased), without sot/eot."""
+    return list(_bpe().encode(text))
 
 
 _BPE = None

@@ -23,6 +23,7 @@ def __getattr__(name: str) -> dict[str, type[Objective]]:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from distinctcap.methods.cl import ContrastiveLearning
     from distinctcap.methods.mle import MLE
+    from distinctcap.methods.scst import SCST
     from distinctcap.methods.smile import SMILE
     from distinctcap.methods.specificity import Specificity
     from distinctcap.methods.unkt import UNKT
@@ -33,6 +34,7 @@ def __getattr__(name: str) -> dict[str, type[Objective]]:
         "cl": ContrastiveLearning,
         "smile": SMILE,
         "specificity": Specificity,
+        "scst": SCST,
     }
     globals()["METHODS"] = methods  # later lookups find the dict itself
     return methods

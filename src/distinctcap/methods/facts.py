@@ -120,10 +120,38 @@ class Specificity(Objective):
         return needs
 
 
+class SCST(Objective):
+    """Self-critical sequence training (Rennie et al. 2017 eq. 9; ruotianluo's "new SCST"
+    baseline) with CIDEr-D, retrieval (Luo et al. 2018) and CLIPScore rewards, from an
+    initial run (edge init)."""
+
+    edges = ("init",)
+    options = method_options("scst")
+    # the loss is a mean over the sampled tokens of the micro-batch's images, which a shard
+    # of its captions holds in proportion to its captions (a close approximation)
+    mean_over = "captions"
+
+    @classmethod
+    def extra_inputs(cls, run: dict) -> dict[str, str | float | None]:
+        """The CLIP, for the retrieval and CLIPScore rewards when either weighs > 0."""
+        weights = {**cls.options["rewards"], **(run.get("rewards") or {})}
+        return {"clip": None} if weights["retrieval"] or weights["clipscore"] else {}
+
+    @classmethod
+    def option_conflicts(cls, run: dict) -> dict[str, str]:
+        """The new SCST baseline averages the image's other samples: it needs k >= 2."""
+        opt = {**cls.options, **run}
+        if opt["baseline"] == "new" and opt["k"] < 2:
+            return {"k": "baseline new averages an image's other samples; set k >= 2 or "
+                         "baseline: greedy"}
+        return {}
+
+
 FACTS: dict[str, type[Objective]] = {
     "mle": MLE,
     "unkt": UNKT,
     "cl": CL,
     "smile": SMILE,
     "specificity": Specificity,
+    "scst": SCST,
 }

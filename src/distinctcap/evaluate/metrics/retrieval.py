@@ -15,12 +15,12 @@ from collections.abc import Sequence
 import numpy as np
 
 from distinctcap.core.errors import DistinctcapError
+from distinctcap.data.tokenizer import CLIPSCORE_PREFIX  # noqa: F401  (re-export)
 from distinctcap.evaluate.metrics.result import MetricResult
 
-# Hessel et al. 2021 encode candidates as "A photo depicts <caption>" for CLIPScore, and
-# references the same way for RefCLIPScore (their clipscore.py). Self-retrieval (SMILE)
-# encodes the caption as it is.
-CLIPSCORE_PREFIX = "A photo depicts "
+# CLIPSCORE_PREFIX (data.tokenizer, shared with the CLIPScore reward of training) goes before
+# candidates and references for CLIPScore / RefCLIPScore. Self-retrieval (SMILE) encodes the
+# caption as it is.
 
 
 def _rows(x: object, name: str) -> np.ndarray:

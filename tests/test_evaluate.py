@@ -14,18 +14,19 @@ from evaluate_world import N_TEST, SAMPLES, build
 from distinctcap.core.config import EvalSettings, metric_block
 from distinctcap.core.io import read_table
 from distinctcap.data.scene import scene_f1
+from distinctcap.evaluate.device import (
+    block_logprobs,
+    evaluate_device_stage,
+    model_metrics,
+    retrieval_blocks,
+)
+from distinctcap.evaluate.inputs import EvalPaths, nearest
 from distinctcap.evaluate.metrics import CocoTools, spice_unavailable_reason
 from distinctcap.evaluate.metrics.result import KEYS
 from distinctcap.evaluate.stage import (
-    EvalPaths,
-    block_logprobs,
     evaluate_decoding,
-    evaluate_device_stage,
     evaluate_stage,
     metric_columns,
-    model_metrics,
-    nearest,
-    retrieval_blocks,
     write_curve,
     write_metrics,
     write_per_image,
@@ -157,7 +158,7 @@ def test_a_pool_larger_than_the_split_is_capped_with_a_warning(world, caplog):
     gen = read_table(world.generated("perfect", "greedy")).sort_values("image_id")
     args = (paths(world, "perfect", "greedy"), gen.image_id.tolist(), gen.text.tolist())
     huge = replace(SETTINGS, self_retrieval_pool=10**9)
-    caplog.set_level(logging.WARNING, logger="distinctcap.evaluate.stage")
+    caplog.set_level(logging.WARNING, logger="distinctcap.evaluate.inputs")
     assert 0 <= model_metrics(*args, huge).values["self_r_at_1"] <= 1
     n = len(gen)
     expected = f"evaluate.self_retrieval_pool = {10**9} exceeds the {n} images of the split; "

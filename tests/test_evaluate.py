@@ -16,11 +16,13 @@ from distinctcap.core.io import read_table
 from distinctcap.data.scene import scene_f1
 from distinctcap.evaluate.device import (
     block_logprobs,
+    device_metrics,
     evaluate_device_stage,
     model_metrics,
     retrieval_blocks,
 )
 from distinctcap.evaluate.inputs import EvalPaths, nearest
+from distinctcap.evaluate.loaded import JobLoads
 from distinctcap.evaluate.metrics import CocoTools, spice_unavailable_reason
 from distinctcap.evaluate.metrics.result import KEYS
 from distinctcap.evaluate.stage import (
@@ -312,3 +314,19 @@ def test_retrieval_blocks_split_the_images_evenly():
     assert [len(b) for b in blocks] == [84, 83, 83]
     assert sorted(np.concatenate(blocks).tolist()) == list(range(250))
     assert [len(b) for b in retrieval_blocks(12, 100)] == [12]
+
+
+def test_a_jobs_decodings_share_one_read_of_each_model_and_feature_file(results, world):
+    """Issue 46: one JobLoads serves every decoding of a job; the second decoding reads
+    nothing again, and both give the per-decoding values and work counts to the last digit."""
+    loads = JobLoads()
+    for dec in DECODINGS:
+        part = device_metrics(paths(world, "perfect", dec), "test", SETTINGS, loads=loads)
+        want = results["perfect", dec]
+        pd.testing.assert_frame_equal(part.per_image, want.per_image, check_exact=True)
+        assert part.result.values.items() <= want.row.items()
+        assert part.work == {k: want.work[k] for k in part.work} and part.work["clip_encoded"] > 0
+    # both tables once, the captioner and its image rows once (greedy only: the sampling
+    # decoding skips self-retrieval by default), one CLIP, one pooled read for the split
+    assert loads.loads == {"table": 2, "train_refs": 1, "pooled": 1, "manifest": 1, "clip": 1,
+                           "image_features": 1, "captioner": 1}  # fmt: skip

@@ -45,7 +45,8 @@ from distinctcap.core.io import read_table, write_table
 from distinctcap.data.prepare import prepare
 from distinctcap.data.shapes import LEVELS, caption
 from distinctcap.data.tokenizer import CaptionTokenizer
-from distinctcap.evaluate.stage import EvalPaths, evaluate_decoding
+from distinctcap.evaluate.inputs import EvalPaths
+from distinctcap.evaluate.stage import evaluate_decoding
 from distinctcap.features.extract import FeatureSettings, extract_features
 
 ROOT = Path(__file__).resolve().parents[1]

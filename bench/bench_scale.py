@@ -15,10 +15,10 @@ process (`--stage`) and reads that child's peak RSS from os.wait4:
     decode      decode.decode_run: greedy, the 1,000 test images, a random-init COCO-size
                 captioner (config.coco.yaml's `captioner`) saved with Captioner.save
     evaluate    the feature-dependent path of evaluate_decoding on 1,000 images x 5 samples:
-                read_generated, the captions by image, evaluate.load_pooled (pooled of the test
-                and train images), the consensus neighbours (evaluate.nearest) and
-                evaluate.model_metrics (self-retrieval: ImageFeatures.load of the 1,000 images;
-                pool 2, since its compute does not depend on N). The text, CLIP and GPT-2
+                read_generated, the captions by image, evaluate.loaded.load_pooled (pooled of the
+                test and train images), the consensus neighbours (evaluate.inputs.nearest) and
+                evaluate.device.model_metrics (self-retrieval: ImageFeatures.load of the 1,000
+                images; pool 2, since its compute does not depend on N). The text, CLIP and GPT-2
                 metrics need Java, a real CLIP and GPT-2 weights and read no image features.
     train       train.train, 20 steps (--train-steps) of config.coco.yaml's reference run
                 (batch 50; 100 validation captions at the end, no checkpoints); the first
@@ -104,16 +104,11 @@ def stage_evaluate(store: Path, work: Path) -> None:
     import numpy as np
     import pandas as pd
 
+    from distinctcap.core.config import EvalSettings
     from distinctcap.core.io import read_table, write_table
-    from distinctcap.evaluate.stage import (
-        EvalPaths,
-        EvalSettings,
-        captions_by_image,
-        load_pooled,
-        model_metrics,
-        nearest,
-        read_generated,
-    )
+    from distinctcap.evaluate.device import model_metrics
+    from distinctcap.evaluate.inputs import EvalPaths, nearest, read_generated
+    from distinctcap.evaluate.loaded import captions_by_image, load_pooled
 
     generated = work / "generated5.parquet"
     if not generated.is_file():  # 5 samples per test image (the decode stage wrote 1)

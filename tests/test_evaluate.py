@@ -14,18 +14,21 @@ from evaluate_world import N_TEST, SAMPLES, build
 from distinctcap.core.config import EvalSettings, metric_block
 from distinctcap.core.io import read_table
 from distinctcap.data.scene import scene_f1
+from distinctcap.evaluate.device import (
+    block_logprobs,
+    device_metrics,
+    evaluate_device_stage,
+    model_metrics,
+    retrieval_blocks,
+)
+from distinctcap.evaluate.inputs import EvalPaths, nearest
+from distinctcap.evaluate.loaded import JobLoads
 from distinctcap.evaluate.metrics import CocoTools, spice_unavailable_reason
 from distinctcap.evaluate.metrics.result import KEYS
 from distinctcap.evaluate.stage import (
-    EvalPaths,
-    block_logprobs,
     evaluate_decoding,
-    evaluate_device_stage,
     evaluate_stage,
     metric_columns,
-    model_metrics,
-    nearest,
-    retrieval_blocks,
     write_curve,
     write_metrics,
     write_per_image,
@@ -157,7 +160,7 @@ def test_a_pool_larger_than_the_split_is_capped_with_a_warning(world, caplog):
     gen = read_table(world.generated("perfect", "greedy")).sort_values("image_id")
     args = (paths(world, "perfect", "greedy"), gen.image_id.tolist(), gen.text.tolist())
     huge = replace(SETTINGS, self_retrieval_pool=10**9)
-    caplog.set_level(logging.WARNING, logger="distinctcap.evaluate.stage")
+    caplog.set_level(logging.WARNING, logger="distinctcap.evaluate.inputs")
     assert 0 <= model_metrics(*args, huge).values["self_r_at_1"] <= 1
     n = len(gen)
     expected = f"evaluate.self_retrieval_pool = {10**9} exceeds the {n} images of the split; "
@@ -311,3 +314,19 @@ def test_retrieval_blocks_split_the_images_evenly():
     assert [len(b) for b in blocks] == [84, 83, 83]
     assert sorted(np.concatenate(blocks).tolist()) == list(range(250))
     assert [len(b) for b in retrieval_blocks(12, 100)] == [12]
+
+
+def test_a_jobs_decodings_share_one_read_of_each_model_and_feature_file(results, world):
+    """Issue 46: one JobLoads serves every decoding of a job; the second decoding reads
+    nothing again, and both give the per-decoding values and work counts to the last digit."""
+    loads = JobLoads()
+    for dec in DECODINGS:
+        part = device_metrics(paths(world, "perfect", dec), "test", SETTINGS, loads=loads)
+        want = results["perfect", dec]
+        pd.testing.assert_frame_equal(part.per_image, want.per_image, check_exact=True)
+        assert part.result.values.items() <= want.row.items()
+        assert part.work == {k: want.work[k] for k in part.work} and part.work["clip_encoded"] > 0
+    # both tables once, the captioner and its image rows once (greedy only: the sampling
+    # decoding skips self-retrieval by default), one CLIP, one pooled read for the split
+    assert loads.loads == {"table": 2, "train_refs": 1, "pooled": 1, "manifest": 1, "clip": 1,
+                           "image_features": 1, "captioner": 1}  # fmt: skip

@@ -28,16 +28,10 @@ from distinctcap.core.config import (
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import read_table, write_table
 from distinctcap.evaluate import judge
+from distinctcap.evaluate.device import PER_IMAGE, clip_metrics, device_metrics, encode_texts
+from distinctcap.evaluate.inputs import DecodingInputs, EvalPaths
 from distinctcap.evaluate.metrics import CLIPSCORE_PREFIX
-from distinctcap.evaluate.stage import (
-    PER_IMAGE,
-    DecodingInputs,
-    EvalPaths,
-    clip_metrics,
-    device_metrics,
-    encode_texts,
-    metric_columns,
-)
+from distinctcap.evaluate.stage import metric_columns
 from distinctcap.features.extract import FeatureSettings
 from distinctcap.features.pooled import extract_pooled, read_pooled
 

@@ -18,14 +18,9 @@ from distinctcap.data.scene_retrieval import (
     scene_scores,
     tied_counts,
 )
+from distinctcap.evaluate.device import PER_IMAGE
 from distinctcap.evaluate.scene_judge import NO_SCENES, scene_retrieval_metrics
-from distinctcap.evaluate.stage import (
-    PER_IMAGE,
-    Evaluation,
-    metric_columns,
-    scene_metrics,
-    write_per_image,
-)
+from distinctcap.evaluate.stage import Evaluation, metric_columns, scene_metrics, write_per_image
 
 
 def scene(background: str, *objects: tuple[str, str, str, int, int]) -> dict:

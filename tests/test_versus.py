@@ -69,7 +69,7 @@ def test_a_real_gain_is_better_and_noise_is_never_a_win(world):
 
 
 def clip_table(images, ranks, clipscore):
-    """A per-image table (distinctcap.evaluate.stage.PER_IMAGE) of the world's test images."""
+    """A per-image table (distinctcap.evaluate.device.PER_IMAGE) of the world's test images."""
     n = len(images)
     return pd.DataFrame({"image_id": images.image_id.to_numpy(),
                          "clip_rank": np.broadcast_to(ranks, n).astype(np.int64),

@@ -2,7 +2,7 @@
 model self-retrieval, GPT-2 perplexity), on the job's GPU, for the CPU evaluate job."""
 
 from distinctcap.core.jobs import start_job
-from distinctcap.evaluate.stage import evaluate_device_stage
+from distinctcap.evaluate.device import evaluate_device_stage
 
 device = start_job(snakemake, threads="all-on-cuda")
 evaluate_device_stage(

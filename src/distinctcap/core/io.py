@@ -39,7 +39,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         [("run", pa.string()), ("image_id", pa.int64()), ("sample", pa.int32()),
          ("text", pa.string()), ("logprob", pa.float32())]
     ),
-    "per_image": pa.schema(  # distinctcap.evaluate.stage.PER_IMAGE
+    "per_image": pa.schema(  # distinctcap.evaluate.device.PER_IMAGE
         [("image_id", pa.int64()), ("clip_rank", pa.int64()), ("clipscore", pa.float32()),
          ("judge_rank", pa.int64()), ("judge_clipscore", pa.float32()),
          ("scene_rank", pa.float64()), ("scene_top1", pa.float64())]

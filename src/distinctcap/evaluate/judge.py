@@ -10,7 +10,7 @@ training rule, selection or objective reads, so its columns are a check on those
     judge_clipscore                   CLIPScore, Hessel et al. 2021 eq. 1
     judge_refclipscore                RefCLIPScore, Hessel et al. 2021 eq. 2
 
-computed by the trainer CLIP's own scoring code (evaluate.stage.clip_metrics) on the judge's
+computed by the trainer CLIP's own scoring code (evaluate.device.clip_metrics) on the judge's
 pooled image features (rule judge_features, distinctcap.features.pooled) and the same CLIP
 encoding the captions; and per image (`PER_IMAGE`) judge_rank (int64) and judge_clipscore
 (float32). Without a judge the columns are NaN with the reason in `skipped`, and the per-image
@@ -27,13 +27,14 @@ import numpy as np
 import pandas as pd
 
 from distinctcap.core.config import EvalSettings
+from distinctcap.evaluate.loaded import JobLoads
 from distinctcap.evaluate.metrics import MetricResult
 
 PREFIX = "judge_"
 OFF = "no judge CLIP configured (evaluate.judge)"
 PER_IMAGE = ("judge_rank", "judge_clipscore")
 
-# the scoring of evaluate.stage.clip_metrics: (clip, texts, references, pooled, training pooled,
+# the scoring of evaluate.device.clip_metrics: (clip, texts, references, pooled, training pooled,
 # settings) -> (metrics, per-caption clip_rank and clipscore)
 Score = Callable[..., tuple[MetricResult, dict[str, np.ndarray]]]
 
@@ -55,18 +56,18 @@ def judge_metrics(
     references: Sequence[Sequence[str]],
     settings: EvalSettings,
     score: Score,
+    loads: JobLoads | None = None,
 ) -> tuple[MetricResult, dict[str, object]]:
     """The judge's columns and per-caption values of caption i (`texts[i]`, of image `ids[i]`
     with `references[i]`), from the judge features file `features` (None: no judge).
-    `score` is evaluate.stage.clip_metrics, handed in so both CLIPs are scored by one code
-    path (and this module imports no stage)."""
+    `score` is evaluate.device.clip_metrics, handed in so both CLIPs are scored by one code
+    path (and this module imports no stage). `loads`: the job's, so the judge CLIP and its
+    features are read once per job."""
     if features is None:
         return skipped(len(ids), settings.retrieval_ks)
-    from distinctcap.clip.load import load_clip  # open_clip takes seconds to import
-    from distinctcap.features.pooled import read_pooled
-
-    pooled, info = read_pooled(features, ids)
-    clip = load_clip(info["arch"], info["pretrained"], settings.device, info.get("tag"))
+    loads = loads or JobLoads()
+    pooled, info = loads.judge_pooled(features, ids)
+    clip = loads.clip(info["arch"], info["pretrained"], settings.device, info.get("tag"))
     return judge_scores(clip, texts, references, pooled, settings, score)
 
 

@@ -43,8 +43,9 @@ from distinctcap.core.config import EvalSettings
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import read_table, write_table
 from distinctcap.evaluate.captionfile import parse_results, results_entries
+from distinctcap.evaluate.inputs import EvalPaths
 from distinctcap.evaluate.metrics.result import KEYS
-from distinctcap.evaluate.stage import EvalPaths, Evaluation, evaluate_decoding
+from distinctcap.evaluate.stage import Evaluation, evaluate_decoding
 from distinctcap.features.read import feature_ids
 from distinctcap.report.summary import HEADLINE_DIVERSITY, HEADLINE_QUALITY, markdown_table
 from distinctcap.report.versus import compare_runs

@@ -53,7 +53,7 @@ HEADERS = {column: f"{header} {arrow}"
            for header, column, _, arrow, *_ in (*HEADLINE_QUALITY, *JUDGE_METRICS)}  # fmt: skip
 HEADERS["scene_precision"] = "scene precision ↑"
 SCENE_COUNTS = ("claims", "correct", "facts", "covered")
-# metric -> (the per-image table's column, its value per image) (distinctcap.evaluate.stage.
+# metric -> (the per-image table's column, its value per image) (distinctcap.evaluate.device.
 # PER_IMAGE): the trainer's CLIP (clip_rank, clipscore), the judge CLIP (judge_rank,
 # judge_clipscore) and the scene judge (scene_rank: the expected rank under random tie order,
 # scene_top1: the probability of rank 1 under it, whose mean is scene_r_at_1)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from distinctcap.core import work
@@ -22,13 +22,15 @@ def gpt2_perplexity(
     *,
     batch_size: int = 32,
     device: str = "cpu",
+    load: Callable[[str | os.PathLike, str], tuple] | None = None,
 ) -> MetricResult:
     """Token-level corpus perplexity exp(Σ NLL / Σ tokens) of `texts` under a causal LM.
 
     Each caption is scored on its own, prefixed with the model's BOS token (<|endoftext|> for
     GPT-2) so that its first word is predicted too; the BOS itself is not counted. Returns
     {"ppl": value}, or NaN with a reason when `model_path` is not an existing directory or
-    transformers is missing.
+    transformers is missing. `load` (path, device) -> (tokenizer, model): `load_gpt2`, or an
+    evaluate job's memoised one (evaluate.loaded.JobLoads.gpt2).
     """
     out = MetricResult()
     if model_path is None or not Path(model_path).is_dir():
@@ -39,11 +41,10 @@ def gpt2_perplexity(
         return out.skip("ppl", "no captions to score")
     try:
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        import transformers  # noqa: F401
     except ImportError as err:
         return out.skip("ppl", f"GPT-2 perplexity needs torch and transformers: {err}")
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    model = AutoModelForCausalLM.from_pretrained(model_path).to(device).eval()
+    tokenizer, model = (load or load_gpt2)(model_path, device)
     bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else bos
     work.count("gpt2_scored", len(texts))
@@ -63,3 +64,11 @@ def gpt2_perplexity(
         return out.skip("ppl", "the captions hold no tokens")
     out.values["ppl"] = math.exp(nll / count)
     return out
+
+
+def load_gpt2(model_path: str | os.PathLike, device: str = "cpu") -> tuple:
+    """(tokenizer, causal LM in eval mode on `device`) of a local `save_pretrained` directory."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    return tokenizer, AutoModelForCausalLM.from_pretrained(model_path).to(device).eval()

@@ -379,14 +379,18 @@ def test_coco_scst_follows_ruotianluos_new_scst_transformer_schedule():
     from distinctcap.core.config import TrainConfig
 
     run = _coco_run("scst")
-    assert (run["method"], run["init"], run["k"], run["baseline"]) == ("scst", "reference", 5, "new")
+    assert (run["method"], run["init"], run["k"], run["baseline"]) == (
+        "scst", "reference", 5, "new"
+    )
     assert run["rewards"] == {"cider": 1.0, "retrieval": 0.0, "clipscore": 0.0}
     assert _coco_run("reference")["train"]["epochs"] == 15  # his MLE epochs before SCST
     train = run["train"]
     assert (train["lr"], train["schedule"], train["warmup_steps"], train["weight_decay"]) == (
         5e-6, "constant", 0, 0.0
     )
-    assert (train["betas"], train["batch_size"], train["group_by_image"]) == ([0.9, 0.999], 50, True)
+    assert (train["betas"], train["batch_size"], train["group_by_image"]) == (
+        [0.9, 0.999], 50, True
+    )
     assert (train["val_every"], train["select_metric"]) == (3000, "cider")
     tc = TrainConfig.from_dict(train).in_steps(COCO_TRAIN_CAPTIONS)
     assert (tc.steps, tc.warmup_steps) == (25 * 11_835, 0)

@@ -175,7 +175,7 @@ def effects_table(
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def read_summary(path: Path, configs: list[Path] | None) -> pd.DataFrame:
+def load_summary(path: Path, configs: list[Path] | None) -> pd.DataFrame:
     """summary.csv, or the summary of a metrics folder's finished tables under `configs`
     (`summary.folder_summary`: the runs of a preset whose report was not made)."""
     if path.is_dir():
@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"{args.summary} does not exist: run the pipeline first (make seeds)")
     versus = pd.read_csv(args.versus) if args.versus and args.versus.exists() else None
     try:
-        summary = read_summary(args.summary, args.configs)
+        summary = load_summary(args.summary, args.configs)
     except DistinctcapError as error:
         parser.error(str(error))
     table = effects_table(summary, versus, SCST_EFFECTS if args.scst else README_EFFECTS)

@@ -145,7 +145,9 @@ unkt-seeds-table: install
 
 # Self-critical training (issue 49, presets/scst.yaml, docs/methods.md): the SCST arms (seeds
 # 0-2 for scst and scst_retrieval) and CL / SMILE / specificity / UNKT started from `scst`,
-# each decoded and evaluated; scst-table renders the headline table of those finished so far.
+# each decoded and evaluated; scst-table renders the headline table of those finished so far
+# and the SCST effects over seeds (report.effects SCST_EFFECTS; intervals where make report
+# wrote versus.csv with the preset).
 SCST_RUNS := scst scst_s1 scst_s2 scst_retrieval scst_retrieval_s1 scst_retrieval_s2 scst_clipscore cl_on_scst smile_on_scst specificity_on_scst unkt_on_scst
 scst: install
 	$(CHECK_YAML) presets/scst.yaml
@@ -153,6 +155,7 @@ scst: install
 
 scst-table: install
 	$(PY) -m distinctcap.report.summary $(EXP)/results/metrics config.yaml presets/scst.yaml
+	$(PY) -m distinctcap.report.effects --scst $(EXP)/results/metrics $(EXP)/results/report/versus.csv --configs config.yaml presets/scst.yaml
 
 # The shapes default over training seeds 0-2 (presets/seeds.yaml, docs/seeds.md): seed 0 is the
 # default's own models (not retrained), seeds 1-2 are <run>_s1/_s2; then the headline table

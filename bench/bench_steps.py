@@ -1,7 +1,7 @@
 """Step time of every training method, before and after issue 30's changes, in one run.
 
     PYTHONPATH=src python bench/bench_steps.py --coco [--device cuda] [--steps 30] [--reps 3]
-        [--methods mle,unkt,cl,smile,specificity] [--backend inductor] [--no-compile]
+        [--methods mle,unkt,cl,smile,specificity,scst] [--backend inductor] [--no-compile]
 
 Each method's objective (distinctcap.methods) runs inside the real trainer step
 (`Trainer.train_step`: gather, autocast, loss, backward, clipping, AdamW, schedule) on the
@@ -9,7 +9,9 @@ synthetic data of bench_trainer.py (`shapes_like_data`); a teacher or reference 
 captioner of the same shape, specificity's CLIP a random open_clip model (ViT-B-32 with
 --coco, shapes-vit-tiny otherwise), its contrastive images the pooled features' neighbours.
 Runs as config.coco.yaml sets them: batch 50 grouped by image, specificity batch 2 shuffled
-(loss ccos); every other option the method's default.
+(loss ccos), SCST 5 samples of each of the batch's 10 images with the CIDEr-D reward over the
+synthetic training captions (issue 49; a random model rarely emits eos, so its samples run to
+max_len, the worst case); every other option the method's default.
 
 Variants per method, each a fresh trainer, built, warmed up and timed in turn:
   before    the host data path (gather on the host, copy each batch: train.data.to_device), eager
@@ -50,7 +52,7 @@ from distinctcap.train.data import RunData, to_device
 from distinctcap.train.run import RunConfig, RunPaths
 from distinctcap.train.trainer import Trainer
 
-METHODS = ("mle", "unkt", "cl", "smile", "specificity")
+METHODS = ("mle", "unkt", "cl", "smile", "specificity", "scst")
 EDGES = {"unkt": "teacher", "cl": "reference"}
 VARIANTS = ("before", "data", "compiled")
 GOALS = (  # (name, ratio key, relation, bound)
@@ -104,6 +106,8 @@ def run_config(method: str, captioner: dict, compiled: bool) -> RunConfig:
              "log_every": 1_000_000, "batch_size": 50, "compile": compiled}  # fmt: skip
     if method == "specificity":
         train |= {"batch_size": 2, "group_by_image": False, "lr": 1e-6, "schedule": "constant"}
+    if method == "scst":  # config.coco.yaml's: ruotianluo's new-SCST schedule
+        train |= {"lr": 5e-6, "schedule": "constant", "warmup_steps": 0, "weight_decay": 0.0}
     cfg = {"name": method, "method": method, "seed": 0, "captioner": captioner, "train": train}
     if method in EDGES:
         cfg[EDGES[method]] = "frozen"

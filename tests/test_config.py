@@ -370,6 +370,32 @@ def test_coco_preset_follows_the_papers_where_they_give_values():
     assert spec["select_metric"] == "mean_rank" and spec["group_by_image"] is False
 
 
+def test_coco_scst_follows_ruotianluos_new_scst_transformer_schedule():
+    """Issue 49: ruotianluo/ImageCaptioning.pytorch configs/transformer/transformer_nscl.yml
+    from the 15-epoch MLE reference: 25 epochs (structure_after 15 to max_epochs 40) of Adam at
+    a constant 5e-6, 5 samples an image, the new-SCST baseline, CIDEr-D alone, 10 images x 5
+    captions a batch, validated every 3000 iterations on CIDEr-D. His epoch over the images
+    (10 a batch) is ours over the captions (50 a batch): 25 x 11,835 steps."""
+    from distinctcap.core.config import TrainConfig
+
+    run = _coco_run("scst")
+    assert (run["method"], run["init"], run["k"], run["baseline"]) == (
+        "scst", "reference", 5, "new"
+    )
+    assert run["rewards"] == {"cider": 1.0, "retrieval": 0.0, "clipscore": 0.0}
+    assert _coco_run("reference")["train"]["epochs"] == 15  # his MLE epochs before SCST
+    train = run["train"]
+    assert (train["lr"], train["schedule"], train["warmup_steps"], train["weight_decay"]) == (
+        5e-6, "constant", 0, 0.0
+    )
+    assert (train["betas"], train["batch_size"], train["group_by_image"]) == (
+        [0.9, 0.999], 50, True
+    )
+    assert (train["val_every"], train["select_metric"]) == (3000, "cider")
+    tc = TrainConfig.from_dict(train).in_steps(COCO_TRAIN_CAPTIONS)
+    assert (tc.steps, tc.warmup_steps) == (25 * 11_835, 0)
+
+
 @pytest.mark.parametrize(
     "new",
     [

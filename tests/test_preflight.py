@@ -63,7 +63,7 @@ def test_the_coco_config_plans_tens_of_gigabytes_and_the_shapes_default_megabyte
 def test_real_coco_with_too_little_disk_fails_in_one_line_and_logs_the_parts(
     tmp_path, monkeypatch, caplog
 ):
-    """COCO's recorded archive sizes (no server asked), every image, seven runs' models."""
+    """COCO's recorded archive sizes (no server asked), every image, eight runs' models."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(pf, "free_bytes", lambda folder: 25.8 * GB)
     with caplog.at_level("INFO", logger=pf.__name__):
@@ -72,7 +72,7 @@ def test_real_coco_with_too_little_disk_fails_in_one_line_and_logs_the_parts(
     assert "\n" not in line and "snakemake --directory" in line
     (logged,) = [r.getMessage() for r in caplog.records if "disk:" in r.getMessage()]
     assert "download 20.4 GB (recorded sizes) + extracted 20.4 GB (recorded sizes)" in logged
-    assert "features 19.6 GB (123,287 image(s))" in logged and "runs 3.1 GB (7 x " in logged
+    assert "features 19.6 GB (123,287 image(s))" in logged and "runs 3.4 GB (8 x " in logged
 
 
 @pytest.mark.slow

@@ -228,6 +228,91 @@ def test_an_r_at_1_effect_is_read_by_the_independent_judges_seed_by_seed():
     assert coco.loc["specificity: greedy R@1 above the reference's", "judges"] == FLAG
 
 
+def scst_summary() -> pd.DataFrame:
+    """Greedy test rows of presets/scst.yaml's arms over seeds 0-2: CIDEr-D and R@1 under the
+    trainer's CLIP, the judge CLIP and the scene judge."""
+    values = {  # run: (cider, r_at_1, judge_r_at_1, scene_r_at_1) per seed
+        "reference": [(1.0, 0.30, 0.30, 0.30), (1.1, 0.30, 0.30, 0.30), (0.9, 0.30, 0.30, 0.30)],
+        "scst": [(1.2, 0.30, 0.30, 0.30), (1.3, 0.32, 0.30, 0.30), (1.0, 0.28, 0.30, 0.30)],
+        "scst_retrieval": [(1.1, 0.40, 0.36, 0.31), (1.2, 0.42, 0.38, 0.30),
+                           (0.9, 0.38, 0.34, 0.29)],
+    }  # fmt: skip
+    columns = ("cider", "r_at_1", "judge_r_at_1", "scene_r_at_1")
+    return pd.DataFrame([
+        {"run": run, "seed": seed, "split": "test", "decoding": "greedy",
+         **dict(zip(columns, row, strict=True))}
+        for run, rows in values.items() for seed, row in enumerate(rows)
+    ])  # fmt: skip
+
+
+def test_the_scst_effects_are_judged_over_seeds_like_the_readmes():
+    """Issue 49: SCST above the reference on greedy CIDEr-D (with versus.csv's interval) and
+    the retrieval reward's R@1 over plain SCST, paired by seed and read by both judges."""
+    from distinctcap.report.effects import SCST_EFFECTS, effects_table
+
+    versus = pd.DataFrame([{"run": "scst", "decoding": "greedy", "split": "test",
+                            "metric": "cider", "difference": 0.17, "ci_low": 0.05,
+                            "ci_high": 0.29, "verdict": "better"}])  # fmt: skip
+    table = effects_table(scst_summary(), versus, SCST_EFFECTS).set_index("effect")
+    assert len(table) == 2
+    scst = table.loc["SCST: greedy CIDEr above the reference's"]
+    assert (scst.seeds, scst["difference per seed"], scst.holds) == (
+        3, "+0.200, +0.200, +0.100", "yes")
+    assert (scst["mean ± sd"], scst["interval (seeds, images)"]) == (
+        "+0.167 ± 0.058", "+0.170 [+0.050, +0.290]")
+    assert scst.judges == "n/a (not a CLIP metric)"
+    r1 = table.loc["SCST + retrieval reward: greedy R@1 above plain SCST's"]
+    assert (r1["difference per seed"], r1.holds) == ("+0.100, +0.100, +0.100", "yes")
+    assert r1["interval (seeds, images)"] == ""  # versus.csv compares with the reference only
+    assert r1["judge CLIP per seed"] == "+0.060, +0.080, +0.040"  # mean +0.06 >= half of +0.10
+    assert r1["scene judge per seed"] == "+0.010, +0.000, -0.010"
+    assert r1.judges == "survives the judge CLIP only"
+
+
+def test_the_scst_effects_not_run_where_the_summary_lacks_their_runs(tmp_path, capsys):
+    """A summary without the preset's runs (the default's) shows each SCST effect "not run";
+    the command line prints the table of SCST_EFFECTS from a summary.csv."""
+    from distinctcap.report.effects import SCST_EFFECTS, effects_table, main
+
+    summary = scst_summary()
+    plain = summary[summary.run == "reference"]
+    assert effects_table(plain, None, SCST_EFFECTS).holds.tolist() == ["not run", "not run"]
+    no_arm = effects_table(summary[summary.run != "scst_retrieval"], None, SCST_EFFECTS)
+    assert no_arm.holds.tolist() == ["yes", "not run"]
+    summary.to_csv(tmp_path / "summary.csv", index=False)
+    main(["--scst", str(tmp_path / "summary.csv")])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("| effect | seeds |") and len(lines) == 4  # header, rule, 2 rows
+    assert lines[2].startswith("| SCST: greedy CIDEr above the reference's | 3 |")
+    with pytest.raises(SystemExit):
+        main(["--scst", str(tmp_path)])  # a metrics folder needs its --configs
+    assert "give --configs" in capsys.readouterr().err
+
+
+def test_make_scst_table_reads_the_metrics_folder_by_run_and_seed(tmp_path, capsys):
+    """make scst-table: the metrics tables finished so far (results/metrics/<model>/), each
+    model named by its run and seed under config.yaml + presets/scst.yaml (scst_s1 is scst's
+    seed 1, paired with reference_s1)."""
+    from distinctcap.core.io import write_table
+    from distinctcap.report.effects import main
+
+    cider = {"reference": 1.0, "reference_s1": 1.1, "reference_s2": 0.9,
+             "scst": 1.2, "scst_s1": 1.3, "scst_s2": 0.95}  # fmt: skip
+    metrics = seed_metrics(cider)
+    for model, rows in metrics.groupby("run"):
+        for decoding, table in rows.groupby("decoding"):
+            (tmp_path / model).mkdir(exist_ok=True)
+            table = table.assign(skipped=[json.dumps(s) for s in table.skipped])
+            write_table(table, tmp_path / model / f"test-{decoding}.parquet")
+    configs = [str(ROOT / "config.yaml"), str(ROOT / "presets/scst.yaml")]
+    main(["--scst", str(tmp_path), "--configs", *configs])
+    rows = capsys.readouterr().out.strip().splitlines()[2:]
+    assert rows[0].startswith(
+        "| SCST: greedy CIDEr above the reference's | 3 | +0.200, +0.200, +0.050 | "
+    )
+    assert "| 0 |" in rows[1] and "| not run |" in rows[1]  # scst_retrieval: not evaluated
+
+
 def test_the_bars_of_a_run_over_seeds_stand_at_its_mean_with_a_dot_per_seed(tmp_path):
     from distinctcap.report.plots import bar_heights, plot_metric_bars
     from distinctcap.report.summary import with_seeds

@@ -1,5 +1,5 @@
-"""The effects the README reports on the shapes default, each judged across training seeds
-(issue 34, docs/seeds.md).
+"""The effects the README reports on the shapes default, and SCST's (issue 49, presets/scst.yaml),
+each judged across training seeds (issue 34, docs/seeds.md).
 
 An effect is "run's metric above that of `than`" under one decoding on the test split. Per
 seed, the difference is the run's value minus `than`'s of the same seed (summary.csv). An
@@ -10,6 +10,8 @@ also read by the independent judges (issue 45, report.judged): the same differen
 under the judge CLIP and the scene judge, and whether each confirms the gain (`judges_verdict`).
 
     python -m distinctcap.report.effects results/metrics/summary.csv results/report/versus.csv
+    python -m distinctcap.report.effects --scst results/metrics results/report/versus.csv \
+        --configs config.yaml presets/scst.yaml     # make scst-table: SCST_EFFECTS
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import NamedTuple
 
 import pandas as pd
 
+from distinctcap.core.errors import DistinctcapError
 from distinctcap.report.judged import FLAG, gain, judges_of, survives
 from distinctcap.report.summary import markdown_table
 from distinctcap.report.verdicts import interval
@@ -57,6 +60,20 @@ EFFECTS = (
 # UNKT's Table 1 claim that the shapes default does not show (docs/unkt-sampled-captions.md)
 UNMET = Effect(
     "UNKT: oracle CIDEr-D@20 above the reference's", "unkt", "oracle_cider_20", "sample20"
+)
+README_EFFECTS = (*EFFECTS, UNMET)
+# Issue 49's effects of presets/scst.yaml (make scst): SCST above its MLE init on the metric
+# every SCST paper reports, and Luo et al. 2018's retrieval reward raising R@1 over plain SCST,
+# which the judge columns read again under the independent judges (issue 45).
+SCST_EFFECTS = (
+    Effect("SCST: greedy CIDEr above the reference's", "scst", "cider", "greedy"),
+    Effect(
+        "SCST + retrieval reward: greedy R@1 above plain SCST's",
+        "scst_retrieval",
+        "r_at_1",
+        "greedy",
+        "scst",
+    ),  # fmt: skip
 )
 COLUMNS = ["effect", "seeds", "difference per seed", "mean ± sd", "interval (seeds, images)",
            "holds", "judge CLIP per seed", "scene judge per seed", "judges"]  # fmt: skip
@@ -148,21 +165,47 @@ def judges_verdict(metric: str, diffs: pd.Series, seen: dict[str, pd.Series]) ->
     return f"survives the {kept[0]} only"
 
 
-def effects_table(summary: pd.DataFrame, versus: pd.DataFrame | None = None) -> pd.DataFrame:
-    """EFFECTS then UNMET, each judged over the summary's seeds."""
-    rows = [judge(effect, summary, versus) for effect in (*EFFECTS, UNMET)]
+def effects_table(
+    summary: pd.DataFrame,
+    versus: pd.DataFrame | None = None,
+    effects: tuple[Effect, ...] = README_EFFECTS,
+) -> pd.DataFrame:
+    """`effects` (the README's: EFFECTS then UNMET), each judged over the summary's seeds."""
+    rows = [judge(effect, summary, versus) for effect in effects]
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def load_summary(path: Path, configs: list[Path] | None) -> pd.DataFrame:
+    """summary.csv, or the summary of a metrics folder's finished tables under `configs`
+    (`summary.folder_summary`: the runs of a preset whose report was not made)."""
+    if path.is_dir():
+        from distinctcap.core.config import load_schema, read_configs, validate
+        from distinctcap.report.summary import folder_summary
+
+        if not configs:
+            raise DistinctcapError(f"{path} is a metrics folder: give --configs, its config files")
+        return folder_summary(path, validate(read_configs(configs), load_schema()))
+    return pd.read_csv(path)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("summary", type=Path, help="results/metrics/summary.csv")
+    parser.add_argument("summary", type=Path,
+                        help="results/metrics/summary.csv, or results/metrics with --configs")
     parser.add_argument("versus", type=Path, nargs="?", help="results/report/versus.csv")
+    parser.add_argument("--scst", action="store_true",
+                        help="the SCST effects (presets/scst.yaml) instead of the README's")
+    parser.add_argument("--configs", type=Path, nargs="+",
+                        help="with a metrics folder: the config files it was made with")
     args = parser.parse_args(argv)
-    if not args.summary.is_file():
+    if not args.summary.exists():
         parser.error(f"{args.summary} does not exist: run the pipeline first (make seeds)")
     versus = pd.read_csv(args.versus) if args.versus and args.versus.exists() else None
-    table = effects_table(pd.read_csv(args.summary), versus)
+    try:
+        summary = load_summary(args.summary, args.configs)
+    except DistinctcapError as error:
+        parser.error(str(error))
+    table = effects_table(summary, versus, SCST_EFFECTS if args.scst else README_EFFECTS)
     print(markdown_table(COLUMNS, table.astype(str).values.tolist()))
 
 

@@ -457,11 +457,23 @@ def latex(
         "\\midrule", *body, "\\bottomrule", "\\end{tabular}", "\\end{table}",
     ]) + "\n"  # fmt: skip
 
+def folder_summary(folder: Path, config: dict) -> pd.DataFrame:
+    """summary.csv's rows from the metrics tables finished so far under `folder`
+    (results/metrics; not the per-image tables), each model by its run and seed (`seed_runs`
+    of the validated `config`)."""
+    from distinctcap.core.config import seed_runs
+
+    tables = sorted(folder.glob("*/*.parquet"))
+    tables = [p for p in tables if not p.name.endswith("-per_image.parquet")]
+    seed_of = {name: (m.arm, m.seed) for name, m in seed_runs(config).items()}
+    return with_seeds(summary_table(read_metrics(tables)), seed_of)
+
+
 if __name__ == "__main__":  # make readme-table / unkt-ablation-table / unkt-seeds-table / seeds
     import argparse
     import sys
 
-    from distinctcap.core.config import load_schema, read_configs, seed_runs, validate
+    from distinctcap.core.config import load_schema, read_configs, validate
 
     parser = argparse.ArgumentParser(description="README tables from a run's summary.csv")
     parser.add_argument("summary", help="summary.csv, or a metrics folder (results/metrics) "
@@ -473,10 +485,7 @@ if __name__ == "__main__":  # make readme-table / unkt-ablation-table / unkt-see
     config = validate(read_configs(args.configs), load_schema())
     runs = config["runs"]
     if Path(args.summary).is_dir():
-        tables = sorted(Path(args.summary).glob("*/*.parquet"))  # not the per-image tables
-        tables = [p for p in tables if not p.name.endswith("-per_image.parquet")]
-        seed_of = {name: (m.arm, m.seed) for name, m in seed_runs(config).items()}
-        summary = with_seeds(summary_table(read_metrics(tables)), seed_of)
+        summary = folder_summary(Path(args.summary), config)
         runs = {name: block for name, block in runs.items() if name in set(summary.run)}
     else:
         summary = pd.read_csv(args.summary)

@@ -150,11 +150,14 @@ def test_stage_columns_on_hand_built_captions(tmp_path):
     assert scene_metrics(texts, ids, images).values["scene_precision"] == 1.0
 
     per_image = pd.DataFrame({"image_id": np.array(ids, np.int64), "clip_rank": np.ones(4, int),
-                              "clipscore": np.zeros(4), **per_caption})  # fmt: skip
+                              "clipscore": np.zeros(4), "judge_rank": np.ones(4, int),
+                              "judge_clipscore": np.zeros(4), **per_caption})  # fmt: skip
     write_per_image(Evaluation({}, {}, pd.DataFrame(), per_image=per_image), tmp_path / "p.pq")
     table = read_table(tmp_path / "p.pq", "per_image")
-    assert list(table.columns) == list(PER_IMAGE) == ["image_id", "clip_rank", "clipscore",
-                                                      "scene_rank", "scene_top1"]  # fmt: skip
+    assert list(table.columns) == list(PER_IMAGE) == [
+        "image_id", "clip_rank", "clipscore", "judge_rank", "judge_clipscore", "scene_rank",
+        "scene_top1",
+    ]  # fmt: skip
     assert table.scene_top1.dtype == np.float64 and table.scene_top1.mean() == out["scene_r_at_1"]
 
 

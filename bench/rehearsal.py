@@ -96,21 +96,34 @@ def make_mirror(work: Path, n_images: int, workers: int) -> dict:
     return made
 
 
-def make_random_clip(hub: Path) -> Path:
-    """A random ViT-B-32 (the tag's QuickGELU) as the `openai` tag's weights in hub cache `hub`."""
+def make_random_clip(hub: Path, arch: str = ARCH, tag: str = TAG, half: bool = False) -> Path:
+    """A random `arch` (QuickGELU where `tag` uses it) as the `tag` weights in hub cache `hub`;
+    `half`: stored in float16 (the judge's ViT-L-14: 0.9 GB instead of 1.7)."""
     import open_clip
     import torch
     from safetensors.torch import save_file
 
     from distinctcap.core.hub import snapshot_folder
 
-    repo = open_clip.get_pretrained_cfg(ARCH, TAG)["hf_hub"].rstrip("/")
-    weights = snapshot_folder(hub, repo) / "open_clip_model.safetensors"
+    cfg = open_clip.get_pretrained_cfg(arch, tag)
+    weights = snapshot_folder(hub, cfg["hf_hub"].rstrip("/")) / "open_clip_model.safetensors"
     if not weights.is_file():
         torch.manual_seed(0)
-        model = open_clip.create_model(ARCH, force_quick_gelu=True)
+        model = open_clip.create_model(arch, force_quick_gelu=bool(cfg.get("quick_gelu")))
+        if half:
+            model = model.half()
         save_file({k: v.contiguous() for k, v in model.state_dict().items()}, weights)
     return weights
+
+
+def make_random_clips(hub: Path, config: dict) -> list[Path]:
+    """The trainer CLIP's stub and, where config.coco.yaml sets a judge CLIP by tag
+    (evaluate.judge), the judge's: every weights file its preflight checks."""
+    made = [make_random_clip(hub)]
+    judge = config["evaluate"].get("judge")
+    if judge and judge.get("pretrained", "train") != "train":
+        made.append(make_random_clip(hub, judge["arch"], judge["pretrained"], half=True))
+    return made
 
 
 def load_coco() -> dict:
@@ -406,8 +419,8 @@ def main() -> None:
         f"rehearsal: synthetic COCO of {args.images} images in {mirror['seconds']:.1f} s "
         f"({args.images / mirror['seconds']:.0f} images/s, {mirror['workers']} workers)"
     )
-    make_random_clip(hub)
     config = load_coco()
+    make_random_clips(hub, config)
     rc, seconds = None, None  # --no-run: the run's own are not known
     if not args.no_run:
         with MirrorServer(work / "mirror") as server:

@@ -112,8 +112,10 @@ def test_the_rehearsals_preflight_passes_with_5_gb_free(synthetic, tmp_path, mon
 
     out, md5, counts = synthetic
     point_hub_at(monkeypatch, tmp_path / "hub")  # the tag's weights: a stub is found offline
-    repo = open_clip.get_pretrained_cfg(rehearsal.ARCH, rehearsal.TAG)["hf_hub"].rstrip("/")
-    (snapshot_folder(tmp_path / "hub", repo) / "open_clip_model.safetensors").write_bytes(b"0")
+    judge = rehearsal.load_coco()["evaluate"]["judge"]
+    for arch, tag in ((rehearsal.ARCH, rehearsal.TAG), (judge["arch"], judge["pretrained"])):
+        repo = open_clip.get_pretrained_cfg(arch, tag)["hf_hub"].rstrip("/")
+        (snapshot_folder(tmp_path / "hub", repo) / "open_clip_model.safetensors").write_bytes(b"0")
     monkeypatch.setattr(pf, "free_bytes", lambda folder: 5e9)
     with MirrorServer(out) as server, caplog.at_level("INFO", logger=pf.__name__):
         mirror = {"md5": md5, "counts": counts.__dict__}

@@ -35,7 +35,7 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $@
 
-.PHONY: install run plan quick quick-tail test report report-screenshot readme-table unkt-ablations unkt-ablation-table unkt-seeds unkt-seeds-table scst scst-table seeds cleanup times ship-clip gpu-wheels gpu-rehearsal
+.PHONY: install run plan quick quick-tail test report report-screenshot readme-table unkt-ablations unkt-ablation-table unkt-seeds unkt-seeds-table scst scst-table seeds cleanup times ship-clip ship-judge gpu-wheels gpu-rehearsal
 install: $(VENV)/.installed
 
 # A rerun of EXP without CONFIGS uses the config files recorded in it (results/experiment.json);
@@ -183,6 +183,11 @@ times: install
 ship-clip: install
 	$(VENV)/bin/snakemake results/clip/shapes-rn-tiny.pt --cores $(CORES) --directory experiments/ship-clip --configfile presets/retrain-clip.yaml
 	$(PY) -m distinctcap.clip.assets experiments/ship-clip/results/clip assets/clip
+
+# The judge CLIP (evaluate.judge, docs/report.md "The judge CLIP"), the same way
+ship-judge: install
+	$(VENV)/bin/snakemake results/judge/shapes-rn-judge.pt --cores $(CORES) --directory experiments/ship-judge --configfile presets/retrain-judge.yaml
+	$(PY) -m distinctcap.clip.assets experiments/ship-judge/results/judge assets/clip
 
 # A GPU node without a package index (docs/gpus-and-slurm.md, "GPU check"): the wheels its
 # image lacks (bench/gpu/carried.txt) for its Python, in .whl/; copy or carry .whl

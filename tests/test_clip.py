@@ -355,10 +355,12 @@ def test_shipped_weights_are_taken_only_for_the_same_fingerprint(world, uninterr
         ship_weights(loaded, tmp_path / "again")
 
 
-def test_the_shipped_shapes_clip_is_the_default_configs(tmp_path, one_thread):
-    """assets/clip holds what train_clip trains for config.yaml: its fingerprint (settings,
-    seed, device and the generated training data) matches, its checksum holds, and it scores
-    the validation recall it recorded when it was trained."""
+@pytest.mark.parametrize("which", ["clip", "judge"])
+def test_the_shipped_shapes_clips_are_the_default_configs(which, tmp_path, one_thread):
+    """assets/clip holds what train_clip trains for config.yaml's CLIP and its judge CLIP
+    (evaluate.judge, trained by the same code with its own arch and seed): the fingerprint
+    (settings, seed, device and the generated training data) matches, the checksum holds, and
+    the weights score the validation recall recorded when they were trained."""
     import yaml
 
     from distinctcap.core.config import load_schema, validate
@@ -367,13 +369,14 @@ def test_the_shipped_shapes_clip_is_the_default_configs(tmp_path, one_thread):
     config = validate(yaml.safe_load((ROOT / "config.yaml").read_text()), load_schema(SCHEMA))
     outputs = {k: str(tmp_path / f"{k}.parquet") for k in ("images", "captions", "quarantine")}
     prepare(config["data"], "fail", {**outputs, "vocab": str(tmp_path / "vocab.json")})
-    settings = TrainSettings(**config["clip"]["train"])
+    block = config["clip"] if which == "clip" else config["evaluate"]["judge"]
+    seed = config["seed"] if which == "clip" else block["seed"]
     _, metrics = train_clip(
         pd.read_parquet(outputs["images"]), pd.read_parquet(outputs["captions"]),
-        config["clip"]["arch"], settings, seed=config["seed"], device="cpu",
+        block["arch"], TrainSettings(**block["train"]), seed=seed, device="cpu",
         shipped=ROOT / "assets" / "clip",
     )  # fmt: skip
-    arch = config["clip"]["arch"]
+    arch = block["arch"]
     manifest = json.loads((ROOT / "assets" / "clip" / f"{arch}.json").read_text())
     assert metrics["weights"] == f"shipped {arch}.pt (sha256 {manifest['sha256']})"
     for key, recorded in manifest["val_retrieval"].items():

@@ -3,6 +3,7 @@ shipped weights' recipe, its pooled features, its metrics on a random-init shape
 checked by hand from the cosines, and fetch / preflight naming its weights. No DAG."""
 
 import dataclasses
+import json
 import math
 
 import numpy as np
@@ -241,3 +242,29 @@ def test_fetch_and_preflight_name_the_coco_judges_weights(tmp_path):
     assert code == 1 and lines[0].startswith("missing  judge CLIP ViT-L-14 openai: ")
     assert lines[1] == "1 of 1 missing (above)"
     assert pf.weights_lines({**config, "evaluate": {"judge": None}}) == []
+
+
+def test_distinctcap_evaluate_scores_a_results_file_by_the_judges_too(clip, tmp_path, capsys):
+    """`distinctcap evaluate` on an experiment whose judge_features ran: the judge CLIP's and
+    the scene judge's R@1 beside the trainer CLIP's in its headline; without the judge's
+    features, the judge CLIP's column is left out (as in a config without a judge)."""
+    import yaml
+    from evaluate_world import config as world_config
+
+    from distinctcap.runs.cli import main
+
+    world = build(tmp_path / "world")
+    (world.root / "config.yaml").write_text(yaml.safe_dump(world_config()))
+    test = read_table(world.images).query("split == 'test'").image_id.astype(int).tolist()
+    results = tmp_path / "mine.json"
+    results.write_text(json.dumps([{"image_id": i, "caption": "a red circle"} for i in test]))
+    command = ["evaluate", str(results), "--data", str(world.root / "data"),
+               "--configfile", str(world.root / "config.yaml")]  # fmt: skip
+    assert main(command) == 0
+    without = capsys.readouterr().out.splitlines()[0]
+    assert "scene R@1 ↑" in without and "judge R@1 ↑" not in without
+    extract_pooled(read_table(world.images), clip, world.root / "judge" / "features.parquet",
+                   FeatureSettings(workers=0))  # fmt: skip
+    assert main(command) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    assert "| R@1 ↑ | judge R@1 ↑ | scene R@1 ↑ |" in header

@@ -47,7 +47,7 @@ from distinctcap.evaluate.inputs import EvalPaths
 from distinctcap.evaluate.metrics.result import KEYS
 from distinctcap.evaluate.stage import Evaluation, evaluate_decoding
 from distinctcap.features.read import feature_ids
-from distinctcap.report.summary import HEADLINE_DIVERSITY, HEADLINE_QUALITY, markdown_table
+from distinctcap.report.summary import HEADLINE_DIVERSITY, headline_quality, markdown_table
 from distinctcap.report.versus import compare_runs
 
 # The most samples of one image that are scored: the largest n any metric reads (the oracle
@@ -88,13 +88,22 @@ class DataFolder:
         quarantine = read_table(root / "quarantine.parquet", "quarantine")
         return cls(root, images, quarantine, index)
 
+    @property
+    def judge_features(self) -> Path | None:
+        """The experiment's judge CLIP features (rule judge_features), where it has them: the
+        judge's columns are then scored too (else skipped, as without evaluate.judge)."""
+        path = self.root.parent / "judge" / "features.parquet"
+        return path if path.is_file() else None
+
     def paths(self, generated: Path) -> EvalPaths:
+        judge = self.judge_features
         return EvalPaths(
             generated=str(generated),
             images=str(self.root / "images.parquet"),
             captions=str(self.root / "captions.parquet"),
             vocab=str(self.root / "vocab.json"),
             features=str(self.features),
+            judge_features=str(judge) if judge else None,
         )
 
 
@@ -268,8 +277,10 @@ def versus(
 
 
 def headline(evaluations: list[Evaluation]) -> str:
-    """The README's headline columns, one row per results file (skipped cells "-")."""
-    columns = (*HEADLINE_QUALITY, *HEADLINE_DIVERSITY)
+    """The README's headline columns, with the judges' beside the trainer CLIP's where they
+    were scored (report.summary.headline_quality), one row per results file (skipped: "-")."""
+    rows = pd.DataFrame([e.row for e in evaluations])
+    columns = (*headline_quality(rows, rows.split.iloc[0], "given"), *HEADLINE_DIVERSITY)
     headers = ["results", "images", "samples", *(f"{h} {arrow}" for h, _, _, arrow in columns)]
     rows = []
     for e in evaluations:

@@ -113,15 +113,22 @@ def test_summary_has_one_row_per_key_and_exactly_the_named_columns(metrics, tmp_
             "distinct",
         )
     ]
+    ks = (1, 5, 10)
+    judges = [*(f"judge_r_at_{k}" for k in ks), "judge_mean_rank", "judge_clipscore",
+              "judge_refclipscore"]  # fmt: skip
+    scene = [*(f"scene_r_at_{k}" for k in ks), "scene_mean_rank"]
     expected = [
         *SUMMARY_BASE,
+        *judges,  # the tiny config's judge CLIP, after refclipscore
         *oracle,
         *consensus,
         "ppl",
         "scene_precision",
         "scene_recall",
         "scene_f1",
+        *scene,
     ]
+    assert SUMMARY_BASE[-1] == "refclipscore"
     assert summary_columns(metrics) == expected
     assert SUMMARY_BASE[:6] == ("run", "split", "decoding", "bleu1", "bleu2", "bleu3")
     write_summary(metrics, tmp_path / "summary.csv")
@@ -637,6 +644,9 @@ def test_the_headline_shows_the_judges_beside_the_trainers_clip_where_evaluated(
 
 
 def test_the_summary_keeps_the_judges_columns_where_the_evaluation_wrote_them(metrics):
+    judge_columns = [c for c in metrics if c.startswith(("judge_", "scene_r_at_"))
+                     or c == "scene_mean_rank"]  # fmt: skip
+    metrics = metrics.drop(columns=judge_columns)  # as a config without judges writes them
     judged = metrics.assign(judge_r_at_1=0.2, judge_mean_rank=3.0, judge_clipscore=0.7,
                             judge_refclipscore=0.75, scene_r_at_1=0.4, scene_mean_rank=2.5)
     columns = summary_columns(judged)

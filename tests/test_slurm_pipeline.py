@@ -43,6 +43,8 @@ GPU_RULES = {
     "decode",
     "retrieval_entropy",
     "neighbours",
+    "train_judge_clip",  # as train_clip and extract_features
+    "judge_features",
 }
 GROUP = "decode_evaluate"  # the profile's group of decode and evaluate_gpu: one SLURM job
 # The tiny DAG of slurm_config: every rule but `all` (local) and neighbours (no run needs it).
@@ -51,7 +53,7 @@ DAG_RULES = {
     "split_entropy", "entropy_report", "train_run", "decode", "evaluate_gpu", "evaluate",
     "summarize",
     "report_tables", "report_plots", "report_gallery", "run_card", "versus_reference",
-    "report_times",
+    "report_times", "train_judge_clip", "judge_features",
 }  # fmt: skip
 GPU_TYPE = "fakegpu"
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL"}
@@ -324,7 +326,11 @@ def test_a_local_run_of_the_same_config_gives_the_same_numbers(
     in the last bit. Every value is identical but CLIPScore, which differed by 1.7e-5
     relative (0.2372130 here, 0.2372169 under SLURM; its cause, inside the CLIP's text tower on
     a job that sees one CPU against two, was not found), so it is compared to 1e-4, and so is
-    RefCLIPScore, from the same text tower (0.367753 here, 0.367758 under SLURM)."""
+    RefCLIPScore, from the same text tower (0.367753 here, 0.367758 under SLURM). The judge
+    CLIP's CLIPScore and RefCLIPScore, from the text tower of a CLIP the run trained (issue
+    45), differed by 1.8e-3 relative (0.526583 here, 0.527517 under SLURM; its weights, like
+    the trainer CLIP's, are not bit-identical across the two executors), so they are compared
+    to 5e-3; its ranks were identical."""
     workdir = copy_workflow(tmp_path, pipeline.config)
     cmd = ["timeout", "-k", "10", "900", SNAKEMAKE, "--cores", "1"]
     done = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True)
@@ -332,11 +338,12 @@ def test_a_local_run_of_the_same_config_gives_the_same_numbers(
     local, under_slurm = (
         pd.read_csv(w / "results/metrics/summary.csv") for w in (workdir, pipeline.workdir)
     )
-    text_tower = ["clipscore", "refclipscore"]
+    text_tower = {"clipscore": 1e-4, "refclipscore": 1e-4, "judge_clipscore": 5e-3,
+                  "judge_refclipscore": 5e-3}  # fmt: skip
     exact = [c for c in local.columns if c not in text_tower]
     pd.testing.assert_frame_equal(local[exact], under_slurm[exact], check_exact=True)
-    for column in text_tower:
-        assert local[column].tolist() == pytest.approx(under_slurm[column].tolist(), rel=1e-4)
+    for column, rel in text_tower.items():
+        assert local[column].tolist() == pytest.approx(under_slurm[column].tolist(), rel=rel)
 
 
 def test_gpu_rules_were_submitted_with_a_gpu_request(pipeline: PipelineRun) -> None:

@@ -195,6 +195,7 @@ FOREST_COLOURS = {"better": "tab:green", "worse": "tab:red"}  # others grey
 
 
 FOREST_TICKS = 3  # x ticks per panel at most: a 2.3-inch panel has room for 3 labels
+FOREST_COLUMNS = 6  # panels a row: 2.3 inches each, a row about as wide as the front page
 
 
 def plot_forest(
@@ -215,8 +216,12 @@ def forest_figure(versus: pd.DataFrame, order: Sequence[str], decoding: str, hea
     at = versus[(versus.decoding == decoding) & (versus.split == "test")]
     runs = [r for r in order if (at.run == r).any()]
     metrics = list(dict.fromkeys(at.metric))
-    fig, axes = plt.subplots(1, max(1, len(metrics)), squeeze=False,
-                             figsize=(2.3 * max(1, len(metrics)), 0.6 + 0.16 * max(4, len(runs))))
+    # at most FOREST_COLUMNS panels a row: the judges' metrics (issue 45) made one row so wide
+    # that it was shown 70 px high
+    cols = min(FOREST_COLUMNS, max(1, len(metrics)))
+    rows = math.ceil(max(1, len(metrics)) / cols)
+    fig, axes = plt.subplots(rows, cols, squeeze=False,
+                             figsize=(2.3 * cols, rows * (0.35 + 0.14 * max(4, len(runs))) + 0.25))
     y = np.arange(len(runs))[::-1]
     for ax, metric in zip(axes.flat, metrics, strict=False):
         rows = at[at.metric == metric].set_index("run")
@@ -228,12 +233,15 @@ def forest_figure(versus: pd.DataFrame, order: Sequence[str], decoding: str, hea
             ax.plot([r.ci_low, r.ci_high], [k, k], color=colour, lw=2)
             ax.plot([r.difference], [k], "o", color=colour, ms=4)
         ax.axvline(0, color="black", lw=0.8)
-        ax.set_yticks(y, runs if ax is axes.flat[0] else [""] * len(runs), fontsize=7)
+        first = ax in axes[:, 0]
+        ax.set_yticks(y, runs if first else [""] * len(runs), fontsize=6)
         ax.set_ylim(-0.6, len(runs) - 0.4)
         ax.set_title(headers.get(metric, metric), fontsize=9)
         ax.tick_params(axis="x", labelsize=7)
         ax.xaxis.set_major_locator(MaxNLocator(nbins=FOREST_TICKS - 1, min_n_ticks=2))
         ax.grid(axis="x", alpha=0.3)
+    for ax in axes.flat[len(metrics):] if metrics else []:
+        ax.set_visible(False)
     if not metrics:
         ax = axes.flat[0]
         ax.text(0.5, 0.5, "no run to compare", ha="center", transform=ax.transAxes)

@@ -144,8 +144,8 @@ def seed_table(summary: pd.DataFrame) -> pd.DataFrame:
     pooled = pd.concat(
         [groups.mean().add_suffix("_mean"), groups.std().add_suffix("_sd")], axis=1
     )
-    pooled = pooled[[f"{c}{end}" for c in values for end in ("_mean", "_sd")]]
-    pooled["n_seeds"] = summary.groupby(GROUP, sort=False).size()
+    pooled = pooled[[f"{c}{end}" for c in values for end in ("_mean", "_sd")]].copy()
+    pooled["n_seeds"] = summary.groupby(GROUP, sort=False).size()  # copied: one block, no warning
     return pooled.reset_index()
 
 

@@ -17,6 +17,7 @@ import pandas as pd
 from distinctcap.report.judged import JUDGE_NAMES, judge_line
 from distinctcap.report.summary import (
     HEADLINE_DIVERSITY,
+    HEADLINE_JUDGES,
     HEADLINE_QUALITY,
     compare_table,
     headline_quality,
@@ -98,7 +99,10 @@ def front_table(
     for name, row in zip(names, ordered, strict=True):
         cells = [(row[0], "", False)]
         for i, (column, _) in enumerate(columns):
-            said = _interval_of(versus, name, column, quality) if i < len(shown) else ""
+            # the judges' intervals are in the verdict lines and versus.md: beside every
+            # number they would push the forest plot below a 1000 px window
+            interval = i < len(shown) and column not in HEADLINE_JUDGES
+            said = _interval_of(versus, name, column, quality) if interval else ""
             cells.append((row[i + 1], said, row[i + 1] in best[i]))
         out.append(cells)
     return headers, out
@@ -130,7 +134,7 @@ def _interval_of(versus: pd.DataFrame | None, run: str, column: str, decoding: s
     if hit.empty or hit.verdict.iloc[0] == "undefined":
         return ""
     row = hit.iloc[0]
-    return f"[{row.ci_low:+.3f}, {row.ci_high:+.3f}]"
+    return f"[{row.ci_low:+.3f},{row.ci_high:+.3f}]"  # no space: it wraps as one word
 
 
 def read_versus(results: Path) -> pd.DataFrame | None:

@@ -147,12 +147,12 @@ def judges_verdict(metric: str, diffs: pd.Series, seen: dict[str, pd.Series]) ->
     """Which judges confirm the trainer-CLIP effect (`diffs`, per seed): each judge whose mean
     gain over seeds is at least half the trainer-CLIP's and who shows a gain on every seed the
     effect has (`judged.survives`); none -> the issue's flag. 'no judge' where neither was
-    evaluated; 'n/a' where the trainer's CLIP shows no gain to confirm."""
+    evaluated; 'n/a' where the trainer's CLIP shows no gain to confirm (on some seed none)."""
     if not seen:
         return "no judge"
     ours = gain(metric, diffs.mean())
-    if ours <= 0:
-        return "n/a (no gain under the trainer's CLIP)"
+    if ours <= 0 or (gain(metric, diffs) <= 0).any():
+        return "n/a (no gain under the trainer's CLIP on every seed)"
     kept = [judge_name(judge) for judge, judged in seen.items() if survives(
         ours, gain(judge, judged.mean()),
         all(gain(judge, judged.get(s, float("nan"))) > 0 for s in diffs.index))]

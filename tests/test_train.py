@@ -298,12 +298,14 @@ sys.path.insert(0, {tests!r})
 torch.set_num_threads({threads})
 from test_train import tiny_cfg, tiny_data
 from train_job import fit
-fit(tiny_cfg(__import__("pathlib").Path({out!r}), **{kw!r}), tiny_data())
+cfg = tiny_cfg(__import__("pathlib").Path({out!r}), **{kw!r})
+fit({{**cfg, "method": {method!r}}}, tiny_data())
 """
 
 
-def run_tiny(out: Path, kw: dict, log: Path) -> subprocess.Popen:
-    code = RESUME_SCRIPT.format(tests=str(ROOT / "tests"), threads=1, out=str(out), kw=kw)
+def run_tiny(out: Path, kw: dict, log: Path, method: str = "mle") -> subprocess.Popen:
+    code = RESUME_SCRIPT.format(tests=str(ROOT / "tests"), threads=1, out=str(out), kw=kw,
+                                method=method)  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     with open(log, "w") as err:  # a file, not a pipe: a full pipe would block the child
         return subprocess.Popen(
@@ -311,9 +313,10 @@ def run_tiny(out: Path, kw: dict, log: Path) -> subprocess.Popen:
         )
 
 
-def test_resume_after_sigkill_ends_with_the_uninterrupted_weights(tmp_path):
+@pytest.mark.parametrize("method", ["mle", "scst"])  # scst: its samples' generator, too
+def test_resume_after_sigkill_ends_with_the_uninterrupted_weights(method, tmp_path):
     kw = {"steps": 60, "checkpoint_every": 5, "val_every": 20}
-    proc = run_tiny(tmp_path / "killed", kw, tmp_path / "first.log")
+    proc = run_tiny(tmp_path / "killed", kw, tmp_path / "first.log", method)
     ckpt = tmp_path / "killed" / "checkpoints" / "last.pt"
     deadline = time.monotonic() + 120
     while not ckpt.exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -323,12 +326,12 @@ def test_resume_after_sigkill_ends_with_the_uninterrupted_weights(tmp_path):
     assert proc.returncode == -signal.SIGKILL, (tmp_path / "first.log").read_text()
     assert not (tmp_path / "killed" / "model.pt").exists()
 
-    rerun = run_tiny(tmp_path / "killed", kw, tmp_path / "rerun.log")
+    rerun = run_tiny(tmp_path / "killed", kw, tmp_path / "rerun.log", method)
     assert rerun.wait(timeout=300) == 0, (tmp_path / "rerun.log").read_text()
     summary = json.loads((tmp_path / "killed" / "summary.json").read_text())
     assert summary["resumed_from"] is not None and 0 < summary["resumed_from"] < 60
 
-    whole = fit(tiny_cfg(tmp_path / "whole", **kw), tiny_data())
+    whole = fit({**tiny_cfg(tmp_path / "whole", **kw), "method": method}, tiny_data())
     resumed = Captioner.load(tmp_path / "killed" / "model.pt").state_dict()
     assert same_weights(resumed, whole.model.state_dict())
     curve = pd.read_csv(tmp_path / "killed" / "curve.csv")

@@ -45,39 +45,47 @@ def make_data(images: int, per_image: int, grid: int, dv: int, dp: int, vocab: i
     return CaptionData(feats, np.arange(n), image_ids, tokens, max_len)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--batch", type=int, default=32, help="captions per micro-batch")
-    ap.add_argument("--negatives", type=int, default=5, help="CL's K")
+def add_model_args(ap: argparse.ArgumentParser) -> None:
+    """The options every captioner step benchmark here shares (bench_scst.py too)."""
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--width", type=int, default=256)
     ap.add_argument("--layers", type=int, default=3, help="encoder and decoder layers each")
     ap.add_argument("--vocab", type=int, default=1000)
     ap.add_argument("--grid", type=int, default=64, help="CLIP grid tokens per image")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (0 = default)")
-    args = ap.parse_args()
+
+
+def setup(args) -> tuple[torch.device, Callable[[], None], Callable[[], float]]:
+    """(device, sync, clock): wall time on a GPU, process time on the CPU; threads set, seed 0."""
     if args.threads:
         torch.set_num_threads(args.threads)
     dev = torch.device(args.device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     clock = time.perf_counter if dev.type == "cuda" else time.process_time
-
     torch.manual_seed(0)
+    return dev, sync, clock
+
+
+def model_and_data(args, dev: torch.device) -> tuple[Captioner, CaptionData]:
+    """A random captioner of the asked size in train mode, and 400 images x 5 captions."""
     cfg = CaptionerConfig(
-        args.vocab,
-        128,
-        128,
-        width=args.width,
-        enc_layers=args.layers,
-        dec_layers=args.layers,
-        heads=4,
-        ffn=4 * args.width,
-        max_len=20,
-    )
+        args.vocab, 128, 128, width=args.width, enc_layers=args.layers,
+        dec_layers=args.layers, heads=4, ffn=4 * args.width, max_len=20,
+    )  # fmt: skip
     model = Captioner(cfg).to(dev).train()
+    return model, make_data(400, 5, args.grid, 128, 128, args.vocab, cfg.max_len)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--batch", type=int, default=32, help="captions per micro-batch")
+    ap.add_argument("--negatives", type=int, default=5, help="CL's K")
+    add_model_args(ap)
+    args = ap.parse_args()
+    dev, sync, clock = setup(args)
+    model, data = model_and_data(args, dev)
     reference = copy.deepcopy(model).eval().requires_grad_(False)
-    data = make_data(400, 5, args.grid, 128, 128, args.vocab, cfg.max_len)
     ctx = TrainContext(dev, data, {"reference": reference})
     batch = data.batch(torch.arange(args.batch)).to(dev)
     k = args.negatives

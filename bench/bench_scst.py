@@ -17,12 +17,10 @@ samples run to max_len: the worst case for the sampling loop and the reward.
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
-from bench_cl_smile import make_data
+from bench_cl_smile import add_model_args, model_and_data, setup
 
-from distinctcap.captioner.model import Captioner, CaptionerConfig
 from distinctcap.methods import METHODS
 from distinctcap.methods.base import TrainContext
 from distinctcap.train.run import RunConfig
@@ -35,26 +33,10 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--batch", type=int, default=50, help="captions per micro-batch (5 an image)")
     ap.add_argument("--k", type=int, default=5, help="SCST samples per image")
-    ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument("--width", type=int, default=256)
-    ap.add_argument("--layers", type=int, default=3, help="encoder and decoder layers each")
-    ap.add_argument("--vocab", type=int, default=1000)
-    ap.add_argument("--grid", type=int, default=64, help="CLIP grid tokens per image")
-    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (0 = default)")
+    add_model_args(ap)
     args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    dev = torch.device(args.device)
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    clock = time.perf_counter if dev.type == "cuda" else time.process_time
-
-    torch.manual_seed(0)
-    cfg = CaptionerConfig(
-        args.vocab, 128, 128, width=args.width, enc_layers=args.layers,
-        dec_layers=args.layers, heads=4, ffn=4 * args.width, max_len=20,
-    )  # fmt: skip
-    model = Captioner(cfg).to(dev).train()
-    data = make_data(400, 5, args.grid, 128, 128, args.vocab, cfg.max_len)
+    dev, sync, clock = setup(args)
+    model, data = model_and_data(args, dev)
     ctx = TrainContext(dev, data)
     batch = data.batch(torch.arange(args.batch)).to(dev)
     mle = METHODS["mle"](RunConfig(name="mle"), ctx)
@@ -99,7 +81,7 @@ def main() -> None:
         f"device {dev}, threads {torch.get_num_threads()}, batch {args.batch} captions of "
         f"{args.batch // 5} images, K = {args.k}, {model.num_params() / 1e6:.2f} M params "
         f"(width {args.width}, {args.layers}+{args.layers} layers, vocab {args.vocab}, grid "
-        f"{args.grid}, max_len {cfg.max_len}), best of {args.reps}, "
+        f"{args.grid}, max_len {model.cfg.max_len}), best of {args.reps}, "
         f"{'CPU' if dev.type == 'cpu' else 'wall'} time"
     )
     print(f"  mle step: {best['mle'] * 1e3:8.1f} ms")

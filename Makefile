@@ -35,7 +35,7 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $@
 
-.PHONY: install run plan quick quick-tail test report report-screenshot readme-table unkt-ablations unkt-ablation-table unkt-seeds unkt-seeds-table scst scst-table seeds cleanup times ship-clip ship-judge gpu-wheels gpu-rehearsal
+.PHONY: install run plan quick quick-tail test report report-screenshot readme-table unkt-ablations unkt-ablation-table unkt-seeds unkt-seeds-table scst scst-table seeds cleanup times timeline ship-clip ship-judge gpu-wheels gpu-rehearsal
 install: $(VENV)/.installed
 
 # A rerun of EXP without CONFIGS uses the config files recorded in it (results/experiment.json);
@@ -176,6 +176,11 @@ cleanup: install
 # from the benchmark file every job writes under benchmarks/ (also in the report).
 times: install
 	$(PY) -m distinctcap.report.times $(EXP)/benchmarks
+
+# When each job ran and how busy the cores were (from the run's Snakemake log), the stretches
+# with a core idle, and the picture in $(EXP)/results/report/timeline.png.
+timeline: install
+	$(PY) -m distinctcap.report.timeline $(EXP) --png $(EXP)/results/report/timeline.png
 
 # Retrain the shapes CLIP of config.yaml from scratch (presets/retrain-clip.yaml: ignore the
 # shipped weights; ~26 min on 2 cores) and ship it in assets/clip/ with its sha256 and training

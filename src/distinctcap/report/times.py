@@ -5,8 +5,9 @@ Every rule writes `benchmarks/<rule>.tsv` (one job) or `benchmarks/<rule>/<wildc
 (one per job): Snakemake's record of the job's wall seconds (`s`), peak resident memory in MB
 (`max_rss`, the job's process tree) and CPU seconds (`cpu_time`, user + system of the tree,
 sampled while it runs). The rule is the first path component. Wall seconds of jobs that ran
-side by side overlap, so the sum of wall seconds exceeds the run's wall clock on several cores;
-CPU seconds do not depend on how busy the machine was.
+side by side overlap, so the sum of wall seconds exceeds the run's wall clock on several cores.
+CPU seconds move with the machine's load too (a job's threads spin while they wait for a core),
+so compare them only between runs of one sitting on one quiet machine (docs/performance.md).
 """
 
 from __future__ import annotations

@@ -470,22 +470,28 @@ def test_select_metric_names_have_one_owner():
 
 
 def test_the_head_of_the_longest_training_chain_gets_the_highest_priority():
-    """Two cores: the negative teacher (UNKT waits for it) starts before the positive one."""
-    def run(steps, **edges):
-        return {"train": {"steps": steps}, **edges}
+    """Two cores: the negative teacher (UNKT waits for it) starts before the positive one, and
+    CL (300 steps of ~6 MLE steps) before the positive teacher (1,500 MLE steps)."""
+    def run(method, steps, **edges):
+        return {"method": method, "train": {"steps": steps}, **edges}
 
     runs = {
-        "reference": run(1500, data="all"),
-        "teacher_neg": run(1500, data="D-"),
-        "teacher_pos": run(1500, data="D+"),
-        "unkt": run(1500, data="all", teacher="teacher_neg"),
-        "cl": run(300, data="all", init="reference", reference="reference"),
+        "reference": run("mle", 1500, data="all"),
+        "teacher_neg": run("mle", 1500, data="D-"),
+        "teacher_pos": run("mle", 1500, data="D+"),
+        "unkt": run("unkt", 1500, data="all", teacher="teacher_neg"),
+        "cl": run("cl", 300, data="all", init="reference", reference="reference"),
+        "smile": run("smile", 300, data="all", init="reference"),
+        "cl_k1": run("cl", 300, negatives=1, init="reference", reference="reference"),
     }
     priorities = run_priorities(runs)
-    assert priorities == {"reference": 1800, "teacher_neg": 3000, "teacher_pos": 1500,
-                          "unkt": 1500, "cl": 300}  # fmt: skip
+    # work: steps x step cost (UNKT 1.5, CL 1 + K negatives), plus the chain waiting for it
+    assert priorities == {"reference": 1500 + 1800, "teacher_neg": 1500 + 2250,
+                          "teacher_pos": 1500, "unkt": 2250, "cl": 1800, "smile": 300,
+                          "cl_k1": 600}  # fmt: skip
+    assert priorities["cl"] > priorities["teacher_pos"]
     # the entropy split heads the teachers' chains, so it goes before the reference
-    assert entropy_priority(runs, priorities) == 3001
+    assert entropy_priority(runs, priorities) == 3751
     assert entropy_priority({"reference": runs["reference"]}, {"reference": 1800}) == 0
 
 

@@ -97,6 +97,13 @@ class Objective:
         other options make meaningless; empty when there are none."""
         return {}
 
+    @classmethod
+    def step_cost(cls, run: dict) -> float:
+        """An optimiser step of run block `run` against an MLE step of the same batch: the
+        scheduler's estimate of a run's training time (config.run_priorities), from the
+        step benchmarks of docs/performance.md."""
+        return 1.0
+
     def __init__(self, run, ctx: TrainContext) -> None:  # run: RunConfig (no import: a cycle)
         pass
 

@@ -225,10 +225,17 @@ class _Workflow:
         self.global_resources = {"_cores": cores}
 
 
-def test_evaluate_takes_half_the_local_cores_and_its_own_eight_on_a_cluster() -> None:
-    from distinctcap.core.cores import evaluate_threads, local_cores
+def test_evaluate_shares_the_local_cores_among_pending_runs_and_keeps_eight_on_a_cluster():
+    from distinctcap.core.cores import evaluate_threads, local_cores, pending_runs
 
-    assert [evaluate_threads(c) for c in (1, 2, 3, 4, 8, 16, 64)] == [1, 1, 1, 2, 4, 8, 8]
+    # the shapes default's 7 runs pending: one core each on a 2-core box, as many as are free
+    assert [evaluate_threads(c, 7) for c in (1, 2, 3, 4, 8, 16, 64)] == [1, 1, 1, 1, 1, 2, 8]
+    # one run left (a single run's evaluation rerun): every core, up to 8
+    assert [evaluate_threads(c, 1) for c in (1, 2, 4, 16)] == [1, 2, 4, 8]
+    # nothing pending by its files (a forced rerun): half the cores
+    assert [evaluate_threads(c, None) for c in (1, 2, 3, 4, 8, 16, 64)] == [1, 1, 1, 2, 4, 8, 8]
+    assert pending_runs(["a", "b", "c"], lambda run: run == "b") == 2
+    assert pending_runs(["a", "b"], lambda run: True) is None
     assert local_cores(_Workflow(True, False, 2)) == 2
     # SLURM: the submitting process and the job itself (its own cpus_per_task) keep 8
     assert evaluate_threads(local_cores(_Workflow(False, False, 2))) == 8

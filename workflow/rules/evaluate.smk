@@ -2,8 +2,10 @@
 table, the papers' table layouts with their published numbers, plots and a caption gallery,
 all wired into `snakemake --report` (captions in workflow/report/)."""
 
+import os
+
 from distinctcap.core.config import metric_block
-from distinctcap.core.cores import evaluate_threads, local_cores
+from distinctcap.core.cores import evaluate_threads, local_cores, pending_runs
 from distinctcap.report.summary import evaluation_keys, reference_run
 
 EVALUATE = config["evaluate"]
@@ -31,6 +33,9 @@ TABLES = {"category": "Evaluation", "subcategory": "Tables"}
 PLOTS = {"category": "Evaluation", "subcategory": "Plots"}
 SHOWCASE = {"category": "Evaluation", "subcategory": "Caption gallery"}
 TRAINING = {"category": "Training"}
+# The runs this invocation still trains or evaluates (those without an evaluate record): the
+# evaluate job's threads share the local cores among them (core.cores.evaluate_threads)
+PENDING_RUNS = pending_runs(RUNS, lambda run: os.path.exists(f"results/metrics/{run}/work.json"))
 
 
 # The torch part of a run's evaluation (CLIP retrieval and CLIPScore, the captioner's
@@ -108,10 +113,11 @@ if PER_RUN:
             # reference token sets by content hash, reused by later jobs and runs (and
             # SPICE's parse cache): inside the results folder, never outside it
             cache="results/cache/evaluate",
-        # the text metrics' forked workers, METEOR servers and tokenizer JVMs: half the local
-        # cores (1 on a 2-core box, leaving the other to a ready training), 8 on a cluster
-        # (core.cores.evaluate_threads); the numbers do not depend on it
-        threads: evaluate_threads(local_cores(workflow))
+        # the text metrics' forked workers, METEOR servers and tokenizer JVMs: the local cores
+        # shared among the pending runs (1 each on a 2-core box with several pending, both
+        # when one run is), 8 on a cluster (core.cores.evaluate_threads); the
+        # numbers do not depend on it
+        threads: evaluate_threads(local_cores(workflow), PENDING_RUNS)
         log:
             "logs/evaluate/{run}.log",
         benchmark:

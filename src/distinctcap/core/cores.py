@@ -17,15 +17,25 @@ def local_cores(workflow) -> int | None:
     return getattr(value, "value", value)  # a Resource in some Snakemake versions
 
 
-def evaluate_threads(cores: int | None) -> int:
-    """The evaluate rule's threads on a machine of `cores` (`local_cores`).
+def evaluate_threads(cores: int | None, pending_runs: int | None = None) -> int:
+    """The evaluate rule's threads on a machine of `cores` (`local_cores`) when `pending_runs`
+    runs still have training or evaluation to do in this invocation (`pending_runs`).
 
-    Half the cores, from 1 to EVALUATE_MAX_THREADS: the job's parallel parts (forked n-gram
-    scorers, METEOR servers on half its threads, PTB JVMs per 20,000 captions) only pay at
-    COCO size, while on the shapes default most of its time is serial (JVM starts, CLIP,
-    diversity), so a job holding both cores of a 2-core box would block the training or
-    decode that is ready beside it (issue 46: 8 threads, capped at 2, did). Without a local
-    core count (a cluster job, on its own cores) it keeps EVALUATE_MAX_THREADS."""
+    The cores shared among the runs that can go side by side, from 1 to EVALUATE_MAX_THREADS:
+    the job's parallel parts (forked n-gram scorers, METEOR servers on half its threads, PTB
+    JVMs per 20,000 captions) only pay at COCO size, while on the shapes default most of its
+    time is serial (JVM starts, CLIP, diversity), so a job holding both cores of a 2-core box
+    blocks the training or decode that is ready beside it (issue 46: 8 threads, capped at 2,
+    did). One run left gets every core (up to the cap); with the count unknown, half of them.
+    Without a local core count (a cluster job, on its own cores) it keeps EVALUATE_MAX_THREADS."""
     if not cores:
         return EVALUATE_MAX_THREADS
-    return max(1, min(EVALUATE_MAX_THREADS, cores // 2))
+    sharing = min(cores, pending_runs) if pending_runs else 2
+    return max(1, min(EVALUATE_MAX_THREADS, cores // sharing))
+
+
+def pending_runs(runs, done) -> int | None:
+    """How many of `runs` are not `done` (a predicate on the run's name, e.g. "its metrics
+    exist"); None when all are, as in a forced rerun, where the jobs to come are unknown."""
+    left = sum(1 for run in runs if not done(run))
+    return left or None

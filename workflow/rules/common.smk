@@ -122,9 +122,10 @@ RUN_RECORDS = {
 }
 RUN_PRIORITIES = run_priorities(RUN_CONFIGS)  # train.smk: longest chain of training first
 ENTROPY_PRIORITY = entropy_priority(RUN_CONFIGS, RUN_PRIORITIES)  # entropy.smk: heads D-/D+ runs
-# features.smk: the CLIP and its features head every training chain, so they go before the
-# judge's CLIP and features, which only evaluation reads (issue 46: on 2 cores the judge went
-# first and every training started 12 s late)
+# features.smk, judge.smk: the CLIPs and their features (the trainer's and the judge's) before
+# any training. They ask for 2 threads or more, so once trainings run they wait for both
+# cores at once (issue 46: the judge's, at priority 0, left one of 2 cores idle for 27 s while
+# the last training ran, and held every evaluate job back)
 FEATURES_PRIORITY = max([ENTROPY_PRIORITY, *RUN_PRIORITIES.values()], default=0) + 1
 
 

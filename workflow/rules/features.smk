@@ -27,7 +27,7 @@ rule train_clip:
         checkpoint=lambda w, output: str(
             Path(output.weights).parent / "checkpoints" / Path(output.weights).name
         ),
-    priority: FEATURES_PRIORITY  # heads every training chain (common.smk)
+    priority: FEATURES_PRIORITY  # before the trainings (common.smk)
     threads: 2  # the conv tower steps 1.55x faster on two threads than on one (2-core box)
     log:
         "logs/features/train_clip.log",
@@ -59,7 +59,7 @@ rule extract_features:
     # Every CPU of its job: snakemake caps a rule's threads at --cores, and a SLURM job runs
     # on the CPUs of its profile's cpus_per_task. On a GPU they decode images (DataLoader
     # workers, clip.features.workers auto); on the CPU the script computes on one thread.
-    priority: FEATURES_PRIORITY  # heads every training chain (common.smk)
+    priority: FEATURES_PRIORITY  # before the trainings (common.smk)
     threads: 256
     log:
         "logs/features/extract_features.log",

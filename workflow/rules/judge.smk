@@ -28,6 +28,7 @@ if TRAIN_JUDGE:
             checkpoint=lambda w, output: str(
                 Path(output.weights).parent / "checkpoints" / Path(output.weights).name
             ),
+        priority: FEATURES_PRIORITY  # before the trainings (common.smk)
         threads: 2  # as train_clip
         log:
             "logs/judge/train_judge_clip.log",
@@ -56,6 +57,7 @@ if JUDGE:
             | canonical_params({"judge": JUDGE["pretrained"]}, {"judge": "train"}),
             **stage_version("extract_features"),
             device=config["device"],
+        priority: FEATURES_PRIORITY  # before the trainings (common.smk)
         threads: 256  # as extract_features: DataLoader workers on a GPU, one thread on the CPU
         log:
             "logs/judge/judge_features.log",

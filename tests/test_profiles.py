@@ -241,3 +241,20 @@ def test_evaluate_shares_the_local_cores_among_pending_runs_and_keeps_eight_on_a
     assert evaluate_threads(local_cores(_Workflow(False, False, 2))) == 8
     assert evaluate_threads(local_cores(_Workflow(True, True, 8))) == 8
     assert evaluate_threads(local_cores(_Workflow(True, False, None))) == 8
+
+
+def test_features_rules_ask_for_one_thread_only_where_they_surely_compute_on_this_cpu(
+    monkeypatch, tmp_path
+) -> None:
+    from distinctcap.core import cores
+
+    monkeypatch.setattr(cores, "DRIVER_FILE", tmp_path / "no-driver")
+    assert cores.features_threads("cpu", 2) == 1
+    assert cores.features_threads("cpu", None) == 1  # a cluster job told to use its CPU
+    assert cores.features_threads("auto", 2) == 1  # local, no NVIDIA driver here
+    assert cores.features_threads("auto", None) == 256  # a cluster node may have a GPU
+    assert cores.features_threads("cuda", 2) == 256
+    driver = tmp_path / "version"
+    driver.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06\n")
+    monkeypatch.setattr(cores, "DRIVER_FILE", driver)
+    assert cores.features_threads("auto", 2) == 256  # this machine may give it a GPU

@@ -18,6 +18,7 @@ from distinctcap.core.config import (
     selected_runs,
     validate,
 )
+from distinctcap.core.cores import features_threads, local_cores
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.params import Defaults, canonical_params, stage_version
 from distinctcap.methods.facts import FACTS

@@ -5,7 +5,7 @@ all wired into `snakemake --report` (captions in workflow/report/)."""
 import os
 
 from distinctcap.core.config import metric_block
-from distinctcap.core.cores import evaluate_threads, local_cores, pending_runs
+from distinctcap.core.cores import evaluate_threads, pending_runs
 from distinctcap.report.summary import evaluation_keys, reference_run
 
 EVALUATE = config["evaluate"]

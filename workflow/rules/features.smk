@@ -56,11 +56,12 @@ rule extract_features:
         **stage_version("extract_features"),
         device=config["device"],
         cache=lambda w, output: str(Path(output.index).parent / "cache"),
+    priority: FEATURES_PRIORITY  # before the trainings (common.smk)
     # Every CPU of its job: snakemake caps a rule's threads at --cores, and a SLURM job runs
     # on the CPUs of its profile's cpus_per_task. On a GPU they decode images (DataLoader
-    # workers, clip.features.workers auto); on the CPU the script computes on one thread.
-    priority: FEATURES_PRIORITY  # before the trainings (common.smk)
-    threads: 256
+    # workers, clip.features.workers auto); on the CPU the script computes on one thread, so a
+    # job surely on this machine's CPU asks for one (core.cores.features_threads)
+    threads: features_threads(config["device"], local_cores(workflow))
     log:
         "logs/features/extract_features.log",
     benchmark:

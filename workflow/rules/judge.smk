@@ -58,7 +58,7 @@ if JUDGE:
             **stage_version("extract_features"),
             device=config["device"],
         priority: FEATURES_PRIORITY  # before the trainings (common.smk)
-        threads: 256  # as extract_features: DataLoader workers on a GPU, one thread on the CPU
+        threads: features_threads(config["device"], local_cores(workflow))  # as extract_features
         log:
             "logs/judge/judge_features.log",
         benchmark:

@@ -3,6 +3,12 @@ Snakemake parses the workflow)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+# NVIDIA's kernel driver writes this file when it is loaded (distinctcap.core.devices reads the
+# driver's version from it): without it no job on this machine can use a GPU
+DRIVER_FILE = Path("/proc/driver/nvidia/version")
+
 # An evaluate job's threads where cores are plenty, and on a cluster, where the job has its own
 # cores (the SLURM profile's cpus_per_task)
 EVALUATE_MAX_THREADS = 8
@@ -39,3 +45,14 @@ def pending_runs(runs, done) -> int | None:
     exist"); None when all are, as in a forced rerun, where the jobs to come are unknown."""
     left = sum(1 for run in runs if not done(run))
     return left or None
+
+
+def features_threads(device: str, cores: int | None, asked: int = 256) -> int:
+    """Threads of a rule that computes CLIP features (extract_features, judge_features): every
+    CPU it may have (`asked`, capped by Snakemake) for DataLoader workers where a GPU may
+    compute; 1 where the job will surely run on this machine's CPU, since it computes on one
+    torch thread there (core.jobs.set_threads, all-on-cuda), so on a 2-core box the trainer's
+    and the judge's features go side by side (issue 46). Sure means `device: cpu`, or `auto`
+    in a local run (`cores` from `local_cores`) on a machine without NVIDIA's driver."""
+    local_without_gpu = cores is not None and not DRIVER_FILE.exists()
+    return 1 if device == "cpu" or (device == "auto" and local_without_gpu) else asked

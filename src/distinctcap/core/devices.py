@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from distinctcap.core import logs
+from distinctcap.core.cores import DRIVER_FILE
 from distinctcap.core.errors import DistinctcapError
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,6 @@ log = logging.getLogger(__name__)
 # release notes, "CUDA Toolkit and Minimum Required Driver Version for CUDA Minor Version
 # Compatibility"). The pinned torch==2.14.1 wheel is built with CUDA 13.0: driver >= 580.
 MIN_DRIVER = {11: "450.80.02", 12: "525.60.13", 13: "580.65.06"}
-DRIVER_FILE = Path("/proc/driver/nvidia/version")
 GPUS_DIR = Path("/proc/driver/nvidia/gpus")  # one folder per card, readable without CUDA
 LOCK_NAME = "distinctcap-gpu-{}.lock"
 # A stage function's default device: a job passes the one it resolved at its start

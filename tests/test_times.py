@@ -115,3 +115,16 @@ def test_the_timeline_reads_each_job_and_the_idle_cores(tmp_path):
 def test_the_timeline_command_names_a_folder_without_a_log(tmp_path, capsys):
     assert timeline_main([str(tmp_path)]) == 2
     assert "no Snakemake log under" in capsys.readouterr().err
+
+
+def test_the_timeline_command_reads_the_newest_log_that_ran_jobs(tmp_path, capsys):
+    """`make run` ends with the report's build, whose Snakemake log is newer and has no job."""
+    logs = tmp_path / ".snakemake" / "log"
+    logs.mkdir(parents=True)
+    (logs / "2026-11-28T115050.snakemake.log").write_text(SNAKEMAKE_LOG)
+    report = "Building DAG of jobs...\nCreating report...\n"
+    (logs / "2026-11-28T120232.snakemake.log").write_text(report)
+
+    assert timeline_main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "2026-11-28T115050.snakemake.log: 5 jobs on 2 cores, 58 s wall" in out

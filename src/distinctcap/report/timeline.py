@@ -29,12 +29,15 @@ _FINISHED = re.compile(r"^Finished jobid: (\d+)")
 _CORES = re.compile(r"^Provided cores: (\d+)$")
 
 
-def latest_log(experiment: str | Path) -> Path:
-    """The newest Snakemake log of an experiment folder."""
-    logs = sorted((Path(experiment) / ".snakemake" / "log").glob("*.snakemake.log"))
-    if not logs:
-        raise FileNotFoundError(f"no Snakemake log under {experiment}/.snakemake/log: run it first")
-    return logs[-1]
+def latest_run(experiment: str | Path) -> tuple[Path, pd.DataFrame, int]:
+    """The newest Snakemake log of an experiment folder that ran jobs, with its jobs and
+    `--cores` (`read_jobs`). `make run` ends with the report's build, whose log has none."""
+    folder = Path(experiment) / ".snakemake" / "log"
+    for log in sorted(folder.glob("*.snakemake.log"), reverse=True):
+        jobs, cores = read_jobs(log)
+        if not jobs.empty and cores is not None:
+            return log, jobs, cores
+    raise FileNotFoundError(f"no Snakemake log under {folder} ran a job: run it first")
 
 
 def read_jobs(log: str | Path) -> tuple[pd.DataFrame, int | None]:
@@ -141,15 +144,18 @@ def _label(row) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("experiment", help="the experiment folder (holds .snakemake/log)")
-    parser.add_argument("--log", help="a Snakemake log (default: the newest in the folder)")
+    parser.add_argument("--log", help="a Snakemake log (default: the folder's newest with jobs)")
     parser.add_argument("--png", help="also draw the timeline here")
     args = parser.parse_args(argv)
     try:
-        log = Path(args.log) if args.log else latest_log(args.experiment)
+        if args.log:
+            log = Path(args.log)
+            jobs, cores = read_jobs(log)
+        else:
+            log, jobs, cores = latest_run(args.experiment)
     except FileNotFoundError as error:
         print(f"timeline: {error}", file=sys.stderr)
         return 2
-    jobs, cores = read_jobs(log)
     if jobs.empty or cores is None:
         print(f"timeline: no jobs in {log}", file=sys.stderr)
         return 2

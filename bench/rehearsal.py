@@ -116,6 +116,66 @@ def make_random_clip(hub: Path, arch: str = ARCH, tag: str = TAG, half: bool = F
     return weights
 
 
+SMALL_VISION = {"layers": 1, "mlp_ratio": 1.0}  # the width and patch, hence the grid, kept
+SMALL_TEXT = {"width": 64, "heads": 1, "layers": 1, "mlp_ratio": 1.0}  # projected to embed_dim
+SMALL_CAPTIONER = {"width": 64, "enc_layers": 1, "dec_layers": 1, "heads": 2, "ffn": 128}
+
+
+def small_clip_cfg(arch: str, quick_gelu: bool) -> dict:
+    """open_clip's config of `arch` with one narrow layer per tower: the same image size,
+    patch, vision width (the grid's), embedding size and context, so every output has the
+    arch's shape (ViT-B-32: a 7x7 grid + CLS of width 768, pooled 512, context 77)."""
+    import open_clip
+
+    cfg = open_clip.get_model_config(arch)
+    cfg["vision_cfg"].update(SMALL_VISION)
+    cfg["text_cfg"].update(SMALL_TEXT)
+    return {**cfg, "quick_gelu": quick_gelu}
+
+
+def make_small_clip(folder: Path, arch: str = ARCH, tag: str = TAG) -> str:
+    """A random small_clip_cfg(`arch`) as an open_clip local-dir (open_clip_config.json with
+    the tag's preprocessing, and its weights); the `clip.pretrained` value that loads it."""
+    import open_clip
+    import torch
+    from safetensors.torch import save_file
+
+    from distinctcap.core.logs import quiet_open_clip
+
+    tag_cfg = open_clip.get_pretrained_cfg(arch, tag)
+    folder.mkdir(parents=True, exist_ok=True)
+    weights, config = folder / "open_clip_model.safetensors", folder / "open_clip_config.json"
+    if not weights.is_file():
+        cfg = small_clip_cfg(arch, bool(tag_cfg.get("quick_gelu")))
+        preprocess = {k: tag_cfg[k] for k in ("mean", "std", "interpolation", "resize_mode")
+                      if k in tag_cfg}  # fmt: skip
+        config.write_text(json.dumps({"model_cfg": cfg, "preprocess_cfg": preprocess}, indent=1))
+        torch.manual_seed(0)
+        with quiet_open_clip(weights_follow=True):
+            model = open_clip.create_model(f"local-dir:{folder}", load_weights=False)
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, weights)
+    return f"local-dir:{folder}"
+
+
+def small_models(work: Path, config: dict) -> dict:
+    """The overlay's part for --small-models: the trainer CLIP and the judge as small local
+    dirs of their archs with their tags' settings, and SMALL_CAPTIONER."""
+    clip = config["clip"]
+    models = work / "small-models"
+    part = {
+        "clip": {
+            "pretrained": make_small_clip(models / clip["arch"], clip["arch"], clip["pretrained"]),
+            "tag": clip["pretrained"],
+        },
+        "captioner": SMALL_CAPTIONER,
+    }
+    judge = config["evaluate"].get("judge")
+    if judge and judge.get("pretrained", "train") != "train":
+        local = make_small_clip(models / judge["arch"], judge["arch"], judge["pretrained"])
+        part["evaluate"] = {"judge": {**judge, "pretrained": local, "tag": judge["pretrained"]}}
+    return part
+
+
 def make_random_clips(hub: Path, config: dict) -> list[Path]:
     """The trainer CLIP's stub and, where config.coco.yaml sets a judge CLIP by tag
     (evaluate.judge), the judge's: every weights file its preflight checks."""
@@ -233,6 +293,53 @@ def run_snakemake(
 
 
 # ------------------------------------------------------------------------------ the numbers
+
+
+def data_report(run_dir: Path, n_images: int) -> dict:
+    """The data stage's counts (results/data/counts.json: kept, skipped by reason, the
+    decoded images' kinds) beside the odd files synthcoco wrote (ODD_FILES)."""
+    from distinctcap.data.synthcoco import odd_counts
+
+    counts = run_dir / "results/data/counts.json"
+    return {
+        "odd_files_written": odd_counts(n_images),
+        "counts": json.loads(counts.read_text()) if counts.is_file() else None,
+    }
+
+
+def planned_disk(overlay_file: Path) -> list[dict]:
+    """preflight's disk estimate (core.preflight.disk_plan) of the rehearsal's config, taken
+    as rule preflight takes it: before the download, from the mirror's sizes."""
+    from distinctcap.core.config import load_schema, read_configs, validate
+    from distinctcap.core.preflight import disk_plan
+
+    merged = validate(read_configs([COCO_CONFIG, overlay_file]), load_schema(SCHEMA))
+    return [{"part": p.name, "bytes": p.bytes, "how": p.how} for p in disk_plan(merged)]
+
+
+def du(*paths: Path) -> int:
+    """Bytes the files under `paths` take on disk (allocated blocks, as du counts)."""
+    total = 0
+    for root in paths:
+        for path in [root] if root.is_file() else root.rglob("*"):
+            if path.is_file() and not path.is_symlink():
+                total += path.stat().st_blocks * 512
+    return total
+
+
+def disk_used(plan: list[dict], work: Path, run_dir: Path) -> list[dict]:
+    """Each part of preflight's estimate beside what is on disk after the run: the download
+    (the largest zip, deleted once extracted: the mirror's file), its extraction, the
+    features (shards, the grid cache and the judge's), the runs."""
+    zips = [p for p in (work / "mirror").rglob("*.zip")]
+    results = run_dir / "results"
+    found = {
+        "download": max((z.stat().st_size for z in zips), default=0),
+        "extracted": du(work / "resources/coco"),
+        "features": du(results / "features", results / "judge"),
+        "runs": du(results / "runs"),
+    }
+    return [{**p, "used_bytes": found.get(p["part"])} for p in plan]
 
 
 def job_startup() -> float:
@@ -396,10 +503,17 @@ def print_rows(result: dict) -> None:
 def main() -> None:
     from distinctcap.data.mirror import MirrorServer
     from distinctcap.data.synthcoco import COCO_IMAGES
+    from distinctcap.report.times import read_usages
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--images", type=int, default=COCO_IMAGES)
-    parser.add_argument("--steps", type=int, default=200, help="optimiser steps of each run")
+    parser.add_argument("--steps", type=int, help="optimiser steps of each run (200; 30 small)")
+    parser.add_argument(
+        "--small-models",
+        action="store_true",
+        help="CLIPs of the archs' output shapes with one narrow layer a tower and a small "
+        "captioner: the data's sizes on a CPU (docs/performance.md, COCO's shape on a CPU)",
+    )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--work", type=Path, default=Path("rehearsal"))
     parser.add_argument("--out", type=Path, help="the JSON (default: WORK/rehearsal.json)")
@@ -420,13 +534,18 @@ def main() -> None:
         f"({args.images / mirror['seconds']:.0f} images/s, {mirror['workers']} workers)"
     )
     config = load_coco()
-    make_random_clips(hub, config)
-    rc, seconds = None, None  # --no-run: the run's own are not known
+    steps = args.steps or (30 if args.small_models else 200)
+    models = small_models(work, config) if args.small_models else make_random_clips(hub, config)
+    rc, seconds, plan = None, None, None  # --no-run: the run's own are not known
     if not args.no_run:
         with MirrorServer(work / "mirror") as server:
             overlay_file = run_dir / "rehearsal.yaml"
-            extra = overlay(config, server.url, mirror, args.steps, args.device, work)
+            extra = overlay(config, server.url, mirror, steps, args.device, work)
+            if args.small_models:
+                extra.update(models)
             overlay_file.write_text(yaml.safe_dump(extra))
+            plan = planned_disk(overlay_file)
+            (run_dir / "disk_plan.json").write_text(json.dumps(plan))
             rc, seconds = run_snakemake(
                 run_dir,
                 overlay_file,
@@ -444,9 +563,11 @@ def main() -> None:
         full_steps(config),
         startup,
     )
+    kept_plan = run_dir / "disk_plan.json"
     result = {
         "images": args.images,
-        "steps": args.steps,
+        "steps": steps,
+        "small_models": args.small_models,
         "device": args.device,
         "card": card(),
         "machine": f"{platform.node()}, {os.cpu_count()} cores",
@@ -458,6 +579,13 @@ def main() -> None:
         "targets": args.target,
         "stages": rows,
         "totals": totals(rows, config, args.gpus),
+        "usage": read_usages(run_dir / "logs").to_dict("records"),
+        "data": data_report(run_dir, args.images),
+        "disk": disk_used(
+            plan or json.loads(kept_plan.read_text()) if kept_plan.is_file() else [],
+            work,
+            run_dir,
+        ),
     }
     out = args.out or work / "rehearsal.json"
     out.parent.mkdir(parents=True, exist_ok=True)

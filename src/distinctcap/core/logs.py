@@ -8,6 +8,7 @@ console write whole lines instead of interleaving bars."""
 
 from __future__ import annotations
 
+import atexit
 import logging
 import sys
 import time
@@ -19,6 +20,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from distinctcap.core.errors import DistinctcapError
+from distinctcap.core.usage import log_usage, process_start
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 log = logging.getLogger("distinctcap")
@@ -33,10 +35,13 @@ SNAKEMAKE_LOGS = Path(".snakemake/log")  # one file per Snakemake invocation, in
 
 def setup(log_file: str | None = None, level: int = logging.INFO, fmt: str = FORMAT) -> None:
     """Log to `log_file` (the rule's `log:`, emptied first) and to stderr, where progress bars
-    also go; an uncaught error is logged too (`log_uncaught`)."""
+    also go; an uncaught error is logged too (`log_uncaught`), and the job's use of the machine
+    at its exit (`core.usage`)."""
     if log_file:
         Path(log_file).write_text("")
     setup_append(log_file, level, fmt)
+    if log_file:
+        atexit.register(log_usage, process_start())
 
 
 def setup_append(log_file: str | None, level: int = logging.INFO, fmt: str = FORMAT) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from pathlib import Path
 
 import pandas as pd
@@ -69,7 +70,8 @@ def prepare(data_cfg: dict, on_bad_input: str, outputs: dict) -> dict:
     source = data_cfg["source"]
     images, captions, root, *own = SOURCES[source](data_cfg.get(source, {}), out_dir)
     set_apart = set_aside(own[0] if own else [], on_bad_input)
-    images, captions, quarantine = check_tables(images, captions, root, on_bad_input)
+    kinds: Counter = Counter()
+    images, captions, quarantine = check_tables(images, captions, root, on_bad_input, kinds)
     if len(set_apart):
         quarantine = pd.concat([set_apart, quarantine], ignore_index=True)
     if len(quarantine):
@@ -84,5 +86,6 @@ def prepare(data_cfg: dict, on_bad_input: str, outputs: dict) -> dict:
               "vocab": tokenizer.vocab_size}
     if len(quarantine):
         counts["skipped_by_reason"] = reason_counts(quarantine)
+    counts["checked_image_kinds"] = dict(sorted(kinds.items()))  # the decodable files checked
     write_json(counts, out_dir / "counts.json")
     return counts

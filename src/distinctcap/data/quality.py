@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -32,16 +33,23 @@ def outside(root: str | Path, file: str) -> bool:
 
 def image_problem(path: Path) -> str | None:
     """Why the image at `path` is unusable, or None if it decodes fully."""
+    return inspect_image(path)[0]
+
+
+def inspect_image(path: Path) -> tuple[str | None, str | None]:
+    """(why the image at `path` is unusable or None, its kind where it decodes: PIL's mode,
+    "+progressive" for a progressive JPEG; later stages convert every mode to RGB)."""
     if not path.is_file():
-        return "missing file"
+        return "missing file", None
     try:
         with Image.open(path) as im:
             im.verify()
         with Image.open(path) as im:
             im.load()
+            progressive = im.info.get("progressive") or im.info.get("progression")
+            return None, im.mode + ("+progressive" if progressive else "")
     except Exception as error:  # PIL raises many types for broken files
-        return f"unreadable image: {type(error).__name__}: {error}"
-    return None
+        return f"unreadable image: {type(error).__name__}: {error}", None
 
 
 @contextmanager
@@ -61,18 +69,20 @@ def decoding(path: str | os.PathLike) -> Iterator[None]:
         ) from error
 
 
-def file_problem(root: Path, file: str) -> str | None:
-    """Why the image `file` of the images folder `root` is unusable: outside the folder (never
-    opened), else `image_problem`."""
-    return OUTSIDE if outside(root, file) else image_problem(root / file)
+def file_problem(root: Path, file: str) -> tuple[str | None, str | None]:
+    """(why the image `file` of the images folder `root` is unusable, its kind): outside the
+    folder (never opened), else `inspect_image`."""
+    return (OUTSIDE, None) if outside(root, file) else inspect_image(root / file)
 
 
-def _image_problems(root: Path, files: list[str]) -> list[str | None]:
-    """`file_problem` of each file, in order, on a thread pool: decoding releases the GIL, so
-    COCO's 123k images check in parallel."""
+def _image_problems(root: Path, files: list[str], kinds: Counter) -> list[str | None]:
+    """`file_problem` of each file, in order, on a thread pool (decoding releases the GIL, so
+    COCO's 123k images check in parallel); the usable images' kinds counted into `kinds`."""
     with ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:
         checks = pool.map(lambda f: file_problem(root, f), files, chunksize=64)
-        return list(progress(checks, total=len(files), desc="check images", unit="images"))
+        found = list(progress(checks, total=len(files), desc="check images", unit="images"))
+    kinds.update(kind for _, kind in found if kind)
+    return [problem for problem, _ in found]
 
 
 def caption_problem(text: object) -> str | None:
@@ -109,9 +119,14 @@ def set_aside(rows: list[tuple[str, str, str, str]], on_bad_input: str) -> pd.Da
 
 
 def check_tables(
-    images: pd.DataFrame, captions: pd.DataFrame, image_root: str | Path, on_bad_input: str
+    images: pd.DataFrame,
+    captions: pd.DataFrame,
+    image_root: str | Path,
+    on_bad_input: str,
+    kinds: Counter | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Drop bad images/captions (and captions of dropped images); return them as a quarantine.
+    `kinds` counts the decodable images' kinds (`inspect_image`: grayscale "L", "CMYK", ...).
 
     What is kept is usable by every later stage: each image id once, each caption of an image
     listed twice once, and every image with at least one caption in its split (an evaluation
@@ -129,7 +144,7 @@ def check_tables(
     for row in images[dup_images].itertuples():
         flag("image", row.image_id, row.file, "duplicate image_id")
     images = images[~dup_images]
-    reasons = _image_problems(root, list(images.file))
+    reasons = _image_problems(root, list(images.file), Counter() if kinds is None else kinds)
     for row, reason in zip(images.itertuples(), reasons, strict=True):
         if reason:
             flag("image", row.image_id, row.file, reason)

@@ -169,10 +169,33 @@ _TEXTURE = np.tile(
 _PALETTE = np.array(list(COLOURS.values()), np.float32) * (207 / 255)
 
 
+# The odd files a real download holds, each on one image in `every` (by its index, offset so
+# that no two kinds meet): COCO has grayscale and CMYK JPEGs and progressive ones; a truncated
+# file is what a broken transfer or disk leaves. The data stage keeps the first three (decoded
+# to RGB) and quarantines the last with its reason.
+ODD_FILES = {  # kind: (every, offset)
+    "grayscale": (97, 13),
+    "progressive": (211, 29),
+    "cmyk": (503, 41),
+    "truncated": (1009, 59),
+}
+
+
+def odd_kind(image_id: int) -> str | None:
+    """Which odd file (ODD_FILES) the image with `image_id` is, or None for a plain one."""
+    index = (image_id - 9) // 7  # image_ids' inverse
+    return next((k for k, (every, at) in ODD_FILES.items() if index % every == at), None)
+
+
+def odd_counts(n_images: int) -> dict[str, int]:
+    """How many of each odd file a synthetic COCO of `n_images` holds."""
+    return {k: len(range(at, n_images, every)) for k, (every, at) in ODD_FILES.items()}
+
+
 def jpeg_bytes(image_id: int, quality: int = 85) -> bytes:
     """A COCO-sized baseline JPEG: a vertical gradient between two colours, a box of a third,
     a repeated noise tile for texture (photo-like file sizes); one uint8 pass, then the
-    encoder."""
+    encoder. An odd image (`odd_kind`) is grayscale, CMYK, progressive or cut short."""
     width, height = image_size(image_id)
     rng = np.random.default_rng(image_id + 2)
     top, bottom, box = _PALETTE[rng.choice(len(_PALETTE), 3)]
@@ -182,9 +205,12 @@ def jpeg_bytes(image_id: int, quality: int = 85) -> bytes:
     x0, y0 = int(rng.integers(0, width // 2)), int(rng.integers(0, height // 2))
     rows, cols = slice(y0, y0 + height // 3), slice(x0, x0 + width // 3)
     pixels[rows, cols] = box.astype(np.uint8) + _TEXTURE[rows, cols]
-    out = BytesIO()
-    Image.fromarray(pixels).save(out, "JPEG", quality=quality)
-    return out.getvalue()
+    odd, image, out = odd_kind(image_id), Image.fromarray(pixels), BytesIO()
+    if odd in ("grayscale", "cmyk"):
+        image = image.convert("L" if odd == "grayscale" else "CMYK")
+    image.save(out, "JPEG", quality=quality, progressive=odd == "progressive")
+    data = out.getvalue()
+    return data[: len(data) * 3 // 5] if odd == "truncated" else data
 
 
 def _encoded(ids: list[int]) -> list[bytes]:

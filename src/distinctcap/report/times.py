@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from distinctcap.core.io import atomic_path
+from distinctcap.core.usage import read_usage
 
 COLUMNS = {"s": "wall_s", "cpu_time": "cpu_s", "max_rss": "max_rss_mb"}
 
@@ -33,6 +34,18 @@ def read_benchmarks(root: str | Path) -> pd.DataFrame:
         job = path.relative_to(root).with_suffix("")
         rows.append({"rule": job.parts[0], "job": str(job), **record.to_dict()})
     return pd.DataFrame(rows, columns=["rule", "job", *COLUMNS.values()])
+
+
+def read_usages(logs: str | Path) -> pd.DataFrame:
+    """One row per job log under `logs` with a `usage:` line (core.usage): log (its path
+    under `logs`, without .log), wall_s, cpu_s, peak_rss_mb, children_peak_rss_mb, written_mb."""
+    logs = Path(logs)
+    rows = []
+    for path in sorted(logs.rglob("*.log")):
+        used = read_usage(path)
+        if used:
+            rows.append({"log": str(path.relative_to(logs).with_suffix("")), **used})
+    return pd.DataFrame(rows)
 
 
 def rule_table(jobs: pd.DataFrame) -> pd.DataFrame:

@@ -101,12 +101,13 @@ def table(results: dict[str, dict], config: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_between_markers(path: Path, text: str) -> None:
+def write_between_markers(path: Path, text: str, begin: str = BEGIN, end: str = END) -> None:
+    """`text` replaces what lies between the markers `begin` and `end` in the file `path`."""
     doc = path.read_text()
-    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
+    pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
     if not pattern.search(doc):
-        raise SystemExit(f"{path} has no {BEGIN} ... {END} markers")
-    path.write_text(pattern.sub(lambda _: f"{BEGIN}\n{text}{END}", doc))
+        raise SystemExit(f"{path} has no {begin} ... {end} markers")
+    path.write_text(pattern.sub(lambda _: f"{begin}\n{text}{end}", doc))
 
 
 def main() -> None:

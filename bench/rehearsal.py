@@ -307,14 +307,41 @@ def data_report(run_dir: Path, n_images: int) -> dict:
     }
 
 
+def rehearsal_config(overlay_file: Path) -> dict:
+    from distinctcap.core.config import load_schema, read_configs, validate
+
+    return validate(read_configs([COCO_CONFIG, overlay_file]), load_schema(SCHEMA))
+
+
 def planned_disk(overlay_file: Path) -> list[dict]:
     """preflight's disk estimate (core.preflight.disk_plan) of the rehearsal's config, taken
     as rule preflight takes it: before the download, from the mirror's sizes."""
-    from distinctcap.core.config import load_schema, read_configs, validate
     from distinctcap.core.preflight import disk_plan
 
-    merged = validate(read_configs([COCO_CONFIG, overlay_file]), load_schema(SCHEMA))
-    return [{"part": p.name, "bytes": p.bytes, "how": p.how} for p in disk_plan(merged)]
+    parts = disk_plan(rehearsal_config(overlay_file))
+    return [{"part": p.name, "bytes": p.bytes, "how": p.how} for p in parts]
+
+
+def plan_at(plan: list[dict], overlay_file: Path, images: int) -> list[dict]:
+    """`plan` with its per-image parts (features, runs) estimated for `images` images instead
+    of the count preflight infers from the archives' bytes (exact for COCO's JPEGs, low for
+    synthcoco's smaller ones)."""
+    from distinctcap.core.preflight import features_part, runs_part
+
+    config = rehearsal_config(overlay_file)
+    at = {"features": features_part(config, images), "runs": runs_part(config, images)}
+    return [
+        {"part": p["part"], "bytes": at[p["part"]].bytes, "how": at[p["part"]].how}
+        if p["part"] in at
+        else p
+        for p in plan
+    ]
+
+
+def kept_images(run_dir: Path) -> int | None:
+    """The images the data stage kept (results/data/counts.json), once it ran."""
+    counts = run_dir / "results/data/counts.json"
+    return json.loads(counts.read_text())["images"] if counts.is_file() else None
 
 
 def du(*paths: Path) -> int:
@@ -564,6 +591,8 @@ def main() -> None:
         startup,
     )
     kept_plan = run_dir / "disk_plan.json"
+    plan = plan or (json.loads(kept_plan.read_text()) if kept_plan.is_file() else [])
+    kept = kept_images(run_dir)
     result = {
         "images": args.images,
         "steps": steps,
@@ -581,10 +610,10 @@ def main() -> None:
         "totals": totals(rows, config, args.gpus),
         "usage": read_usages(run_dir / "logs").to_dict("records"),
         "data": data_report(run_dir, args.images),
-        "disk": disk_used(
-            plan or json.loads(kept_plan.read_text()) if kept_plan.is_file() else [],
-            work,
-            run_dir,
+        "disk": disk_used(plan, work, run_dir),
+        "kept_images": kept,
+        "disk_at_kept_images": disk_used(
+            plan_at(plan, run_dir / "rehearsal.yaml", kept) if kept and plan else [], work, run_dir
         ),
     }
     out = args.out or work / "rehearsal.json"

@@ -221,3 +221,29 @@ def test_a_pipeline_job_logs_progress_lines_instead_of_drawing_bars(tmp_path, mo
     assert lines == (tmp_path / "job.log").read_text().splitlines()
     monkeypatch.setattr(logs, "_job_log", None)
     assert type(logs.progress(range(3))).__name__ == "tqdm"  # a user's own terminal: a bar
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_job_log_ends_with_its_usage_as_the_kernel_counted_it(tmp_path, fails):
+    """core.usage: the last line of a job's log holds its wall and CPU seconds, peak RSS (here
+    at least the 400 MB the job held, in a child too) and bytes written (the 30 MB it wrote),
+    also when the job fails; read_usage reads it back."""
+    code = (
+        "import subprocess, sys\n"
+        "from distinctcap.core import logs\n"
+        "logs.setup('job.log')\n"
+        "held = bytearray(400 * 2**20)\n"
+        "with open('out.bin', 'wb') as f:\n"
+        "    f.write(b'x' * 30 * 2**20); f.flush(); __import__('os').fsync(f.fileno())\n"
+        "subprocess.run([sys.executable, '-c', 'b = bytearray(300 * 2**20)'], check=True)\n"
+        + ("raise OSError('disk full')\n" if fails else "")
+    )
+    done = python(code, tmp_path)
+    assert done.returncode == (1 if fails else 0), done.stderr
+    assert "usage:" not in done.stderr  # the log file's, not the console's
+    from distinctcap.core.usage import read_usage
+
+    used = read_usage(tmp_path / "job.log")
+    assert used["peak_rss_mb"] >= 400 and used["children_peak_rss_mb"] >= 300
+    assert used["cpu_s"] > 0 and used["wall_s"] >= used["cpu_s"] * 0.5
+    assert used["written_mb"] is None or used["written_mb"] >= 30

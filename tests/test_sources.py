@@ -129,6 +129,7 @@ def test_karpathy_file_gives_the_tables_of_its_images_and_sentences(tmp_in):
     images, captions = tables["images"], tables["captions"]
     assert images.split.value_counts().to_dict() == {"train": 100, "val": 16, "test": 16}
     assert len(tables["quarantine"]) == 0 and counts["skipped"] == 0
+    assert counts["checked_image_kinds"] == {"RGB": len(images)}  # the data report's kinds
     assert captions.text.str.match(r"^[a-z0-9 ]+$").all()  # normalised: "A RED CIRCLE." -> ...
     last = images.set_index("image_id").file[WORLD["n_train"] + 31]
     assert last.endswith("/in/0000131.png")  # a filename without filepath

@@ -1,14 +1,26 @@
 """The synthetic COCO's id table (distinctcap.data.synthcoco.Layout): the same table as before
 issue 42's fix, and built in linear time (a set of the val ids rebuilt for every id took 130 s
-at COCO's 123,287 ids before a single JPEG was encoded)."""
+at COCO's 123,287 ids before a single JPEG was encoded); its odd files (grayscale, CMYK,
+progressive, truncated) and what the data stage's checks do with each."""
 
 import hashlib
 import json
 import time
+from collections import Counter
 
+import pandas as pd
 import pytest
 
-from distinctcap.data.synthcoco import COCO_IMAGES, Layout
+from distinctcap.data.quality import check_tables
+from distinctcap.data.synthcoco import (
+    COCO_IMAGES,
+    ODD_FILES,
+    Layout,
+    image_ids,
+    jpeg_bytes,
+    odd_counts,
+    odd_kind,
+)
 
 
 def layout_digest(layout: Layout) -> str:
@@ -37,3 +49,38 @@ def test_the_layout_of_cocos_size_takes_well_under_seconds():
     seconds = time.perf_counter() - start
     assert seconds < 5.0, f"Layout.of({COCO_IMAGES}) took {seconds:.1f} s"
     assert sum(p == "val2014" for p in layout.part2014.values()) == layout.counts.val2014
+
+
+def test_odd_files_are_spread_one_kind_each_and_counted():
+    kinds = {k: [i for i in image_ids(1100) if odd_kind(i) == k] for k in ODD_FILES}
+    assert {k: len(v) for k, v in kinds.items()} == odd_counts(1100)
+    assert odd_counts(1100) == {"grayscale": 12, "progressive": 6, "cmyk": 3, "truncated": 2}
+    assert odd_counts(COCO_IMAGES)["truncated"] == 123
+    every = [i for ids in kinds.values() for i in ids]
+    assert len(every) == len(set(every))  # no image is two kinds
+
+
+def test_the_data_stage_keeps_grayscale_cmyk_progressive_and_quarantines_truncated(tmp_path):
+    """The first image of each odd kind through the real checks (data.quality.check_tables):
+    three decode and are counted by kind, the truncated one is quarantined with its reason and
+    takes its captions with it; the plain image is kept."""
+    first = {k: 9 + 7 * at for k, (_, at) in ODD_FILES.items()}
+    ids = [9, *first.values()]
+    for i in ids:
+        (tmp_path / f"{i}.jpg").write_bytes(jpeg_bytes(i))
+    images = pd.DataFrame(
+        {"image_id": ids, "file": [f"{i}.jpg" for i in ids], "split": "train", "width": 1,
+         "height": 1}
+    )  # fmt: skip
+    captions = pd.DataFrame(
+        {"caption_id": ids, "image_id": ids, "split": "train", "text": "a red dog near a cat"}
+    )
+    kinds = Counter()
+    kept, kept_captions, quarantine = check_tables(images, captions, tmp_path, "skip", kinds)
+    assert sorted(kept.image_id) == sorted(i for i in ids if i != first["truncated"])
+    assert first["truncated"] not in set(kept_captions.image_id)
+    assert kinds == Counter({"RGB": 1, "L": 1, "CMYK": 1, "RGB+progressive": 1})
+    image_row = quarantine[quarantine.kind == "image"].iloc[0]
+    assert image_row.id == str(first["truncated"])
+    assert image_row.reason.startswith("unreadable image: OSError: image file is truncated")
+    assert list(quarantine.kind) == ["image", "caption"]

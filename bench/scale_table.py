@@ -1,0 +1,220 @@
+"""The docs table "COCO's shape on a CPU" (docs/performance.md) from `bench/rehearsal.py
+--small-models` JSON files at several sizes, never by hand: per stage its wall and CPU seconds,
+peak RSS and MB written at each size (each job's `usage:` log line, distinctcap.core.usage),
+the growth from the smallest size to the largest, and the issue-55 goals checked on it.
+
+    PYTHONPATH=src python bench/scale_table.py r10000/rehearsal.json r40000/rehearsal.json \
+        r123287/rehearsal.json [--write docs/performance.md]
+
+Stages are jobs grouped by their log: one row per upstream job, and one per per-run rule
+(train, run_card, decode, evaluate) with the largest peak RSS of its jobs and the sums of their
+seconds and bytes. Goals (issue 55): train, decode, evaluate, summary and report keep their peak
+RSS within 1.25x of the smallest size's; the data, feature and entropy stages grow no faster than
+linearly (CPU seconds at most 1.1x the image ratio) with their RSS bounded by a chunk (within
+1.25x); the disk used is within 10 % of preflight's estimate. With --write the tables replace
+what lies between the markers in the file; else they are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from coco_table import write_between_markers  # noqa: E402  (bench/ is scripts, not a package)
+
+BEGIN, END = "<!-- scale-table:begin -->", "<!-- scale-table:end -->"
+RSS_GOAL = 1.25
+LINEAR_SLACK = 1.1  # time may grow 10 % faster than the images: 13.5x from 10k to 123k
+PER_RUN = {"train": "train", "decode": "decode", "evaluate": "evaluate"}
+UPSTREAM = {  # log -> (stage, goal)
+    "preflight": ("preflight", None),
+    "data/prepare_data": ("prepare_data", "linear"),
+    "features/extract_features": ("extract_features", "linear"),
+    "judge/judge_features": ("judge_features", "linear"),
+    "entropy/retrieval_entropy": ("retrieval_entropy", "linear"),
+    "entropy/split_entropy": ("split_entropy", "linear"),
+    "entropy/entropy_report": ("entropy_report", "linear"),
+    "evaluate/summarize": ("summarize", "rss"),
+    "evaluate/versus_reference": ("versus_reference", "rss"),
+    "evaluate/report_tables": ("report_tables", "rss"),
+    "evaluate/report_plots": ("report_plots", "rss"),
+    "evaluate/report_gallery": ("report_gallery", "rss"),
+    "report_times": ("report_times", "rss"),
+}
+ORDER = [
+    "preflight",
+    "prepare_data",
+    "extract_features",
+    "judge_features",
+    "retrieval_entropy",
+    "split_entropy",
+    "entropy_report",
+    "neighbours",
+    "train",
+    "run_card",
+    "decode",
+    "evaluate",
+    "summarize",
+    "versus_reference",
+    "report_tables",
+    "report_plots",
+    "report_gallery",
+    "report_times",
+]
+GOALS = {**{s: g for s, g in UPSTREAM.values()}, "neighbours": "linear", "run_card": "rss"}
+GOALS.update(dict.fromkeys(PER_RUN.values(), "rss"))
+
+
+def stage_of(log: str) -> str | None:
+    """The table's stage of a job log (its path under logs/, without .log)."""
+    if log in UPSTREAM:
+        return UPSTREAM[log][0]
+    folder, _, name = log.partition("/")
+    if folder == "neighbours":
+        return "neighbours"
+    if folder == "train":
+        return "run_card" if name.endswith("-card") else "train"
+    return PER_RUN.get(folder) if folder in ("decode", "evaluate") else None
+
+
+def stages(result: dict) -> dict[str, dict]:
+    """Per stage: jobs, wall_s, cpu_s and written_mb summed over its jobs, peak_rss_mb the
+    largest of each job's own and its children's peak."""
+    out: dict[str, dict] = {}
+    for job in result["usage"]:
+        name = stage_of(job["log"])
+        if name is None:
+            continue
+        row = out.setdefault(
+            name, {"jobs": 0, "wall_s": 0.0, "cpu_s": 0.0, "written_mb": 0.0, "peak_rss_mb": 0.0}
+        )
+        row["jobs"] += 1
+        for key in ("wall_s", "cpu_s"):
+            row[key] += job[key]
+        row["written_mb"] += job["written_mb"] or 0.0
+        peak = max(job["peak_rss_mb"], job["children_peak_rss_mb"])
+        row["peak_rss_mb"] = max(row["peak_rss_mb"], peak)
+    return out
+
+
+def verdict(goal: str | None, small: dict, large: dict, image_ratio: float) -> str:
+    """The goal and whether the largest size meets it against the smallest."""
+    rss = large["peak_rss_mb"] / small["peak_rss_mb"]
+    if goal == "rss":
+        return f"RSS x{rss:.2f} {'met' if rss <= RSS_GOAL else 'MISSED'}"
+    if goal == "linear":
+        cpu = large["cpu_s"] / small["cpu_s"]
+        met = cpu <= LINEAR_SLACK * image_ratio and rss <= RSS_GOAL
+        return f"CPU x{cpu:.1f} of images x{image_ratio:.1f}, RSS x{rss:.2f} " + (
+            "met" if met else "MISSED"
+        )
+    return "-"
+
+
+def cell(rows: list[dict | None], key: str, fmt: str) -> str:
+    return " / ".join("-" if r is None else format(r[key], fmt) for r in rows)
+
+
+def stage_table(results: list[dict]) -> str:
+    """Markdown: one row per stage, each measure at every size (smallest first)."""
+    per_size = [stages(r) for r in results]
+    sizes = " / ".join(f"{r['images']:,}" for r in results)
+    ratio = results[-1]["images"] / results[0]["images"]
+    lines = [
+        f"| stage (jobs) | wall s ({sizes}) | CPU s | peak RSS MB | written MB | goal, "
+        f"{results[-1]['images']:,} against {results[0]['images']:,} |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in ORDER:
+        rows = [s.get(name) for s in per_size]
+        if all(r is None for r in rows):
+            continue
+        jobs = max(r["jobs"] for r in rows if r)
+        goal = (
+            verdict(GOALS.get(name), rows[0], rows[-1], ratio)
+            if rows[0] and rows[-1]
+            else "not run at every size"
+        )
+        lines.append(
+            f"| {name} ({jobs}) | {cell(rows, 'wall_s', ',.0f')} | {cell(rows, 'cpu_s', ',.0f')} "
+            f"| {cell(rows, 'peak_rss_mb', ',.0f')} | {cell(rows, 'written_mb', ',.0f')} "
+            f"| {goal} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def with_total(parts: list[dict]) -> list[dict]:
+    total = {"part": "total", "bytes": sum(p["bytes"] for p in parts)}
+    total["used_bytes"] = sum(p["used_bytes"] or 0 for p in parts)
+    return [*parts, total]
+
+
+def disk_table(results: list[dict]) -> str:
+    """Markdown: preflight's estimate of each part as rule preflight makes it (its image count
+    inferred from the archives' bytes) and at the images the data stage kept, beside what was on
+    disk after the run, per size."""
+    lines = [
+        "| size | part | preflight's estimate | estimate at the images kept | on disk "
+        "| on disk / estimate at the images kept |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        at_kept = {p["part"]: p for p in with_total(r["disk_at_kept_images"])}
+        for p in with_total(r["disk"]):
+            kept, used = at_kept[p["part"]]["bytes"], p["used_bytes"]
+            share = f"{used / kept:.2f}" if used is not None and kept else "-"
+            lines.append(
+                f"| {r['images']:,} | {p['part']} | {p['bytes'] / 1e9:.2f} GB | "
+                f"{kept / 1e9:.2f} GB | {'-' if used is None else f'{used / 1e9:.2f} GB'} "
+                f"| {share} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def data_table(results: list[dict]) -> str:
+    """Markdown: the odd files synthcoco wrote and what the data stage did with them."""
+    lines = ["| size | odd files written | quarantined (reason: count) | decoded kinds |"]
+    lines.append("|---|---|---|---|")
+    for r in results:
+        written = ", ".join(f"{k} {v:,}" for k, v in r["data"]["odd_files_written"].items())
+        counts = r["data"]["counts"] or {}
+        skipped = "; ".join(f"{k}: {v:,}" for k, v in counts.get("skipped_by_reason", {}).items())
+        kinds = ", ".join(f"{k} {v:,}" for k, v in counts.get("checked_image_kinds", {}).items())
+        lines.append(f"| {r['images']:,} | {written} | {skipped or 'none'} | {kinds or '-'} |")
+    return "\n".join(lines) + "\n"
+
+
+def machine_line(results: list[dict]) -> str:
+    r = results[-1]
+    return (
+        f"Measured on {r['machine']} ({r['card']}), `bench/rehearsal.py --small-models`, "
+        f"{r['steps']} steps per run; snakemake rc "
+        + ", ".join(f"{x['images']:,}: {x['snakemake_rc']}" for x in results)
+        + ".\n"
+    )
+
+
+def tables(results: list[dict]) -> str:
+    results = sorted(results, key=lambda r: r["images"])
+    return "\n".join(
+        [machine_line(results), stage_table(results), disk_table(results), data_table(results)]
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("inputs", nargs="+", type=Path, help="rehearsal.json files")
+    parser.add_argument("--write", type=Path, help="the Markdown file with the markers")
+    args = parser.parse_args()
+    text = tables([json.loads(p.read_text()) for p in args.inputs])
+    if args.write:
+        write_between_markers(args.write, text, BEGIN, END)
+    else:
+        sys.stdout.write(text)
+
+
+if __name__ == "__main__":
+    main()

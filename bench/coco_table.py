@@ -34,12 +34,29 @@ UPSTREAM = (
     "neighbours",
 )
 PER_RUN = ("train_run", "decode", "evaluate_gpu", "evaluate")
+REPORT = ("summarize", "versus_reference", "report_tables", "report_plots", "report_gallery")
+# Stages whose work does not depend on the models (data, tables of features, the report): a
+# `--small-models` rehearsal (small_models in its JSON) measures them at their real cost; its
+# other rows are the small models' and are left out ("COCO's shape on a CPU" has them).
+MODEL_FREE = {
+    "prepare_data",
+    "retrieval_entropy",
+    "split_entropy",
+    "entropy_report",
+    "neighbours",
+    *REPORT,
+}
 
 
 def expected_jobs(config: dict) -> list[str]:
     """Every job of the schedule the table has a row for, in the DAG's order."""
     runs = list(config["runs"])
-    return [*UPSTREAM, *(f"{rule}/{run}" for rule in PER_RUN for run in runs)]
+    return [*UPSTREAM, *(f"{rule}/{run}" for rule in PER_RUN for run in runs), *REPORT]
+
+
+def shown(result: dict, job: str) -> bool:
+    """Whether `result`'s row of `job` belongs in the table (module doc: MODEL_FREE)."""
+    return not result.get("small_models") or job.split("/")[0] in MODEL_FREE
 
 
 def stage(row: dict) -> str:
@@ -80,23 +97,30 @@ def table(results: dict[str, dict], config: dict) -> str:
     for job in expected_jobs(config):
         scaling = rehearsal.SCALING.get(job.split("/")[0], "fixed")
         cells = []
-        for label in results:
+        for label, result in results.items():
             row = by_job[label].get(job)
+            if not shown(result, job):
+                cells += ["small models", "-"]
+                continue
             cells += [rate(row), hours(row["extrapolated_s"]) if row else "-"]
         lines.append(f"| {job} | {scaling} | " + " | ".join(cells) + " |")
     cells = []
-    for label in results:
+    for label, result in results.items():
         other = [r for job, r in by_job[label].items() if job not in expected_jobs(config)]
-        cells += ["", hours(sum(r["extrapolated_s"] for r in other))]
-    lines.append(
-        "| other jobs (preflight, run cards, reports) | fixed | " + " | ".join(cells) + " |"
-    )
+        total = sum(r["extrapolated_s"] for r in other)
+        cells += ["", "-" if result.get("small_models") else hours(total)]
+    other = "| other jobs (preflight, run cards, report_times) | fixed | "
+    lines.append(other + " | ".join(cells) + " |")
     for key, what in (
         ("one_device_s", "one device, jobs one after another"),
         ("devices_s", "{devices} devices side by side (critical path)"),
     ):
         name = what.format(devices=next(iter(results.values()))["totals"]["devices"])
-        cells = [cell for r in results.values() for cell in ("", hours(r["totals"][key]))]
+        cells = [
+            cell
+            for r in results.values()
+            for cell in ("", "-" if r.get("small_models") else hours(r["totals"][key]))
+        ]
         lines.append(f"| **total, {name}** | | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

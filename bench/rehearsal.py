@@ -4,7 +4,19 @@ the full schedule would take at COCO's size.
 
     PYTHONPATH=src python bench/rehearsal.py [--images 123287] [--steps 200] [--device cuda]
         [--work rehearsal] [--out rehearsal.json] [--cores N] [--gpus 4] [--budget SECONDS]
-        [--target FILE ...]
+        [--target FILE ...] [--small-models] [--runs RUN ...]
+
+`--small-models` (issue 55) swaps the models for CPU-sized ones of the same output shapes: the
+trainer CLIP a ViT-B-32 with one narrow layer a tower (the 7x7 + CLS grid of width 768, pooled
+512, context 77), the judge a ViT-L-14 made the same way (pooled 768), each an open_clip
+local-dir with its tag's preprocessing and settings (`clip.tag`), and a one-layer captioner of
+width 64 (SMALL_CAPTIONER), 30 steps a run by default: every table, store and cache then has
+COCO's real size on disk and in memory, so the data's sizes are measured, not the models'.
+`bench/scale_table.py` turns such runs at several sizes into docs/performance.md's "COCO's
+shape on a CPU". Every job's log ends with its `usage:` line (distinctcap.core.usage), which
+the JSON's `usage` holds per job; `disk` holds preflight's disk estimate beside what the run
+left on disk; `data` the odd files synthcoco wrote beside the data stage's counts.
+`--runs` builds only those runs (only_runs) and the runs they start from.
 
 1. A synthetic COCO of `--images` images (distinctcap.data.synthcoco: real JPEGs at COCO's
    sizes, captions and splits in COCO's formats), served on 127.0.0.1 by the mirror server the
@@ -550,6 +562,9 @@ def main() -> None:
     parser.add_argument("--budget", type=float, help="seconds the whole rehearsal may take")
     parser.add_argument("--target", action="append", default=[], help="a file to make")
     parser.add_argument("--no-run", action="store_true", help="report WORK's finished jobs only")
+    parser.add_argument(
+        "--runs", nargs="+", help="build only these runs and those they start from (only_runs)"
+    )
     args = parser.parse_args()
 
     started, work = time.perf_counter(), args.work.resolve()
@@ -570,6 +585,8 @@ def main() -> None:
             extra = overlay(config, server.url, mirror, steps, args.device, work)
             if args.small_models:
                 extra.update(models)
+            if args.runs:
+                extra["only_runs"] = args.runs
             overlay_file.write_text(yaml.safe_dump(extra))
             plan = planned_disk(overlay_file)
             (run_dir / "disk_plan.json").write_text(json.dumps(plan))

@@ -599,6 +599,9 @@ def main() -> None:
                 args.budget and args.budget - (time.perf_counter() - started) - REPORT_S,
                 gpu=args.device.startswith("cuda"),
             )
+        (run_dir / "snakemake_rc.json").write_text(json.dumps([rc, seconds]))
+    elif (run_dir / "snakemake_rc.json").is_file():  # --no-run: the last run's
+        rc, seconds = json.loads((run_dir / "snakemake_rc.json").read_text())
     counts, startup = mirror["counts"], measured_startup(run_dir, again=not args.no_run)
     rows = stage_rows(
         run_dir,

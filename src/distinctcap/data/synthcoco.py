@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import zipfile
+from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from io import BytesIO
@@ -188,8 +189,10 @@ def odd_kind(image_id: int) -> str | None:
 
 
 def odd_counts(n_images: int) -> dict[str, int]:
-    """How many of each odd file a synthetic COCO of `n_images` holds."""
-    return {k: len(range(at, n_images, every)) for k, (every, at) in ODD_FILES.items()}
+    """How many of each odd file a synthetic COCO of `n_images` holds (an image two kinds'
+    rules pick is the first kind's)."""
+    kinds = Counter(odd_kind(i) for i in image_ids(n_images))
+    return {k: kinds[k] for k in ODD_FILES}
 
 
 def jpeg_bytes(image_id: int, quality: int = 85) -> bytes:

@@ -7,7 +7,7 @@ from distinctcap.features.entropy import score_captions
 device = start_job(snakemake, threads="all")
 scores = score_captions(
     snakemake.input.index,
-    read_table(snakemake.input.captions, "captions"),
+    read_table(snakemake.input.captions, "captions", ["caption_id", "image_id", "split"]),
     logit_scale=snakemake.params.logit_scale,
     chunk=snakemake.params.chunk,
     text_chunk=snakemake.params.text_chunk,

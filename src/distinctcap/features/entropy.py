@@ -5,7 +5,10 @@ For a caption y and the training images x_1..x_N,
     H(y) = -sum_i p_r(x_i | y) log p_r(x_i | y) = log Z - E_p[s]      (eq. 3, natural log)
 with log Z = logsumexp_i s_i. `retrieval_entropy` computes it exactly in one streamed pass over
 image chunks with a running log-sum-exp, so memory holds (text block x image chunk) tiles,
-never the N_text x N_images matrix (COCO: 591,753 x 118,287).
+never the N_text x N_images matrix (COCO: 591,753 x 118,287). The stage (`score_captions`)
+reads the captions' embeddings shard by shard (`train_text_blocks`): its memory holds the train
+images' embeddings (N x D float32, 242 MB at COCO) and a shard, not the 1.2 GB of caption
+embeddings it held whole, twice, before issue 55.
 
 Captions ranked by H: the top `fraction` (high entropy: the caption fits many images, i.e.
 generic, the "many-to-one" case) form D-, the rest D+. Only the train split is scored and split;
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +29,12 @@ import torch
 from distinctcap.core.devices import CPU
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import atomic_path, read_json, read_table, write_table
-from distinctcap.features.read import load_image_features, load_text_features
+from distinctcap.core.logs import progress
+from distinctcap.features.read import (
+    load_image_features,
+    text_caption_ids,
+    text_feature_shards,
+)
 from distinctcap.features.store import check_finite
 
 log = logging.getLogger(__name__)
@@ -43,19 +52,26 @@ def _mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     return out.copy_(a @ b.T)
 
 
+def _tiles(rows: int, images: int, chunk: int, acc: torch.dtype, device) -> tuple:
+    """The two (rows x chunk) work tiles of `_block_entropy`, allocated once for every block:
+    fresh multi-MB buffers per chunk cost page faults, and per block they fragmented glibc's
+    heap (issue 55: +1.5 GB over 160 blocks kept beside their small results)."""
+    tile_s = torch.empty(rows * min(chunk, images), dtype=acc, device=device)
+    return tile_s, torch.empty_like(tile_s)
+
+
 def _block_entropy(
-    q: torch.Tensor, images: torch.Tensor, chunk: int, acc: torch.dtype
+    q: torch.Tensor, images: torch.Tensor, chunk: int, acc: torch.dtype, tiles: tuple
 ) -> torch.Tensor:
     """Entropy of softmax(q @ images.T) per row of q, streaming over image chunks.
 
     Running state per row: m (max logit so far), z = sum exp(s - m), a = sum exp(s - m)(s - m).
     Then H = log Z - E[s] = log z - a / z, all in offsets from m (no cancellation of large
     logits). When m grows to m', old terms rescale by exp(m - m') and their offset by (m - m').
-    The two tiles are allocated once: fresh multi-MB buffers per chunk cost page faults.
+    `tiles` (`_tiles`) hold at least q's rows x chunk.
     """
     rows = q.shape[0]
-    tile_s = torch.empty(rows * min(chunk, images.shape[0]), dtype=acc, device=q.device)
-    tile_e = torch.empty_like(tile_s)
+    tile_s, tile_e = tiles
     m = z = a = None
     for start in range(0, images.shape[0], chunk):
         block = images[start : start + chunk]
@@ -95,24 +111,74 @@ def retrieval_entropy(
     whatever N_images. The product runs in `matmul_dtype` (default: the
     accumulation dtype on CPU, float16 on CUDA, with the log-sum-exp always accumulated in fp32).
     """
-    if text_emb.shape[-1] != image_emb.shape[-1]:
-        raise DistinctcapError(
-            f"text embeddings have dim {text_emb.shape[-1]}, images {image_emb.shape[-1]}"
-        )
+    blocks = (text_emb[s : s + text_chunk] for s in range(0, text_emb.shape[0], text_chunk))
+    parts = list(block_entropies(blocks, image_emb, logit_scale, chunk, matmul_dtype))
+    if not parts:
+        return torch.empty(0, dtype=_accumulation(text_emb.dtype), device=text_emb.device)
+    return torch.cat(parts)
+
+
+def _accumulation(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def block_entropies(
+    blocks: Iterable[torch.Tensor],
+    image_emb: torch.Tensor,
+    logit_scale: float,
+    chunk: int = 8192,
+    matmul_dtype: torch.dtype | None = None,
+) -> Iterator[torch.Tensor]:
+    """`retrieval_entropy` of each block of caption embeddings in turn (a block's rows are
+    scored together, so blocks cut as retrieval_entropy cuts them give its numbers bit for bit),
+    the image side converted once: a caller may stream the captions' blocks from disk."""
     if image_emb.shape[0] == 0:
         raise DistinctcapError("retrieval entropy needs at least one image")
-    acc = torch.float64 if text_emb.dtype == torch.float64 else torch.float32
-    if matmul_dtype is None:
-        matmul_dtype = torch.float16 if text_emb.is_cuda and acc == torch.float32 else acc
-    images = image_emb.to(matmul_dtype).contiguous()
-    out = torch.empty(text_emb.shape[0], dtype=acc, device=text_emb.device)
-    for start in range(0, text_emb.shape[0], text_chunk):
-        q = (text_emb[start : start + text_chunk].to(acc) * logit_scale).to(matmul_dtype)
-        out[start : start + text_chunk] = _block_entropy(q, images, chunk, acc)
-    return out
+    images = tiles = None
+    for block in blocks:
+        if block.shape[-1] != image_emb.shape[-1]:
+            raise DistinctcapError(
+                f"text embeddings have dim {block.shape[-1]}, images {image_emb.shape[-1]}"
+            )
+        acc = _accumulation(block.dtype)
+        if matmul_dtype is None:
+            matmul_dtype = torch.float16 if block.is_cuda and acc == torch.float32 else acc
+        if images is None:
+            images = image_emb.to(matmul_dtype).contiguous()
+        if tiles is None or tiles[0].dtype != acc or tiles[0].numel() < block.shape[0] * min(
+            chunk, len(images)
+        ):
+            tiles = _tiles(block.shape[0], len(images), chunk, acc, block.device)
+        q = (block.to(acc) * logit_scale).to(matmul_dtype)
+        yield _block_entropy(q, images, chunk, acc, tiles)
+
+
+def train_text_blocks(
+    index_path: str | Path, train_ids: np.ndarray, block: int
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(caption ids, float32 embeddings) of the sorted `train_ids`, read shard by shard
+    (features.read.text_feature_shards) and regrouped into blocks of `block` rows: the blocks
+    retrieval_entropy cuts from the whole matrix, so the entropies are the same bit for bit."""
+    ids_left, rows_left = np.zeros(0, np.int64), None
+    for ids, rows in text_feature_shards(index_path, train_ids):
+        ids_left = np.concatenate([ids_left, ids])
+        rows_left = rows if rows_left is None else np.concatenate([rows_left, rows])
+        while len(ids_left) >= block:
+            yield ids_left[:block], rows_left[:block]
+            ids_left, rows_left = ids_left[block:], rows_left[block:]
+    if len(ids_left):
+        yield ids_left, rows_left
 
 
 # ---------------------------------------------------------------- the stage
+
+
+def _checked(blocks: Iterable[tuple[np.ndarray, np.ndarray]], device) -> Iterator[torch.Tensor]:
+    """Each block's embeddings on `device`, stopped at a NaN / inf naming its captions."""
+    for ids, rows in blocks:
+        txt = torch.from_numpy(rows).to(device)
+        check_finite(ids, "caption", txt)
+        yield txt
 
 
 def score_captions(
@@ -130,35 +196,33 @@ def score_captions(
     """
     scale = float(read_json(index_path)["logit_scale"] if logit_scale is None else logit_scale)
     train = captions[captions.split == "train"].sort_values("caption_id")
-    image_ids, pooled, _ = load_image_features(index_path, grid=False)
-    caption_ids, text = load_text_features(index_path)
-    train_images = np.isin(image_ids, train.image_id.unique())
-    rows = np.searchsorted(caption_ids, train.caption_id.to_numpy())
-    if (rows >= len(caption_ids)).any() or (
-        caption_ids[np.minimum(rows, len(caption_ids) - 1)] != train.caption_id.to_numpy()
-    ).any():
+    train_ids = train.caption_id.to_numpy()
+    if not np.isin(train_ids, text_caption_ids(index_path)).all():
         raise DistinctcapError(
             f"{index_path} lacks text features of some train captions; "
             "rerun the extract_features rule"
         )
+    image_ids, pooled, _ = load_image_features(index_path, grid=False)
+    train_images = np.isin(image_ids, train.image_id.unique())
     img = torch.from_numpy(pooled[train_images]).to(device)
-    txt = torch.from_numpy(text[rows]).to(device)
     check_finite(image_ids[train_images], "image", img)
-    check_finite(train.caption_id.to_numpy(), "caption", txt)
     log.info(
         "retrieval entropy of %d captions over %d images, logit scale %.3f, on %s",
-        len(txt),
+        len(train_ids),
         len(img),
         scale,
         device,
     )
-    entropy = retrieval_entropy(txt, img, scale, chunk=chunk, text_chunk=text_chunk)
+    entropy, done = np.empty(len(train_ids), np.float32), 0
+    blocks = _checked(train_text_blocks(index_path, train_ids, text_chunk), device)
+    for scores in progress(block_entropies(blocks, img, scale, chunk), desc="entropy",
+                           total=-(-len(train_ids) // text_chunk), unit="blocks"):  # fmt: skip
+        entropy[done : done + len(scores)] = scores.float().cpu().numpy()
+        done += len(scores)
+    if done != len(train_ids):
+        raise DistinctcapError(f"{index_path}: its text shards hold a caption id twice")
     return pd.DataFrame(
-        {
-            "caption_id": train.caption_id.to_numpy(),
-            "image_id": train.image_id.to_numpy(),
-            "entropy": entropy.float().cpu().numpy(),
-        }
+        {"caption_id": train_ids, "image_id": train.image_id.to_numpy(), "entropy": entropy}
     )
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -241,10 +241,37 @@ def load_image_norms(
     return norms[feature_rows(feature_ids(index_path), image_ids)]
 
 
+def text_feature_shards(
+    index_path: str | Path, wanted: np.ndarray | None = None
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Shard by shard, in caption_id order: (caption_ids int64, embeddings float32) of the
+    shard's rows whose id is in `wanted` (every row when None), one row group's decode at a
+    time: a reader's memory holds one shard's answer, not the store's."""
+    files = _shard_files(index_path, "texts")[1]
+    for file in files:
+        ids = file.read(columns=["caption_id"]).column(0).to_numpy().astype(np.int64)
+        local = np.arange(len(ids)) if wanted is None else np.flatnonzero(np.isin(ids, wanted))
+        out = np.empty((len(local), _width(files, "embedding")), np.float32)
+        if len(local):
+            into = {"embedding": (out, np.arange(len(local)))}
+            _gather(file, local, {"embedding": np.float32}, into)
+        yield ids[local], out
+
+
+def _caption_ids(files: list[pq.ParquetFile]) -> list[np.ndarray]:
+    return [f.read(columns=["caption_id"]).column(0).to_numpy() for f in files]
+
+
+def text_caption_ids(index_path: str | Path) -> np.ndarray:
+    """The caption ids of the index's text shards, in their order (sorted)."""
+    per_shard = _caption_ids(_shard_files(index_path, "texts")[1])
+    return np.concatenate(per_shard).astype(np.int64) if per_shard else np.zeros(0, np.int64)
+
+
 def load_text_features(index_path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     """(caption_ids int64 (M,), embeddings float32 (M, D) L2-normalised), sorted by caption_id."""
     files = _shard_files(index_path, "texts")[1]
-    per_shard = [f.read(columns=["caption_id"]).column(0).to_numpy() for f in files]
+    per_shard = _caption_ids(files)
     if not per_shard:
         return np.zeros(0, np.int64), np.zeros((0, 0), np.float32)
     ids = np.concatenate(per_shard).astype(np.int64)

@@ -103,6 +103,7 @@ def make_mirror(work: Path, n_images: int, workers: int) -> dict:
         "counts": counts.__dict__,
         "seconds": seconds,
         "workers": workers,
+        "zip_bytes": {p.name: p.stat().st_size for p in mirror.rglob("*.zip")},
     }
     stamp.write_text(json.dumps(made))
     return made
@@ -368,12 +369,13 @@ def du(*paths: Path) -> int:
 
 def disk_used(plan: list[dict], work: Path, run_dir: Path) -> list[dict]:
     """Each part of preflight's estimate beside what is on disk after the run: the download
-    (the largest zip, deleted once extracted: the mirror's file), its extraction, the
-    features (shards, the grid cache and the judge's), the runs."""
-    zips = [p for p in (work / "mirror").rglob("*.zip")]
+    (the largest zip, deleted once extracted: the mirror's file, as its stamp recorded it, so
+    the mirror may be removed once the data stage has run), its extraction, the features
+    (shards, the grid cache and the judge's), the runs."""
+    stamp = json.loads((work / "mirror/stamp.json").read_text())  # the mirror may be gone
     results = run_dir / "results"
     found = {
-        "download": max((z.stat().st_size for z in zips), default=0),
+        "download": max(stamp.get("zip_bytes", {}).values(), default=None),
         "extracted": du(work / "resources/coco"),
         "features": du(results / "features", results / "judge"),
         "runs": du(results / "runs"),

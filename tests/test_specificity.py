@@ -390,6 +390,18 @@ def test_neighbours_by_hand_and_chunk_invariant(chunk):
     assert top_neighbours(emb, 2, chunk=chunk).tolist() == [r[:2] for r in EXPECTED]
 
 
+def test_a_chunk_of_similarities_stays_under_its_byte_cap(monkeypatch):
+    """At COCO's N the chunk shrinks so that chunk x N float32 similarities fit
+    SIMILARITY_BYTES (issue 55): here a cap of two rows' worth, the hand-checked answer."""
+    from distinctcap.features import neighbours
+
+    emb = circle()
+    monkeypatch.setattr(neighbours, "SIMILARITY_BYTES", 2 * 4 * len(emb))
+    starts = [s for s, _ in neighbours._chunks(emb, 5, 1024)]
+    assert starts == list(range(0, len(emb), 2))
+    assert top_neighbours(emb, 5).tolist() == EXPECTED
+
+
 def test_self_excluded_but_identical_twin_kept():
     emb = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]])
     assert top_neighbours(emb, 1)[:2].tolist() == [[1], [0]]

@@ -31,6 +31,7 @@ from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import atomic_path, read_json, read_table, write_table
 from distinctcap.core.logs import progress
 from distinctcap.features.read import (
+    feature_ids,
     load_image_features,
     text_caption_ids,
     text_feature_shards,
@@ -202,10 +203,10 @@ def score_captions(
             f"{index_path} lacks text features of some train captions; "
             "rerun the extract_features rule"
         )
-    image_ids, pooled, _ = load_image_features(index_path, grid=False)
-    train_images = np.isin(image_ids, train.image_id.unique())
-    img = torch.from_numpy(pooled[train_images]).to(device)
-    check_finite(image_ids[train_images], "image", img)
+    image_ids = np.intersect1d(feature_ids(index_path), train.image_id.unique())  # sorted
+    _, pooled, _ = load_image_features(index_path, grid=False, image_ids=image_ids)  # no copy
+    img = torch.from_numpy(pooled).to(device)
+    check_finite(image_ids, "image", img)
     log.info(
         "retrieval entropy of %d captions over %d images, logit scale %.3f, on %s",
         len(train_ids),

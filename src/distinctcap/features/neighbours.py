@@ -29,7 +29,7 @@ from distinctcap.core.devices import CPU
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import atomic_path, read_table
 from distinctcap.core.logs import progress
-from distinctcap.features.read import load_image_features
+from distinctcap.features.read import feature_ids, load_image_features
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +52,15 @@ def neighbour_count(n: int, fraction: float) -> int:
     return min(n - 1, max(1, math.ceil(fraction * (n - 1))))
 
 
+SIMILARITY_BYTES = 64 * 2**20  # a chunk's (rows x N) float32 similarities at most
+
+
 def _chunks(emb: Tensor, k: int, chunk: int):
-    """Yield (start, rows (c, k) int64 on CPU) of the k most similar other images per row."""
+    """Yield (start, rows (c, k) int64 on CPU) of the k most similar other images per row,
+    `chunk` rows at a time, fewer where chunk x N similarities would pass SIMILARITY_BYTES
+    (issue 55: 1,024 x 118,287 were 484 MB, growing with N)."""
     n = emb.shape[0]
+    chunk = max(1, min(chunk, SIMILARITY_BYTES // (4 * n)))
     for s in range(0, n, chunk):
         q = emb[s : s + chunk]  # (c, D)
         sims = q @ emb.T  # (c, N)
@@ -168,13 +174,14 @@ def build_table(
 ) -> int:
     """The stage: the training images' pooled CLIP embeddings (features index JSON, images
     table) -> the table of their top `pct` percent most similar training images. Returns k."""
-    images = read_table(images_path, "images")
+    images = read_table(images_path, "images", ["image_id", "split"])
     train = np.sort(images.image_id[images.split == "train"].to_numpy(dtype=np.int64))
-    ids, pooled, _ = load_image_features(features_index, grid=False)
-    keep = np.isin(ids, train)
-    if keep.sum() != len(train):
-        missing = np.setdiff1d(train, ids[keep])[:10].tolist()
-        raise DistinctcapError(f"no image features for training images {missing} (first 10)")
-    k = write_neighbours(ids[keep], pooled[keep], out, pct / 100, chunk, device)
+    missing = np.setdiff1d(train, feature_ids(features_index))
+    if len(missing):
+        raise DistinctcapError(
+            f"no image features for training images {missing[:10].tolist()} (first 10)"
+        )
+    _, pooled, _ = load_image_features(features_index, grid=False, image_ids=train)  # no copy
+    k = write_neighbours(train, pooled, out, pct / 100, chunk, device)
     log.info("%d training images, top %g%% = %d neighbours each -> %s", len(train), pct, k, out)
     return k

@@ -48,7 +48,7 @@ from distinctcap.evaluate.metrics.parallel import (
     chunk_bounds,
     fork_map_beside,
 )
-from distinctcap.evaluate.metrics.result import MetricResult
+from distinctcap.scores.result import MetricResult
 
 Captions = Mapping[Hashable, Sequence[str]]
 Pair = tuple[str, Sequence[str]]  # (candidate, references)

@@ -18,7 +18,7 @@ from distinctcap.evaluate.metrics.coco import (
     per_item_scores,
 )
 from distinctcap.evaluate.metrics.parallel import fork_map
-from distinctcap.evaluate.metrics.result import MetricResult
+from distinctcap.scores.result import MetricResult
 
 Captions = Mapping[Hashable, Sequence[str]]
 ORACLE_METRICS = QUALITY_METRICS

@@ -29,7 +29,7 @@ from distinctcap.evaluate.metrics.multisample import (
     oracle_from_table,
     sample_score_table,
 )
-from distinctcap.evaluate.metrics.result import MetricResult
+from distinctcap.scores.result import MetricResult
 
 Captions = Mapping[Hashable, Sequence[str]]
 DIVERSITY_METRICS = ("div1", "div2", "mbleu4", "self_cider", "distinct")

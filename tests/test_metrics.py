@@ -36,9 +36,9 @@ from distinctcap.evaluate.metrics import (
     spice_unavailable_reason,
     vocab_size,
 )
-from distinctcap.evaluate.metrics.cider import CiderD
 from distinctcap.evaluate.metrics.coco import PTB_JAR
 from distinctcap.evaluate.metrics.diversity import self_cider_kernel, self_cider_score
+from distinctcap.scores.cider import CiderD
 from distinctcap.scores.ranks import retrieval_ranks
 
 ROOT = Path(__file__).resolve().parents[1]

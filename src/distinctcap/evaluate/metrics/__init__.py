@@ -5,9 +5,10 @@ plus name -> reason for skipped metrics, which stay in the values as NaN). Text 
 than `quality_scores`, `oracle_scores` and `evaluate_captions` expect PTB-tokenised captions
 (`CocoTools.tokenize`).
 
-The names below load their module on first use (PEP 562): training imports `metrics.cider`
-for validation, and must not load pycocoevalcap or start Java on the way (a GPU node may have
-neither; tests/test_imports.py checks it). Retrieval ranks are distinctcap.scores.ranks.
+The names below load their module on first use (PEP 562): a caller that needs one metric
+does not load pycocoevalcap or start Java on the way. Training imports none of this package:
+the scores it shares with evaluation (CIDEr-D, retrieval ranks) are distinctcap.scores
+(tests/test_imports.py checks it).
 """
 
 import importlib

@@ -2,8 +2,9 @@
 evaluation's metric, SelfCIDEr's kernel, CIDEr checkpoint selection and the reward of
 self-critical training all score with this module.
 
-The definition is pycocoevalcap's CiderD (cider/cider_scorer.py: `precook`, `counts2vec`,
-`sim`, `compute_cider`; Gaussian length penalty sigma = 6, clipped n-gram counts, x10):
+The definition is pycocoevalcap's CIDEr-D (its `Cider`, cider/cider_scorer.py: `precook`,
+`counts2vec`, `sim`, `compute_cider`; Gaussian length penalty sigma = 6, clipped n-gram
+counts, x10):
 
     g_k(s)        = tf_k(s) * (log |D| - log max(1, df_k))             tf-idf of n-gram k (eq. 2)
     sim_n(c, r)   = sum_k min(g_k(c), g_k(r)) g_k(r) / (|g_n(c)| |g_n(r)|)   (a 0 norm: no division)
@@ -24,9 +25,11 @@ clipped overlaps, the length penalty and the means are `CiderDCore`'s, one code 
 
 Float order: every sum runs left to right (np.bincount adds its weights in order) over a
 caption's n-grams in the order its `Grams` list them: first occurrence for sentences
-(pycocoevalcap's `precook` order, so every value is its per-pair loop's to the last digit),
-key order for token ids (the reward's order since it was written); the two agree to ~1e-15.
-log and exp are math.log and math.exp, once per distinct argument.
+(pycocoevalcap's `precook` order), key order for token ids (the reward's order since it was
+written); log, exp and sqrt are correctly rounded (math's, once per distinct argument, and
+numpy's sqrt). Each value is that of CIDEr-D computed one pair at a time in plain Python in
+this order to the last digit (tests/test_scores.py); the two forms, and pycocoevalcap (which
+sums the orders over the references first and takes np.e ** x), agree to ~1e-15.
 """
 
 from __future__ import annotations
@@ -177,8 +180,8 @@ class CiderD(CiderDCore):
 
     `documents` is the document-frequency corpus: one document per image, the set of its
     captions (pycocoevalcap uses the references of the scored images). An n-gram found in
-    every document weighs 0. `score` equals pycocoevalcap's CiderScorer (sigma = 6) on the
-    same document frequencies.
+    every document weighs 0. `score` is pycocoevalcap's `Cider` (sigma = 6) with the same
+    document frequencies, to rounding.
     """
 
     def __init__(self, documents: Iterable[Sequence[str]], n: int = ORDERS, sigma: float = SIGMA):
@@ -310,7 +313,10 @@ def ngram_keys(ids: np.ndarray, lengths: np.ndarray, base: int, last: int, first
 
 
 class TokenCiderD(CiderDCore):
-    """CIDEr-D of token-id captions against the references of their image (module doc).
+    """CIDEr-D of token-id captions against the references of their image: the SCST reward as
+    ruotianluo/ImageCaptioning.pytorch computes it (rewards.py, `get_self_critical_reward`:
+    the CiderD of its pyciderevalcap on the id strings, document frequencies of the training
+    captions), vectorised.
 
     refs (C, T): the references' ids (stop ids after the tokens), groups (C,): each
     reference's image (any int >= 0, e.g. its feature row), one document each; vocab_size V:

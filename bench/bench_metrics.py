@@ -28,10 +28,10 @@ from distinctcap.evaluate.metrics import (
     mbleu,
     quality_scores,
     recall_at_k,
-    retrieval_ranks,
     self_cider,
 )
 from distinctcap.evaluate.metrics.multisample import oracle_from_table, sample_score_table
+from distinctcap.scores.ranks import retrieval_ranks
 
 COLOURS = ["red", "blue", "green", "yellow", "purple", "orange", "white", "black"]
 SHAPES = ["circle", "square", "triangle", "star", "cross", "hexagon"]

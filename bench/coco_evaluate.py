@@ -110,7 +110,8 @@ def _cpu() -> float:
 
 
 # (module, attribute, row): the parts timed in both versions; CIDEr-D's document
-# frequencies are timed inside the metrics that build them (a nested row).
+# frequencies are timed inside the metrics that build them (a nested row). A module named
+# "a|b" is a since issue 56 moved it there, b before.
 PARTS = (
     ("distinctcap.evaluate.metrics.coco", "CocoTools.tokenize_groups", "PTB tokenizer"),
     ("distinctcap.evaluate.metrics.text", "quality_scores", "quality (BLEU, METEOR, ...)"),
@@ -119,14 +120,25 @@ PARTS = (
     ("distinctcap.evaluate.metrics.text", "self_cider", "SelfCIDEr"),
     ("distinctcap.evaluate.metrics.text", "consensus_rerank", "consensus re-ranking"),
     ("distinctcap.evaluate.metrics.text", "sample_score_table", "oracle per-sample scores"),
-    ("distinctcap.evaluate.metrics.cider", "CiderD.__init__", "  of which CIDEr-D df"),
-)
+    ("distinctcap.scores.cider|distinctcap.evaluate.metrics.cider", "CiderD.__init__",
+     "  of which CIDEr-D df"),
+)  # fmt: skip
+
+
+def _first_module(names: list[str]):
+    """The first of the named modules that this version has."""
+    for name in names[:-1]:
+        try:
+            return __import__(name, fromlist=["_"])
+        except ModuleNotFoundError:
+            continue
+    return __import__(names[-1], fromlist=["_"])
 
 
 def _instrument(timings: dict[str, list[float]]) -> None:
     """Wrap each part so its wall and CPU seconds add up into `timings`."""
     for module_name, attr, row in PARTS:
-        module = __import__(module_name, fromlist=["_"])
+        module = _first_module(module_name.split("|"))
         owner, name = module, attr
         if "." in attr:
             cls, name = attr.split(".")

@@ -24,7 +24,6 @@ from distinctcap.evaluate.device import (
 from distinctcap.evaluate.inputs import EvalPaths, nearest
 from distinctcap.evaluate.loaded import JobLoads
 from distinctcap.evaluate.metrics import CocoTools, spice_unavailable_reason
-from distinctcap.evaluate.metrics.result import KEYS
 from distinctcap.evaluate.stage import (
     evaluate_decoding,
     evaluate_stage,
@@ -35,6 +34,7 @@ from distinctcap.evaluate.stage import (
 )
 from distinctcap.report.summary import read_metrics
 from distinctcap.report.versus import compare_runs
+from distinctcap.scores.result import KEYS
 
 SETTINGS = EvalSettings(
     oracle_ns=[2, 4, 20],

@@ -15,11 +15,11 @@ from pycocoevalcap.bleu.bleu import Bleu
 from pycocoevalcap.rouge.rouge import Rouge
 
 from distinctcap.evaluate.metrics import CocoTools, consensus_rerank, evaluate_captions, mbleu
-from distinctcap.evaluate.metrics import cider as cider_module
 from distinctcap.evaluate.metrics import coco as coco_module
-from distinctcap.evaluate.metrics.cider import CiderD, ngram_counts
 from distinctcap.evaluate.metrics.diversity import self_cider_kernel
 from distinctcap.evaluate.metrics.parallel import chunk_bounds, fork_map
+from distinctcap.scores import cider as cider_module
+from distinctcap.scores.cider import CiderD, ngram_counts
 
 WORDS = "a man dog riding horse on the beach two red ball plate of food with white".split()
 

@@ -96,17 +96,19 @@ def test_the_graph_counts_imports_inside_functions():
     assert "distinctcap.core.errors" in graph["distinctcap.core.config"]
 
 
-BLOCKED_FOR_TRAINING = ("pycocoevalcap", "distinctcap.report", "distinctcap.evaluate.stage",
-                        "distinctcap.evaluate.device", "distinctcap.evaluate.metrics.coco",
+BLOCKED_FOR_TRAINING = ("pycocoevalcap", "distinctcap.report", "distinctcap.evaluate",
                         "snakemake")  # fmt: skip
 TRAINING_MODULES = ("distinctcap.train.trainer", "distinctcap.train.launch",
-                    "distinctcap.methods.mle", "distinctcap.methods.unkt", "distinctcap.methods.cl",
-                    "distinctcap.methods.smile", "distinctcap.methods.specificity")  # fmt: skip
+                    "distinctcap.train.selection", "distinctcap.methods.mle",
+                    "distinctcap.methods.unkt", "distinctcap.methods.cl",
+                    "distinctcap.methods.smile", "distinctcap.methods.specificity",
+                    "distinctcap.methods.clipval", "distinctcap.methods.scst")  # fmt: skip
 
 
 def test_training_imports_no_evaluation_java_or_report():
     """A GPU node may lack pycocoevalcap, Java and snakemake (issue 42): the trainer and every
-    method import with those modules blocked, so the metrics that need them load lazily."""
+    method import with those modules blocked. Training imports nothing of evaluate/ (issue
+    56): the scores both use, CIDEr-D and retrieval ranks, are distinctcap.scores."""
     blocker = f"""
 import importlib.abc, sys
 class Block(importlib.abc.MetaPathFinder):
@@ -120,3 +122,21 @@ for module in {TRAINING_MODULES!r}:
     done = subprocess.run([sys.executable, "-c", blocker], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(ROOT / "src")})  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_scores_import_only_core_and_no_torch():
+    """distinctcap.scores sits below training and evaluation: it imports nothing of the package
+    but core (counting imports inside functions), and no torch, so the metric, SelfCIDEr and
+    the SCST reward share CIDEr-D without a GPU stack."""
+    graph = import_graph()
+    scores = {m for m in graph if m.startswith("distinctcap.scores")}
+    assert "distinctcap.scores.cider" in scores
+    outside = {t for m in scores for t in graph[m]} - scores
+    assert {t for t in outside if not t.startswith("distinctcap.core")} == set()
+    probe = ("import sys, distinctcap.scores.cider, distinctcap.scores.ranks, "
+             "distinctcap.scores.result; print(sorted({m.split('.')[0] for m in sys.modules} "
+             "& {'torch', 'pycocoevalcap', 'pandas'}))")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"

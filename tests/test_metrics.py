@@ -31,15 +31,15 @@ from distinctcap.evaluate.metrics import (
     quality_scores,
     recall_at_k,
     refclipscores,
-    retrieval_ranks,
     retrieval_scores,
     self_cider,
     spice_unavailable_reason,
     vocab_size,
 )
-from distinctcap.evaluate.metrics.cider import CiderD
 from distinctcap.evaluate.metrics.coco import PTB_JAR
 from distinctcap.evaluate.metrics.diversity import self_cider_kernel, self_cider_score
+from distinctcap.scores.cider import CiderD
+from distinctcap.scores.ranks import retrieval_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = PTB_JAR.parents[1]  # the installed pycocoevalcap folder

@@ -17,7 +17,6 @@ from evaluate_world import build
 from distinctcap.core.config import EvalSettings
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import read_table, write_table
-from distinctcap.evaluate.metrics.result import KEYS
 from distinctcap.evaluate.stage import metric_columns
 from distinctcap.report import published
 from distinctcap.report.gallery import write_gallery
@@ -35,6 +34,7 @@ from distinctcap.report.summary import (
     write_summary,
 )
 from distinctcap.report.tables import tables_html, tables_markdown
+from distinctcap.scores.result import KEYS
 
 SETTINGS = EvalSettings(oracle_ns=[20])
 SPICE_WHY = "SPICE needs Stanford CoreNLP 3.6.0 (jars absent)"

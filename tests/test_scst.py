@@ -1,8 +1,7 @@
-"""Self-critical sequence training (methods.scst): the token-id CIDEr-D reward against the
-evaluation's CIDEr-D, the baselines and the REINFORCE loss on hand-computed cases, the CLIP
-rewards, sampling, and runs of a tiny model through the real trainer (training, resume)."""
-
-import random
+"""Self-critical sequence training (methods.scst): the objective's CIDEr-D reward against the
+evaluation's CIDEr-D (the token-id CIDEr-D itself: tests/test_scores.py), the baselines and
+the REINFORCE loss on hand-computed cases, the CLIP rewards, sampling, and runs of a tiny
+model through the real trainer (training, resume)."""
 
 import numpy as np
 import open_clip
@@ -20,10 +19,8 @@ from distinctcap.core.config import effective_run_config, load_schema, validate
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.data.batches import CaptionData
 from distinctcap.data.tokenizer import CLIPSCORE_PREFIX, EOS, PAD, CaptionTokenizer, clip_bpe_ids
-from distinctcap.evaluate.metrics.cider import CiderD
 from distinctcap.features.read import ImageFeatures
 from distinctcap.methods.base import TrainContext
-from distinctcap.methods.cider_reward import CiderDReward
 from distinctcap.methods.rewards import (
     clipscore_reward,
     greedy_advantages,
@@ -32,63 +29,12 @@ from distinctcap.methods.rewards import (
     retrieval_reward,
 )
 from distinctcap.methods.scst import SCST
+from distinctcap.scores.cider import CiderD
 from distinctcap.train.data import RunData
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 ARCH = "shapes-vit-tiny"
-
-# ------------------------------------------------------------------ CIDEr-D on token ids
-
-WORDS = "a the red blue green dog cat on mat sits big small runs".split()
-VOCAB = {w: i + 4 for i, w in enumerate(WORDS)}  # one id per word: texts map 1:1 to ids
-
-
-def ids_of(texts, width=16, eos=True):
-    out = torch.full((len(texts), width), PAD)
-    for i, text in enumerate(texts):
-        row = [VOCAB[w] for w in text.split()] + ([EOS] if eos else [])
-        out[i, : len(row)] = torch.tensor(row)
-    return out
-
-
-def corpus(n_images=30, seed=0):
-    rng = random.Random(seed)
-    return [
-        [" ".join(rng.choices(WORDS, k=rng.randint(1, 12))) for _ in range(rng.randint(1, 5))]
-        for _ in range(n_images)
-    ]
-
-
-def test_cider_reward_equals_the_evaluation_cider_d():
-    """Same captions, same document frequencies (the references' images), same tokens: the
-    vectorised token-id reward is evaluate.metrics.cider's CIDEr-D to rounding."""
-    docs = corpus()
-    refs = [c for doc in docs for c in doc]
-    groups = torch.tensor([i for i, doc in enumerate(docs) for _ in doc])
-    reward = CiderDReward(ids_of(refs), groups, len(WORDS) + 4)
-    evaluation = CiderD(docs)
-    rng = random.Random(1)
-    cands = [" ".join(rng.choices(WORDS, k=rng.randint(0, 14))) for _ in range(80)]
-    cands += [docs[3][0], "", "a", "a a a a a a", docs[5][0] + " " + docs[5][0]]
-    images = [rng.randrange(len(docs)) for _ in cands[:-5]] + [3, 0, 1, 2, 5]
-    got = reward.score(ids_of(cands), torch.tensor(images))
-    expected = [evaluation.score(c, docs[i]) for c, i in zip(cands, images, strict=True)]
-    assert got.dtype == torch.float64
-    np.testing.assert_allclose(got.numpy(), expected, rtol=1e-12, atol=1e-12)
-    assert got[-5] > 1.0 and got[-4] == 0.0  # a reference itself scores high, the empty one 0
-    # a caption that hit max_len (no eos) ends where its row ends
-    no_eos = reward.score(ids_of(cands[:5], width=14, eos=False), torch.tensor(images[:5]))
-    np.testing.assert_allclose(no_eos.numpy(), expected[:5], rtol=1e-12, atol=1e-12)
-
-
-def test_cider_reward_needs_two_documents_and_known_images():
-    with pytest.raises(DistinctcapError, match="at least 2 images"):
-        CiderDReward(ids_of(["a dog", "the dog"]), torch.tensor([0, 0]), 20)
-    reward = CiderDReward(ids_of(["a dog", "a cat"]), torch.tensor([0, 2]), 20)
-    with pytest.raises(DistinctcapError, match="no training reference"):
-        reward.score(ids_of(["a dog"]), torch.tensor([1]))
-
 
 # ------------------------------------------------------------------ baselines and the loss
 

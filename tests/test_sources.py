@@ -17,8 +17,8 @@ from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import read_json, read_table
 from distinctcap.data import folder, quality, shapes
 from distinctcap.data.prepare import prepare
-from distinctcap.evaluate.metrics.result import KEYS
 from distinctcap.runs.cli import main
+from distinctcap.scores.result import KEYS
 
 WORLD = {"n_train": 100, "n_val": 16, "n_test": 16, "image_size": 32, "seed": 3}
 RESTVAL = 10  # the last training images are listed as restval, which joins train

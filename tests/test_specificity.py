@@ -23,7 +23,6 @@ from distinctcap.core.config import effective_run_config, load_schema, validate
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.data.batches import CaptionData
 from distinctcap.data.tokenizer import EOS, PAD, CaptionTokenizer
-from distinctcap.evaluate.metrics.retrieval import retrieval_ranks
 from distinctcap.features.neighbours import (
     NeighbourTable,
     neighbour_count,
@@ -43,6 +42,7 @@ from distinctcap.methods.specificity import (
     generate_ids,
     val_mean_rank,
 )
+from distinctcap.scores.ranks import retrieval_ranks
 from distinctcap.train.data import RunData
 
 pytestmark = pytest.mark.usefixtures("one_thread")

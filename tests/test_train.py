@@ -739,7 +739,7 @@ def test_cider_selection_metrics():
     """cider (CL), oracle_cider / sample_cider (UNKT): CIDEr-D of greedy captions / the best and
     mean of seeded samples against each validation image's references."""
     from distinctcap.captioner.search import greedy
-    from distinctcap.evaluate.metrics.cider import CiderD
+    from distinctcap.scores.cider import CiderD
     from distinctcap.train.selection import (
         references,
         val_cider,

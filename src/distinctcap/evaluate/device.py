@@ -48,16 +48,16 @@ from distinctcap.evaluate.inputs import (
 from distinctcap.evaluate.loaded import JobLoads
 from distinctcap.evaluate.metrics import (
     CLIPSCORE_PREFIX,
-    MetricResult,
     clipscores,
     gpt2_perplexity,
     model_self_retrieval,
     rank_summary,
     refclipscores,
-    retrieval_ranks,
     retrieval_scores,
 )
 from distinctcap.evaluate.scene_judge import PER_IMAGE_SCENE, scene_retrieval_metrics
+from distinctcap.scores.ranks import retrieval_ranks
+from distinctcap.scores.result import MetricResult
 
 # The per-image table of an evaluation: each image's first caption (sample 0), as the metrics
 # row's single-caption columns; paired by image_id for the bootstrap against the reference

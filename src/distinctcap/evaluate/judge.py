@@ -28,7 +28,7 @@ import pandas as pd
 
 from distinctcap.core.config import EvalSettings
 from distinctcap.evaluate.loaded import JobLoads
-from distinctcap.evaluate.metrics import MetricResult
+from distinctcap.scores.result import MetricResult
 
 PREFIX = "judge_"
 OFF = "no judge CLIP configured (evaluate.judge)"

@@ -44,11 +44,11 @@ from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import read_table, write_table
 from distinctcap.evaluate.captionfile import parse_results, results_entries
 from distinctcap.evaluate.inputs import EvalPaths
-from distinctcap.evaluate.metrics.result import KEYS
 from distinctcap.evaluate.stage import Evaluation, evaluate_decoding
 from distinctcap.features.read import feature_ids
 from distinctcap.report.summary import HEADLINE_DIVERSITY, headline_quality, markdown_table
 from distinctcap.report.versus import compare_runs
+from distinctcap.scores.result import KEYS
 
 # The most samples of one image that are scored: the largest n any metric reads (the oracle
 # best-of-100 of UNKT Table 1, `evaluate.oracle_ns` of the COCO preset); the multi-sample

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from distinctcap.data.scene_retrieval import scene_retrieval
-from distinctcap.evaluate.metrics.result import MetricResult
+from distinctcap.scores.result import MetricResult
 
 NO_SCENES = "no scene graphs: only the shapes world knows its scenes"
 PER_IMAGE_SCENE = ("scene_rank", "scene_top1")  # float64: expected rank, P(rank 1)

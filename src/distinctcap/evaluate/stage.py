@@ -67,11 +67,11 @@ from distinctcap.evaluate.metrics import (
     ORACLE_METRICS,
     QUALITY_METRICS,
     CocoTools,
-    MetricResult,
     evaluate_captions,
 )
 from distinctcap.evaluate.scene_judge import NO_SCENES, split_scenes
 from distinctcap.report.summary import HEADLINE_DIVERSITY, HEADLINE_QUALITY
+from distinctcap.scores.result import MetricResult
 
 log = logging.getLogger(__name__)
 

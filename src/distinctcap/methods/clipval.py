@@ -25,7 +25,7 @@ from distinctcap.captioner.search import greedy
 from distinctcap.core import work
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.data.tokenizer import EOS, PAD
-from distinctcap.evaluate.metrics.retrieval import retrieval_ranks
+from distinctcap.scores.ranks import retrieval_ranks
 
 if TYPE_CHECKING:
     from distinctcap.clip.text import ClipTextEncoder
@@ -65,7 +65,7 @@ def clip_val_ranks(
 ) -> np.ndarray:
     """Rank of its own image for the greedy caption of each validation image (the first
     `images` by feature row, 0 = all) among those images, by CLIP cosine (1-based, ties counted
-    against the caption, as `metrics.retrieval`)."""
+    against the caption, as `scores.ranks`)."""
     rows = torch.unique(val.image_rows, sorted=True)
     rows = rows[:images] if images else rows
     device = next(model.parameters()).device

@@ -1,5 +1,5 @@
 """Self-critical sequence training's pieces as pure functions (methods.scst): the baselines,
-the REINFORCE loss and the CLIP rewards. The CIDEr-D reward is methods.cider_reward.
+the REINFORCE loss and the CLIP rewards. The CIDEr-D reward is scores.cider.TokenCiderD.
 
 Shapes: N = U * K sampled captions, K per image, image u's samples in rows u*K .. u*K + K - 1;
 embeddings are L2-normalised rows.

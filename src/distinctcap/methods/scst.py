@@ -9,8 +9,8 @@ Per micro-batch:
    step, the batch's caption ids), so a resumed run draws the same captions.
 2. Each caption's reward r = sum_j w_j r_j (config `rewards`), on the token ids in this process:
    CIDEr-D against the image's training captions with document frequencies of the training
-   captions (methods.cider_reward), Luo et al.'s -L_CON through the run's CLIP and CLIPScore
-   (methods.rewards).
+   captions (scores.cider.TokenCiderD, the evaluation's CIDEr-D on token ids), Luo et al.'s
+   -L_CON through the run's CLIP and CLIPScore (methods.rewards).
 3. The baseline b: "new SCST" (default), the mean reward of the image's other K - 1 captions
    (ruotianluo/ImageCaptioning.pytorch `new_self_critical`), or Rennie et al.'s greedy caption's
    reward (eq. 9, `baseline: greedy`).
@@ -34,7 +34,6 @@ from distinctcap.core.errors import DistinctcapError
 from distinctcap.data.batches import distinct_images
 from distinctcap.data.tokenizer import BOS, CLIPSCORE_PREFIX, EOS, PAD, clip_bpe_ids
 from distinctcap.methods import facts
-from distinctcap.methods.cider_reward import CiderDReward, token_lengths
 from distinctcap.methods.cl import step_generator
 from distinctcap.methods.clipval import load_clip_model
 from distinctcap.methods.rewards import (
@@ -45,6 +44,7 @@ from distinctcap.methods.rewards import (
     reinforce_loss,
     retrieval_reward,
 )
+from distinctcap.scores.cider import TokenCiderD, token_lengths
 
 if TYPE_CHECKING:
     from torch import nn
@@ -53,6 +53,9 @@ if TYPE_CHECKING:
     from distinctcap.data.batches import Batch
     from distinctcap.methods.base import TrainContext
     from distinctcap.train.run import RunConfig
+
+
+STOPS = (PAD, EOS)  # a caption ends before its first eos or pad (the reward counts no end token)
 
 
 def scst_options(run: RunConfig) -> dict:
@@ -90,7 +93,7 @@ class SCST(facts.SCST):
         self.margin = float(opts["retrieval_margin"])
         self.seed, self.data = int(run.seed), ctx.train_data
         self.features = ctx.train_data.features
-        self._cider: CiderDReward | None = None
+        self._cider: TokenCiderD | None = None
         self.encoder = self.prefixed = None
         if self.weights["retrieval"] or self.weights["clipscore"]:
             if ctx.tokenizer is None:
@@ -105,12 +108,12 @@ class SCST(facts.SCST):
             prefix = clip_bpe_ids(CLIPSCORE_PREFIX)
             self.prefixed = ClipTextEncoder(clip, ids, prefix).to(ctx.device)
 
-    def cider(self, model: Captioner) -> CiderDReward:
+    def cider(self, model: Captioner) -> TokenCiderD:
         """The CIDEr-D reward over the run's training captions, built at the first step (its
         n-gram keys need the model's vocabulary size)."""
         if self._cider is None:
-            data = self.data
-            self._cider = CiderDReward(data.labels, data.image_rows, model.cfg.vocab_size)
+            refs, groups = self.data.labels.cpu().numpy(), self.data.image_rows.cpu().numpy()
+            self._cider = TokenCiderD(refs, groups, model.cfg.vocab_size, STOPS)
         return self._cider
 
     @torch.no_grad()
@@ -122,7 +125,8 @@ class SCST(facts.SCST):
         out: dict[str, Tensor] = {}
         total = torch.zeros(len(seqs), dtype=torch.float64)
         if self.weights["cider"]:
-            out["cider"] = self.cider(model).score(seqs.cpu(), rows[image_of])
+            images = rows[image_of].cpu().numpy()
+            out["cider"] = torch.from_numpy(self.cider(model).score(seqs.cpu().numpy(), images))
         if self.encoder is not None:
             images = F.normalize(self.features.pooled[rows].float(), dim=-1).to(seqs.device)
             at = image_of.to(seqs.device)
@@ -161,7 +165,8 @@ class SCST(facts.SCST):
             extras["greedy_reward"] = float(base.mean())
         logp, mask = sample_logprobs(model, grid, pooled, seqs)
         loss = reinforce_loss(logp, mask, advantages.view(-1).to(device, torch.float32))
-        extras["gen_len"] = float(token_lengths(seqs.cpu()).float().mean())
+        lengths = torch.from_numpy(token_lengths(seqs.cpu().numpy(), STOPS))
+        extras["gen_len"] = float(lengths.float().mean())
         return loss, extras
 
 

@@ -18,8 +18,8 @@ import pandas as pd
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import atomic_path, read_table
 from distinctcap.evaluate.metrics import DIVERSITY_METRICS, QUALITY_METRICS
-from distinctcap.evaluate.metrics.result import KEYS
 from distinctcap.runs.runcard import list_runs
+from distinctcap.scores.result import KEYS
 
 SUMMARY_BASE = (
     *KEYS,

@@ -5,7 +5,7 @@ A difference counts as better or worse only where its 95 % interval excludes 0; 
 reads "no significant difference", so noise (e.g. 3.10e-10 vs 3.01e-10) is never a win.
 Scores per image, of each image's first caption (greedy, best beam or first sample), on the
 same images for run and reference:
-- CIDEr-D (distinctcap.evaluate.metrics.cider, the references of the scored images as its corpus, on
+- CIDEr-D (distinctcap.scores.cider, the references of the scored images as its corpus, on
   whitespace tokens: the shapes captions have no punctuation; on COCO it differs slightly from
   the PTB-tokenised summary value), the statistic is the mean over images;
 - R@1, mean rank and CLIPScore, from the evaluate rule's per-image table (clip_rank: the
@@ -39,9 +39,9 @@ import pandas as pd
 
 from distinctcap.core.io import atomic_path
 from distinctcap.data.scene import score_caption
-from distinctcap.evaluate.metrics.cider import CiderD
 from distinctcap.report.judged import LOWER_BETTER, judge_line
 from distinctcap.report.summary import HEADLINE_QUALITY, JUDGE_METRICS, latex, run_order
+from distinctcap.scores.cider import CiderD
 
 COLUMNS = [
     "run", "decoding", "split", "metric", "value", "reference_value", "difference",
@@ -79,8 +79,8 @@ def first_captions(generated: pd.DataFrame) -> pd.Series:
 
 def cider_scores(texts: pd.Series, refs: dict[int, list[str]]) -> np.ndarray:
     """CIDEr-D of each image's caption (texts indexed by image id) against its references."""
-    scorer = CiderD([refs[i] for i in texts.index])
-    return np.array([scorer.score(t, refs[i]) for i, t in texts.items()])
+    references = [refs[i] for i in texts.index]
+    return CiderD(references).score_each(list(texts), references)
 
 
 def scene_counts(texts: pd.Series, scenes: pd.Series) -> np.ndarray:

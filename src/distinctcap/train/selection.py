@@ -31,7 +31,7 @@ from distinctcap.captioner.search import greedy, sample, sequence_logprob
 from distinctcap.core import work
 from distinctcap.data.batches import Batch, CaptionData, encode_batch
 from distinctcap.data.tokenizer import EOS, PAD
-from distinctcap.evaluate.metrics.cider import CiderD
+from distinctcap.scores.cider import CiderD
 from distinctcap.train.select_metrics import SELECT_METRICS
 
 IMAGES = 100  # validation images scored
@@ -75,8 +75,9 @@ def _cider_table(model, val, autocast: Callable | None, n: int, images: int) -> 
     scorer = CiderD(refs)
     candidates = _decode(model, val, rows, autocast, n)
     work.count("cider_scored", sum(map(len, candidates)))
-    pairs = zip(candidates, refs, strict=True)
-    return np.array([[scorer.score(c, r) for c in cs] for cs, r in pairs])
+    each = [(c, r) for cs, r in zip(candidates, refs, strict=True) for c in cs]
+    table = scorer.score_each([c for c, _ in each], [r for _, r in each])
+    return table.reshape(len(candidates), -1)
 
 
 def val_cider(model, val, batches=None, autocast=None, images: int = IMAGES) -> float:

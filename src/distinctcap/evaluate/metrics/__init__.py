@@ -1,12 +1,14 @@
 """Caption metrics: quality, diversity, distinctiveness, multi-sample protocols and fluency.
 
-Multi-metric functions return a `MetricResult` (flat name -> float plus name -> reason for
-skipped metrics, which stay in the values as NaN). Text metrics other than `quality_scores`,
-`oracle_scores` and `evaluate_captions` expect PTB-tokenised captions (`CocoTools.tokenize`).
+Multi-metric functions return a `distinctcap.scores.result.MetricResult` (flat name -> float
+plus name -> reason for skipped metrics, which stay in the values as NaN). Text metrics other
+than `quality_scores`, `oracle_scores` and `evaluate_captions` expect PTB-tokenised captions
+(`CocoTools.tokenize`).
 
-The names below load their module on first use (PEP 562): training imports `metrics.cider`
-and `metrics.retrieval` for validation, and must not load pycocoevalcap or start Java on the
-way (a GPU node may have neither; tests/test_imports.py checks it).
+The names below load their module on first use (PEP 562): a caller that needs one metric
+does not load pycocoevalcap or start Java on the way. Training imports none of this package:
+the scores it shares with evaluation (CIDEr-D, retrieval ranks) are distinctcap.scores
+(tests/test_imports.py checks it).
 """
 
 import importlib
@@ -26,11 +28,9 @@ _MODULE_OF = {
          "oracle_scores"),
         "multisample",
     ),  # fmt: skip
-    "MetricResult": "result",
     **dict.fromkeys(
         ("CLIPSCORE_PREFIX", "clipscore", "clipscores", "mean_rank", "model_self_retrieval",
-         "rank_summary", "recall_at_k", "refclipscores", "retrieval_ranks",
-         "retrieval_scores"),
+         "rank_summary", "recall_at_k", "refclipscores", "retrieval_scores"),
         "retrieval",
     ),  # fmt: skip
     **dict.fromkeys(("DIVERSITY_METRICS", "diversity_scores", "evaluate_captions"), "text"),

@@ -42,13 +42,13 @@ from pycocoevalcap.tokenizer import ptbtokenizer
 from distinctcap.core import work
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import atomic_path
-from distinctcap.evaluate.metrics.cider import CiderD
 from distinctcap.evaluate.metrics.parallel import (
     CHUNKS_PER_WORKER,
     chunk_bounds,
     fork_map_beside,
 )
-from distinctcap.evaluate.metrics.result import MetricResult
+from distinctcap.scores.cider import CiderD
+from distinctcap.scores.result import MetricResult
 
 Captions = Mapping[Hashable, Sequence[str]]
 Pair = tuple[str, Sequence[str]]  # (candidate, references)

@@ -15,8 +15,8 @@ import numpy as np
 from pycocoevalcap.bleu.bleu_scorer import BleuScorer, precook
 
 from distinctcap.core.errors import DistinctcapError
-from distinctcap.evaluate.metrics.cider import CiderD
 from distinctcap.evaluate.metrics.parallel import fork_map
+from distinctcap.scores.cider import CiderD
 
 Captions = Mapping[Hashable, Sequence[str]]
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from distinctcap.core import work
-from distinctcap.evaluate.metrics.result import MetricResult
+from distinctcap.scores.result import MetricResult
 
 
 def gpt2_perplexity(

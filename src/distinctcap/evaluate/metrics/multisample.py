@@ -9,7 +9,6 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 import numpy as np
 
 from distinctcap.core.errors import DistinctcapError
-from distinctcap.evaluate.metrics.cider import CiderD
 from distinctcap.evaluate.metrics.coco import (
     QUALITY_METRICS,
     CocoTools,
@@ -18,7 +17,8 @@ from distinctcap.evaluate.metrics.coco import (
     per_item_scores,
 )
 from distinctcap.evaluate.metrics.parallel import fork_map
-from distinctcap.evaluate.metrics.result import MetricResult
+from distinctcap.scores.cider import CiderD
+from distinctcap.scores.result import MetricResult
 
 Captions = Mapping[Hashable, Sequence[str]]
 ORACLE_METRICS = QUALITY_METRICS

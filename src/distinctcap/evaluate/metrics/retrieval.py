@@ -3,9 +3,8 @@ paper §4 "recall at k", "mean rank"), CLIPScore and RefCLIPScore (Hessel et al.
 §4), and the captioner's own self-retrieval from log p(c | I) (CL §4.1).
 
 Embeddings are (rows, D) numpy arrays or CPU torch tensors; rows are L2-normalised here, so
-any CLIP output works. Ranks are 1-based and count ties against the caption (rank = number of
-pool images scoring at least as high as the target), so a degenerate constant embedding
-cannot score well.
+any CLIP output works. The ranks (1-based, ties counted against the caption) are
+`distinctcap.scores.ranks`, which checkpoint selection shares.
 """
 
 from __future__ import annotations
@@ -16,51 +15,12 @@ import numpy as np
 
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.data.tokenizer import CLIPSCORE_PREFIX  # noqa: F401  (re-export)
-from distinctcap.evaluate.metrics.result import MetricResult
+from distinctcap.scores.ranks import ranks_from_scores, retrieval_ranks, unit_rows
+from distinctcap.scores.result import MetricResult
 
 # CLIPSCORE_PREFIX (data.tokenizer, shared with the CLIPScore reward of training) goes before
 # candidates and references for CLIPScore / RefCLIPScore. Self-retrieval (SMILE) encodes the
 # caption as it is.
-
-
-def _rows(x: object, name: str) -> np.ndarray:
-    if hasattr(x, "detach"):
-        x = x.detach().cpu().float().numpy()
-    a = np.asarray(x, dtype=np.float32)
-    if a.ndim != 2:
-        raise DistinctcapError(f"{name} must be a (rows, D) matrix, got shape {a.shape}")
-    norm = np.linalg.norm(a, axis=1, keepdims=True)
-    return a / np.maximum(norm, 1e-12)
-
-
-def _ranks_from_scores(scores: np.ndarray, target: np.ndarray) -> np.ndarray:
-    own = scores[np.arange(len(scores)), target]
-    return (scores >= own[:, None]).sum(axis=1)
-
-
-def retrieval_ranks(
-    text_emb: object, image_emb: object, target_index: Sequence[int] | np.ndarray, chunk: int = 1024
-) -> np.ndarray:
-    """1-based rank of each caption's own image among all `image_emb` rows by cosine.
-
-    text_emb (N, D), image_emb (M, D), target_index (N,) = row of each caption's image. A hard
-    retrieval pool (SMILE, after CapEnrich) is just a bigger `image_emb`: append the extra
-    similar images after the test images and keep `target_index` pointing at the test rows.
-    """
-    text, image = _rows(text_emb, "text_emb"), _rows(image_emb, "image_emb")
-    target = np.asarray(target_index, dtype=np.int64)
-    if text.shape[1] != image.shape[1] or target.shape != (len(text),):
-        raise DistinctcapError(
-            f"text_emb {text.shape}, image_emb {image.shape} and target_index {target.shape} "
-            "must be (N, D), (M, D) and (N,)"
-        )
-    if len(target) and (target.min() < 0 or target.max() >= len(image)):
-        raise DistinctcapError(f"target_index must lie in [0, {len(image)}) (rows of image_emb)")
-    ranks = np.empty(len(text), dtype=np.int64)
-    for start in range(0, len(text), chunk):
-        stop = start + chunk
-        ranks[start:stop] = _ranks_from_scores(text[start:stop] @ image.T, target[start:stop])
-    return ranks
 
 
 def recall_at_k(
@@ -99,7 +59,7 @@ def clipscores(text_emb: object, image_emb: object, w: float = 2.5) -> np.ndarra
     Row i of `text_emb` is caption i encoded with CLIPSCORE_PREFIX prepended, row i of
     `image_emb` its image. Range [0, w]; papers print it x100.
     """
-    text, image = _rows(text_emb, "text_emb"), _rows(image_emb, "image_emb")
+    text, image = unit_rows(text_emb, "text_emb"), unit_rows(image_emb, "image_emb")
     if text.shape != image.shape:
         raise DistinctcapError(f"clipscore pairs rows: text {text.shape} vs image {image.shape}")
     return w * np.clip((text * image).sum(axis=1), 0.0, None)
@@ -136,7 +96,7 @@ def best_reference_cosines(
     text_emb: object, ref_emb: object, ref_owner: Sequence[int] | np.ndarray
 ) -> np.ndarray:
     """max over the references r of candidate i (`ref_owner` == i) of cos(c_i, r), float32."""
-    text, refs = _rows(text_emb, "text_emb"), _rows(ref_emb, "ref_emb")
+    text, refs = unit_rows(text_emb, "text_emb"), unit_rows(ref_emb, "ref_emb")
     owner = np.asarray(ref_owner, dtype=np.int64)
     if refs.shape[1] != text.shape[1] or owner.shape != (len(refs),):
         raise DistinctcapError(
@@ -177,4 +137,4 @@ def model_self_retrieval(
     cols = np.broadcast_to(np.asarray(target, dtype=np.int64), (len(scores),))
     if len(cols) and (cols.min() < 0 or cols.max() >= scores.shape[1]):
         raise DistinctcapError(f"target must lie in [0, {scores.shape[1]}) (pool columns)")
-    return rank_summary(_ranks_from_scores(scores, cols), ks, prefix="self_")
+    return rank_summary(ranks_from_scores(scores, cols), ks, prefix="self_")

@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping, Sequence
 
 from distinctcap.core.errors import DistinctcapError
-from distinctcap.evaluate.metrics.cider import CiderD
 from distinctcap.evaluate.metrics.coco import (
     CocoTools,
     check_references,
@@ -29,7 +28,8 @@ from distinctcap.evaluate.metrics.multisample import (
     oracle_from_table,
     sample_score_table,
 )
-from distinctcap.evaluate.metrics.result import MetricResult
+from distinctcap.scores.cider import CiderD
+from distinctcap.scores.result import MetricResult
 
 Captions = Mapping[Hashable, Sequence[str]]
 DIVERSITY_METRICS = ("div1", "div2", "mbleu4", "self_cider", "distinct")

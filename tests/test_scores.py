@@ -1,0 +1,198 @@
+"""CIDEr-D written once (distinctcap.scores.cider): every value of both forms, sentences (the
+metric) and token ids (the SCST reward), is pycocoevalcap's per-pair loop to the last digit,
+the reward equals the metric on the same captions, and both agree with pycocoevalcap's own
+Cider."""
+
+import math
+import random
+from collections import Counter
+
+import numpy as np
+import pytest
+from pycocoevalcap.cider.cider import Cider
+
+from distinctcap.core.errors import DistinctcapError
+from distinctcap.scores import cider as cider_module
+from distinctcap.scores.cider import CiderD, TokenCiderD, document_ngrams, ngram_counts
+
+PAD, EOS = 0, 2  # as data.tokenizer; scores may not import it
+STOPS = (PAD, EOS)
+WORDS = "a the red blue green dog cat on mat sits big small runs".split()
+VOCAB = {w: i + 4 for i, w in enumerate(WORDS)}  # one id per word: texts map 1:1 to ids
+V = len(WORDS) + 4
+
+
+def ids_of(texts, width=16, eos=True) -> np.ndarray:
+    out = np.full((len(texts), width), PAD)
+    for i, text in enumerate(texts):
+        row = [VOCAB[w] for w in text.split()] + ([EOS] if eos else [])
+        out[i, : len(row)] = row
+    return out
+
+
+def as_ids(text: str) -> str:
+    """A caption as the sentence of its token ids (the reward's words)."""
+    return " ".join(str(VOCAB[w]) for w in text.split())
+
+
+def corpus(n_images=30, seed=0):
+    rng = random.Random(seed)
+    return [
+        [" ".join(rng.choices(WORDS, k=rng.randint(1, 12))) for _ in range(rng.randint(1, 5))]
+        for _ in range(n_images)
+    ]
+
+
+def candidates(docs, count=80, seed=1):
+    """Random captions, an empty one, repeated words and references themselves, each with the
+    image it is scored against."""
+    rng = random.Random(seed)
+    cands = [" ".join(rng.choices(WORDS, k=rng.randint(0, 14))) for _ in range(count)]
+    cands += [docs[3][0], "", "a", "a a a a a a", docs[5][0] + " " + docs[5][0]]
+    images = [rng.randrange(len(docs)) for _ in cands[:-5]] + [3, 0, 1, 2, 5]
+    return cands, images
+
+
+def loop_cider_d(docs, candidate, references, key_order=False, n=4, sigma=6.0):
+    """pycocoevalcap's CiderScorer (`precook`, `counts2vec`, `sim`) for one candidate, one
+    pair at a time in plain Python, with the document frequencies of `docs`: a caption's
+    n-grams in first-occurrence order, or sorted (key order, for word ids of one width)."""
+    df = Counter(g for doc in docs for g in document_ngrams(doc, n))
+    log_docs = math.log(len(docs))
+
+    def vector(sentence):
+        counts = ngram_counts(sentence, n)
+        items = counts.items()
+        if key_order:
+            items = sorted(items, key=lambda item: [int(w) for w in item[0]])
+        vec, norm = [{} for _ in range(n)], [0.0] * n
+        for gram, tf in items:
+            w = tf * (log_docs - math.log(max(1.0, df[gram])))
+            vec[len(gram) - 1][gram] = w
+            norm[len(gram) - 1] += w * w
+        length = sum(tf for gram, tf in counts.items() if len(gram) == 2)
+        return vec, [math.sqrt(x) for x in norm], length
+
+    def pair(reference):
+        (vec_c, norm_c, len_c), (vec_r, norm_r, len_r) = vector(candidate), vector(reference)
+        penalty = math.exp(-((len_c - len_r) ** 2) / (2 * sigma**2))
+        total = 0.0
+        for k in range(n):
+            val = 0.0
+            for gram, w in vec_c[k].items():
+                val += min(w, vec_r[k].get(gram, 0.0)) * vec_r[k].get(gram, 0.0)
+            if norm_c[k] != 0 and norm_r[k] != 0:
+                val /= norm_c[k] * norm_r[k]
+            total += val * penalty
+        return 10.0 * total / n
+
+    return sum(pair(r) for r in references) / len(references)
+
+
+def test_sentences_are_pycocoevalcaps_loop_to_the_last_digit(monkeypatch):
+    docs = corpus()
+    scorer = CiderD(docs)
+    cands, images = candidates(docs)
+    expected = [loop_cider_d(docs, c, docs[i]) for c, i in zip(cands, images, strict=True)]
+    assert [scorer.score(c, docs[i]) for c, i in zip(cands, images, strict=True)] == expected
+    assert scorer.score_each(cands, [docs[i] for i in images]).tolist() == expected
+    monkeypatch.setattr(cider_module, "BLOCK_TERMS", 50)  # many blocks per call
+    refs = docs[7] + docs[8] + [""]
+    matrix = scorer.pair_matrix(cands, refs)
+    assert matrix.tolist() == [[loop_cider_d(docs, c, [r]) for r in refs] for c in cands]
+    assert scorer.scores(cands, refs).tolist() == [loop_cider_d(docs, c, refs) for c in cands]
+
+
+def test_token_ids_are_pycocoevalcaps_loop_in_key_order_to_the_last_digit(monkeypatch):
+    docs = corpus(seed=2)
+    refs = [c for doc in docs for c in doc]
+    groups = np.array([i for i, doc in enumerate(docs) for _ in doc])
+    order = np.random.default_rng(0).permutation(len(refs))  # references in any order
+    reward = TokenCiderD(ids_of(refs)[order], groups[order], V, STOPS)
+    cands, images = candidates(docs, seed=3)
+    id_docs = [[as_ids(c) for c in doc] for doc in docs]
+    given = [[as_ids(refs[j]) for j in order if groups[j] == i] for i in range(len(docs))]
+    expected = [
+        loop_cider_d(id_docs, as_ids(c), given[i], key_order=True)
+        for c, i in zip(cands, images, strict=True)
+    ]
+    assert reward.score(ids_of(cands), np.array(images)).tolist() == expected
+    monkeypatch.setattr(cider_module, "BLOCK_TERMS", 50)
+    assert reward.score(ids_of(cands), np.array(images)).tolist() == expected
+
+
+def test_the_reward_equals_the_metric_on_the_same_captions():
+    """Same captions, same document frequencies (the references' images), same tokens: the
+    token-id CIDEr-D of SCST is the evaluation's, to rounding (a caption's n-grams are summed
+    in key order there, in first-occurrence order here)."""
+    docs = corpus()
+    refs = [c for doc in docs for c in doc]
+    groups = np.array([i for i, doc in enumerate(docs) for _ in doc])
+    reward = TokenCiderD(ids_of(refs), groups, V, STOPS)
+    evaluation = CiderD(docs)
+    cands, images = candidates(docs)
+    got = reward.score(ids_of(cands), np.array(images))
+    expected = [evaluation.score(c, docs[i]) for c, i in zip(cands, images, strict=True)]
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+    assert got[-5] > 1.0 and got[-4] == 0.0  # a reference itself scores high, the empty one 0
+    # a caption that hit max_len (no eos) ends where its row ends
+    no_eos = reward.score(ids_of(cands[:5], width=14, eos=False), np.array(images[:5]))
+    np.testing.assert_allclose(no_eos, expected[:5], rtol=1e-12, atol=1e-12)
+
+
+def test_both_forms_are_pycocoevalcaps_cider():
+    """pycocoevalcap's Cider with the scored images' references as the corpus: the metric on
+    the words, the reward on the ids as strings (ruotianluo/ImageCaptioning.pytorch's way)."""
+    docs = corpus(n_images=12, seed=4)
+    cands, _ = candidates(docs, count=12, seed=5)
+    cands, images = cands[:12], list(range(12))  # one candidate an image, every image scored
+    gts = {i: docs[i] for i in images}
+    _, expected = Cider().compute_score(gts, {i: [c] for i, c in zip(images, cands, strict=True)})
+    metric = CiderD(gts.values())
+    assert [metric.score(c, docs[i]) for c, i in zip(cands, images, strict=True)] == (
+        pytest.approx(list(expected), rel=1e-12)
+    )
+    refs = [c for i in images for c in docs[i]]
+    groups = np.array([i for i in images for _ in docs[i]])
+    reward = TokenCiderD(ids_of(refs), groups, V, STOPS).score(ids_of(cands), np.array(images))
+    assert reward.tolist() == pytest.approx(list(expected), rel=1e-12)
+
+
+def test_an_end_token_is_one_argument():
+    """`end=EOS`: the end token is a word of every candidate and reference and counts in the
+    document frequencies, as ruotianluo/ImageCaptioning.pytorch scores (the metric on the
+    captions with the end id appended)."""
+    docs = corpus(seed=6)
+    refs = [c for doc in docs for c in doc]
+    groups = np.array([i for i, doc in enumerate(docs) for _ in doc])
+    cands, images = candidates(docs, seed=7)
+    with_end = TokenCiderD(ids_of(refs), groups, V, STOPS, end=EOS)
+    got = with_end.score(ids_of(cands), np.array(images))
+    id_docs = [[f"{as_ids(c)} {EOS}" for c in doc] for doc in docs]
+    metric = CiderD(id_docs)
+    scored = list(zip(cands, images, strict=True))
+    expected = [metric.score(f"{as_ids(c)} {EOS}", id_docs[i]) for c, i in scored]
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+    without = TokenCiderD(ids_of(refs), groups, V, STOPS).score(ids_of(cands), np.array(images))
+    assert (got != without).any()
+    # a row cut at max_len has no end token to count
+    cut = with_end.score(ids_of(cands[:5], width=14, eos=False), np.array(images[:5]))
+    plain = [metric.score(as_ids(c), id_docs[i]) for c, i in scored[:5]]
+    np.testing.assert_allclose(cut, plain, rtol=1e-12, atol=1e-12)
+
+
+def test_cider_d_needs_two_documents_known_images_and_int64_keys():
+    with pytest.raises(DistinctcapError, match="at least 2 images"):
+        TokenCiderD(ids_of(["a dog", "the dog"]), np.array([0, 0]), 20, STOPS)
+    with pytest.raises(DistinctcapError, match="at least 2 images"):
+        CiderD([["a dog", "the dog"]])
+    reward = TokenCiderD(ids_of(["a dog", "a cat"]), np.array([0, 2]), 20, STOPS)
+    with pytest.raises(DistinctcapError, match="no reference"):
+        reward.score(ids_of(["a dog"]), np.array([1]))
+    with pytest.raises(DistinctcapError, match="no reference"):
+        reward.score(ids_of(["a dog"]), np.array([3]))
+    with pytest.raises(DistinctcapError, match="does not fit"):
+        TokenCiderD(ids_of(["a dog", "a cat"]), np.array([0, 1]), 60_000, STOPS)
+    with pytest.raises(DistinctcapError, match="at least one reference"):
+        CiderD([["a dog"], ["a cat"]]).score("a dog", [])

@@ -1,0 +1,1 @@
+"""Caption scores that need neither torch nor Java."""

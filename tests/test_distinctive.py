@@ -30,6 +30,28 @@ REFS = {
 NEIGHBOURS = {1: [2, 3], 2: [1, 3], 3: [4, 1], 4: [3, 2]}
 
 
+def seeded_world(seed: int = 58, images: int = 12, k: int = 3):
+    """A small world whose words are token ids, as the public CIDErBtw code reads captions:
+    images on 3 topics (each topic's own words plus words every topic shares), 5 references
+    each, neighbours by the cosine of noisy topic features, and 3 captions per image (its
+    own first reference, its first neighbour's second reference, a sentence of shared words).
+    Returns (references, neighbours, captions)."""
+    rng = np.random.default_rng(seed)
+    topics = rng.integers(0, 3, images)
+    shared = [str(w) for w in range(1, 7)]
+    pools = [shared + [str(w) for w in range(7 + 10 * t, 17 + 10 * t)] for t in range(3)]
+
+    def sentence(pool):
+        return " ".join(rng.choice(pool, rng.integers(4, 11)))
+
+    ids = list(range(100, 100 + images))
+    refs = {i: [sentence(pools[t]) for _ in range(5)] for i, t in zip(ids, topics, strict=True)}
+    features = np.eye(3)[topics] + rng.normal(0, 0.3, (images, 3))
+    neighbours = similar_images(ids, features, k)
+    captions = {i: [refs[i][0], refs[neighbours[i][0]][1], sentence(shared)] for i in ids}
+    return refs, neighbours, captions
+
+
 def test_a_caption_copying_its_own_references_is_distinctive():
     """Image 3's own reference shares no n-gram beyond stop words with its neighbours': its
     CIDErBtw is near 0 and most of its words are distinctive."""
@@ -137,3 +159,28 @@ def test_similar_images_maps_ids_and_refuses_bad_input():
         most_similar(np.array([[1.0, 0.0], [0.0, 0.0]]), 1)
     with pytest.raises(DistinctcapError, match="one distinct id per row"):
         similar_images([10, 10, 30], features, k=1)
+
+
+# CIDErBtw of seeded_world()'s captions, per image (the mean of its 3 captions), computed by
+# ukyh/switch_disc_caption at 80a9e01 (captioning/utils/rewards.py, get_btw_score, mode
+# "raw") with ruotianluo/cider at dbb3960 (pyciderevalcap/ciderD), its document frequencies
+# built from the same references as scripts/prepro_ngrams.py builds them (end token "0"
+# appended). Run outside this repository; the code is not ours to ship.
+THEIRS = {100: 0.7195623976885255, 101: 0.7663419101480682, 102: 0.6829447619434136,
+          103: 0.5482131193436066, 104: 0.681081993022468, 105: 0.6877420028931726,
+          106: 0.7012124626357719, 107: 0.600445688523142, 108: 0.8526592566120841,
+          109: 0.6321858096657684, 110: 0.7439493004598142, 111: 0.6304109761081784}  # fmt: skip
+
+
+def test_cider_btw_agrees_with_the_public_reward_code():
+    """Their code reads token ids and keeps the end token as the word "0", in captions and
+    references alike; given the same strings, ours agrees to the last bits."""
+    refs, neighbours, captions = seeded_world()
+
+    def eos(texts):
+        return [t + " 0" for t in texts]
+
+    ours = cider_btw({i: eos(c) for i, c in captions.items()},
+                     {i: eos(r) for i, r in refs.items()}, neighbours)  # fmt: skip
+    assert ours.per_image == pytest.approx(THEIRS, rel=1e-12, abs=0)
+    assert ours.corpus == pytest.approx(0.6872291399203344, rel=1e-12)  # their printed mean

@@ -44,7 +44,9 @@ Sources, and what could and could not be read (a search of public code for this 
   (`captioning/utils/rewards.py`, `get_btw_score`, mode "raw", with ruotianluo/cider's
   `CiderD`): the caption against the pooled first five references of each of its K similar
   images, with the document frequencies of the CIDEr-D reward (COCO train) and the end token
-  counted as a word. tests/test_distinctive.py checks our numbers against it.
+  counted as a word. Given its inputs (the end token as the word "0" in captions and
+  references, the same document frequencies), `cider_btw` gives its numbers to 4e-16
+  relative on a seeded set (tests/test_distinctive.py, which holds them).
 - The papers' own text was not readable here (only their abstracts), so equation numbers are
   not cited and DisWordRate's reading below is ours, from the abstract's wording ("the
   distinctive words in the ground-truth captions", "distinctive word rate").

@@ -62,8 +62,9 @@ Where the definition left a choice, and the reading taken:
    `cider` column); `scorer` takes a `CiderD` of another corpus (e.g. COCO train, as the
    reward code). The end token is not a word (COCO evaluation's convention, not the reward's).
 3. Neighbours and K are the caller's: the papers took VSE++ (trained on COCO) with K = 5, we
-   take an image space no training objective reads; the authors' sets keep the neighbours
-   inside the evaluated split, and so does `similar_images`.
+   take an image space no training objective reads. The authors' sets keep the neighbours
+   inside the evaluated split; `similar_images` picks among the rows it is given, so give
+   it that split's features.
 4. DisWordRate's distinctive words: a set (present in the image's references, absent from
    all its neighbours'), not a ranking by a tf-idf score; stop words are never distinctive
    but count in the caption's length; a repeated word counts at each occurrence; the rate is

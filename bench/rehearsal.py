@@ -11,7 +11,10 @@ trainer CLIP a ViT-B-32 with one narrow layer a tower (the 7x7 + CLS grid of wid
 512, context 77), the judge a ViT-L-14 made the same way (pooled 768), each an open_clip
 local-dir with its tag's preprocessing and settings (`clip.tag`), and a one-layer captioner of
 width 64 (SMALL_CAPTIONER), 30 steps a run by default: every table, store and cache then has
-COCO's real size on disk and in memory, so the data's sizes are measured, not the models'.
+COCO's real size on disk and in memory, so the data's sizes are measured, not the models'; the
+synthetic COCO keeps COCO's 4,000 val and 1,000 test images at every size (synthcoco.split_counts
+`cocos_val`), so decoding and evaluation do COCO's work at every size and only training data
+grows.
 `bench/scale_table.py` turns such runs at several sizes into docs/performance.md's "COCO's
 shape on a CPU". Every job's log ends with its `usage:` line (distinctcap.core.usage), which
 the JSON's `usage` holds per job; `disk` holds preflight's disk estimate beside what the run
@@ -86,16 +89,18 @@ REPORT_S = 15  # of --budget kept for the report after Snakemake (a job start is
 # ------------------------------------------------------------------------------ the inputs
 
 
-def make_mirror(work: Path, n_images: int, workers: int) -> dict:
-    """The synthetic COCO under work/mirror (reused when its stamp says the same size)."""
-    from distinctcap.data.synthcoco import write_synthetic_coco
+def make_mirror(work: Path, n_images: int, workers: int, cocos_val: bool = False) -> dict:
+    """The synthetic COCO under work/mirror (reused when its stamp says the same splits);
+    `cocos_val`: COCO's 4,000 val and 1,000 test images at every size (synthcoco.split_counts)."""
+    from distinctcap.data.synthcoco import split_counts, write_synthetic_coco
 
     mirror, stamp = work / "mirror", work / "mirror" / "stamp.json"
-    if stamp.is_file() and json.loads(stamp.read_text())["images"] == n_images:
+    counts = split_counts(n_images, cocos_val).__dict__
+    if stamp.is_file() and json.loads(stamp.read_text())["counts"] == counts:
         return json.loads(stamp.read_text())
     shutil.rmtree(mirror, ignore_errors=True)
     start = time.perf_counter()
-    md5, counts = write_synthetic_coco(mirror, n_images, ("mrnn",), workers)
+    md5, counts = write_synthetic_coco(mirror, n_images, ("mrnn",), workers, cocos_val)
     seconds = time.perf_counter() - start
     made = {
         "images": n_images,
@@ -572,7 +577,7 @@ def main() -> None:
     started, work = time.perf_counter(), args.work.resolve()
     run_dir, hub = work / "run", work / "hf" / "hub"
     run_dir.mkdir(parents=True, exist_ok=True)
-    mirror = make_mirror(work, args.images, args.workers)
+    mirror = make_mirror(work, args.images, args.workers, cocos_val=args.small_models)
     print(
         f"rehearsal: synthetic COCO of {args.images} images in {mirror['seconds']:.1f} s "
         f"({args.images / mirror['seconds']:.0f} images/s, {mirror['workers']} workers)"

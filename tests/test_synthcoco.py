@@ -20,6 +20,7 @@ from distinctcap.data.synthcoco import (
     jpeg_bytes,
     odd_counts,
     odd_kind,
+    split_counts,
 )
 
 
@@ -84,3 +85,14 @@ def test_the_data_stage_keeps_grayscale_cmyk_progressive_and_quarantines_truncat
     assert image_row.id == str(first["truncated"])
     assert image_row.reason.startswith("unreadable image: OSError: image file is truncated")
     assert list(quarantine.kind) == ["image", "caption"]
+
+
+def test_cocos_val_keeps_cocos_val_and_test_splits_at_every_size():
+    """bench/rehearsal.py's sizes: mrnn's 4,000 val and 1,000 test images at 10k and 40k as at
+    COCO's size, where both ways are COCO's own counts; the layout holds them."""
+    for n, train in ((10_000, 5_000), (40_000, 35_000)):
+        counts = split_counts(n, cocos_val=True)
+        assert (counts.train2017, counts.val2017, counts.mrnn_val_images) == (train, 5000, 4000)
+        assert sum(p == "val2017" for p in Layout.of(n, True).part2017.values()) == 5000
+    assert split_counts(COCO_IMAGES, cocos_val=True) == split_counts(COCO_IMAGES)
+    assert split_counts(300, cocos_val=True).val2017 == 150  # half, at most

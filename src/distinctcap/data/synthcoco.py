@@ -114,17 +114,21 @@ def share(n_images: int, of_coco: int, least: int) -> int:
     return max(least, round(n_images * of_coco / COCO_IMAGES))
 
 
-def split_counts(n_images: int) -> SplitCounts:
+def split_counts(n_images: int, cocos_val: bool = False) -> SplitCounts:
     """COCO's split sizes scaled to `n_images` (COCO's own at 123,287); at least two images in
     every val and test split, Karpathy's and mrnn's (the validation selection's CIDEr-D needs
     two images' references for its document frequencies), so every split exists at any size
-    >= 8."""
+    >= 8. `cocos_val`: val2017 holds COCO's 5,000 images (mrnn's 4,000 val and 1,000 test) at
+    every size that leaves as many train images, so that decoding and evaluation do COCO's
+    work whatever the size and only the train split grows (bench/rehearsal.py's sizes)."""
     if n_images < 8:
         raise ValueError(f"a synthetic COCO needs at least 8 images, not {n_images}")
-    val2014 = share(n_images, COCO_SHARES["val2014"], 6)
+    val2017 = share(n_images, COCO_SHARES["val2017"], 4)
+    if cocos_val:
+        val2017 = max(val2017, min(COCO_SHARES["val2017"], n_images // 2))
+    val2014 = max(share(n_images, COCO_SHARES["val2014"], 6), val2017)  # val2017 is within it
     kval = share(n_images, COCO_SHARES["karpathy_val"], 2)
     ktest = share(n_images, COCO_SHARES["karpathy_test"], 2)
-    val2017 = share(n_images, COCO_SHARES["val2017"], 4)
     return SplitCounts(
         train2014=n_images - val2014,
         val2014=val2014,
@@ -246,8 +250,8 @@ class Layout:
     counts: SplitCounts
 
     @classmethod
-    def of(cls, n_images: int) -> Layout:
-        ids, counts = image_ids(n_images), split_counts(n_images)
+    def of(cls, n_images: int, cocos_val: bool = False) -> Layout:
+        ids, counts = image_ids(n_images), split_counts(n_images, cocos_val)
         val2014 = ids[counts.train2014 :]
         in_val2014 = set(val2014)  # built once: a set per id was quadratic (130 s at 123k ids)
         karpathy = dict.fromkeys(ids[: counts.train2014], "train")
@@ -327,11 +331,15 @@ def _write_json_zip(out: Path, name: str, members: dict[str, dict]) -> None:
 
 
 def write_synthetic_coco(
-    out: str | Path, n_images: int, styles: tuple[str, ...] = ("mrnn",), workers: int = 0
+    out: str | Path,
+    n_images: int,
+    styles: tuple[str, ...] = ("mrnn",),
+    workers: int = 0,
+    cocos_val: bool = False,
 ) -> tuple[dict[str, str], SplitCounts]:
     """The archives of split `styles` (karpathy, mrnn) for `n_images` images under `out`
-    (see the module doc); returns ({archive name: md5}, counts)."""
-    out, layout = Path(out), Layout.of(n_images)
+    (see the module doc; `cocos_val`: split_counts'); returns ({archive name: md5}, counts)."""
+    out, layout = Path(out), Layout.of(n_images, cocos_val)
     names = sorted({n for style in styles for n in SPLIT_ARCHIVES[style]})
     parts = ("train2014", "val2014", "train2017", "val2017")
     image_zips = {p: _open_zip(out, f"{p}.zip") for p in parts if f"{p}.zip" in names}

@@ -30,7 +30,7 @@ def save_clip(path, seed):
     import open_clip
     import torch
 
-    from distinctcap.clip.train import save_weights
+    from distinctcap.train.clip import save_weights
 
     torch.manual_seed(seed)
     save_weights(open_clip.create_model(ARCH), path)

@@ -16,7 +16,6 @@ from evaluate_world import build
 from PIL import Image
 
 from distinctcap.clip.load import load_clip
-from distinctcap.clip.train import TrainSettings, TrainSplit, save_weights, train_fingerprint
 from distinctcap.core import preflight as pf
 from distinctcap.core.config import (
     EvalSettings,
@@ -35,6 +34,7 @@ from distinctcap.evaluate.metrics import CLIPSCORE_PREFIX
 from distinctcap.evaluate.stage import metric_columns
 from distinctcap.features.extract import FeatureSettings
 from distinctcap.features.pooled import extract_pooled, read_pooled
+from distinctcap.train.clip import TrainSettings, TrainSplit, save_weights, train_fingerprint
 
 SCHEMA = load_schema()
 RUNS = {"runs": {"reference": {"method": "mle"}}}

@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from conftest import ROOT, shrink_runs
 from train_job import fit, job_parts, run_of
 
-import distinctcap.clip.train  # save_weights
 import distinctcap.clip.weights  # noqa: F401  (registers the tiny `shapes-vit-tiny` architecture)
+import distinctcap.train.clip  # save_weights
 from distinctcap.captioner.search import sample, sample_ids
 from distinctcap.clip.text import ClipTextEncoder
 from distinctcap.core.config import effective_run_config, load_schema, validate
@@ -330,7 +330,7 @@ def trained_reference(tmp_path_factory, clip, tok):
     reference = fit(effective_run_config(config, "reference"), run_data)
     paths = {"init": tmp / "reference.pt", "clip": tmp / "clip.pt", "clip_arch": ARCH}
     reference.model.save(paths["init"])
-    distinctcap.clip.train.save_weights(clip, paths["clip"])
+    distinctcap.train.clip.save_weights(clip, paths["clip"])
     return config, run_data, paths, tmp, reference.model
 
 

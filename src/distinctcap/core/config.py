@@ -804,7 +804,7 @@ def metric_block(block: dict) -> dict:
 class JudgeSettings:
     """evaluate.judge, filled with the schema's defaults: a CLIP of its own that only the
     evaluation reads (its judge_* columns), never a training rule, a checkpoint selection or an
-    objective. `train` holds clip.train's keys (clip.train.TrainSettings), for pretrained =
+    objective. `train` holds clip.train's keys (train.clip.TrainSettings), for pretrained =
     train, as the trainer CLIP's do."""
 
     arch: str

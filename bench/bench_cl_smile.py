@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from distinctcap.captioner.model import Captioner, CaptionerConfig
-from distinctcap.data.batches import CaptionData
+from distinctcap.features.batches import CaptionData
 from distinctcap.features.read import ImageFeatures
 from distinctcap.methods import METHODS
 from distinctcap.methods.base import TrainContext

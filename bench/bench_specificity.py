@@ -22,8 +22,8 @@ import torch
 
 import distinctcap.clip.weights  # noqa: F401  (registers shapes-vit-tiny)
 from distinctcap.captioner.model import Captioner, CaptionerConfig
-from distinctcap.data.batches import CaptionData
 from distinctcap.data.tokenizer import CaptionTokenizer
+from distinctcap.features.batches import CaptionData
 from distinctcap.features.neighbours import NeighbourTable, top_neighbours
 from distinctcap.features.read import ImageFeatures
 from distinctcap.methods import METHODS

@@ -23,7 +23,7 @@ import torch
 
 from distinctcap.captioner.model import Captioner, CaptionerConfig
 from distinctcap.core.devices import resolve_device
-from distinctcap.data.batches import BatchOrder, CaptionData, encode_batch
+from distinctcap.features.batches import BatchOrder, CaptionData, encode_batch
 from distinctcap.features.read import ImageFeatures
 from distinctcap.methods.losses import mle_loss
 from distinctcap.train.data import RunData

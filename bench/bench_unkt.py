@@ -35,7 +35,7 @@ import pandas as pd
 import torch
 
 from distinctcap.captioner.model import Captioner, CaptionerConfig
-from distinctcap.data.batches import BatchOrder, CaptionData
+from distinctcap.features.batches import BatchOrder, CaptionData
 from distinctcap.features.read import ImageFeatures
 from distinctcap.methods import METHODS
 from distinctcap.methods.base import TrainContext

@@ -18,8 +18,8 @@ from distinctcap.captioner import search
 from distinctcap.captioner.load import load_captioner
 from distinctcap.core.config import load_schema, validate
 from distinctcap.core.errors import DistinctcapError
-from distinctcap.data.batches import CaptionData
 from distinctcap.data.tokenizer import PAD
+from distinctcap.features.batches import CaptionData
 from distinctcap.features.read import ImageFeatures
 from distinctcap.methods import METHODS, losses
 from distinctcap.methods.base import TrainContext

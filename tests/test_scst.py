@@ -18,9 +18,9 @@ from distinctcap.captioner.search import sample, sample_ids
 from distinctcap.clip.text import ClipTextEncoder
 from distinctcap.core.config import effective_run_config, load_schema, validate
 from distinctcap.core.errors import DistinctcapError
-from distinctcap.data.batches import CaptionData
 from distinctcap.data.tokenizer import CLIPSCORE_PREFIX, EOS, PAD, CaptionTokenizer, clip_bpe_ids
 from distinctcap.evaluate.metrics.cider import CiderD
+from distinctcap.features.batches import CaptionData
 from distinctcap.features.read import ImageFeatures
 from distinctcap.methods.base import TrainContext
 from distinctcap.methods.cider_reward import CiderDReward

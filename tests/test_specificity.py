@@ -21,9 +21,9 @@ from distinctcap.clip.text import ClipTextEncoder
 from distinctcap.core import work
 from distinctcap.core.config import effective_run_config, load_schema, validate
 from distinctcap.core.errors import DistinctcapError
-from distinctcap.data.batches import CaptionData
 from distinctcap.data.tokenizer import EOS, PAD, CaptionTokenizer
 from distinctcap.evaluate.metrics.retrieval import retrieval_ranks
+from distinctcap.features.batches import CaptionData
 from distinctcap.features.neighbours import (
     NeighbourTable,
     neighbour_count,

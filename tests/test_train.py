@@ -25,7 +25,7 @@ from distinctcap.captioner.model import Captioner, CaptionerConfig
 from distinctcap.core.config import effective_run_config, load_schema, validate
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import read_table, write_table
-from distinctcap.data.batches import BatchOrder, CaptionData, encode_batch, select_captions
+from distinctcap.features.batches import BatchOrder, CaptionData, encode_batch, select_captions
 from distinctcap.features.read import ImageFeatures
 from distinctcap.methods import METHODS
 from distinctcap.methods.base import Objective

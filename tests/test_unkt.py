@@ -18,8 +18,8 @@ from distinctcap.captioner.search import greedy
 from distinctcap.core import work
 from distinctcap.core.config import steps_per_epoch
 from distinctcap.core.errors import DistinctcapError
-from distinctcap.data.batches import CaptionData
 from distinctcap.data.tokenizer import EOS, PAD
+from distinctcap.features.batches import CaptionData
 from distinctcap.features.read import ImageFeatures
 from distinctcap.methods import METHODS
 from distinctcap.methods.base import TrainContext

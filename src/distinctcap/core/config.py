@@ -569,7 +569,7 @@ def _hub_model_type(source: str, key: str) -> str:
 
 def steps_per_epoch(n_captions: int, batch_size: int, grad_accum: int = 1) -> float:
     """Optimiser steps per pass over `n_captions` training captions, as the trainer counts them
-    (data/batches.py BatchOrder drops the last incomplete micro-batch; grad_accum micro-batches
+    (features/batches.py BatchOrder drops the last incomplete micro-batch; grad_accum micro-batches
     a step). Epoch-stated schedules (train.epochs, warmup_epochs, unkt warmup_epochs) use it."""
     batch_size = max(1, min(int(batch_size), n_captions))
     return (n_captions // batch_size) / int(grad_accum)

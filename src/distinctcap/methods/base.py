@@ -41,7 +41,7 @@ and, per instance:
 - `ctx.frozen[edge]` is the final model of the run named by the run's `edge` for each edge in
   `needs`, in eval mode, with requires_grad False, on `ctx.device`; `ctx.paths` are the run's
   inputs by name (e.g. "d_minus", "clip", "clip_arch", "neighbours").
-- `batch` is a distinctcap.data.batches.Batch already on the device; the objective runs the
+- `batch` is a distinctcap.features.batches.Batch already on the device; the objective runs the
   model itself (under the trainer's autocast), so it can ask for internals (UNKT eq. 7-8) or
   score other captions (CL). `ctx.train_data` gives access to every training pair, e.g. to
   draw mismatched images for CL's negatives.
@@ -65,7 +65,7 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from distinctcap.captioner.model import Captioner
-    from distinctcap.data.batches import Batch, CaptionData
+    from distinctcap.features.batches import Batch, CaptionData
 
 @dataclass
 class TrainContext:

@@ -3,7 +3,7 @@
 
 Per micro-batch:
 
-1. The batch's distinct images (a batch holds about B / 5 of them, data.batches) each get K
+1. The batch's distinct images (a batch holds about B / 5 of them, features.batches) each get K
    captions drawn from the model's own distribution (`search.sample_ids`: eval mode, no
    gradient, the decoding loop's max_len and eos rule), from a generator seeded by (seed,
    step, the batch's caption ids), so a resumed run draws the same captions.
@@ -31,8 +31,8 @@ from torch import Tensor
 from distinctcap.captioner.search import ban_specials, decode_ids, sample_ids
 from distinctcap.clip.text import ClipTextEncoder
 from distinctcap.core.errors import DistinctcapError
-from distinctcap.data.batches import distinct_images
 from distinctcap.data.tokenizer import BOS, CLIPSCORE_PREFIX, EOS, PAD, clip_bpe_ids
+from distinctcap.features.batches import distinct_images
 from distinctcap.methods import facts
 from distinctcap.methods.cider_reward import CiderDReward, token_lengths
 from distinctcap.methods.cl import step_generator
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from distinctcap.captioner.model import Captioner
-    from distinctcap.data.batches import Batch
+    from distinctcap.features.batches import Batch
     from distinctcap.methods.base import TrainContext
     from distinctcap.train.run import RunConfig
 

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from distinctcap.clip.text import ClipTextEncoder
 from distinctcap.core.errors import DistinctcapError
-from distinctcap.data.batches import encode_batch
+from distinctcap.features.batches import encode_batch
 from distinctcap.methods import facts
 from distinctcap.methods.cl import step_generator
 from distinctcap.methods.clipval import CLIP_VAL, load_clip_model
@@ -38,7 +38,7 @@ from distinctcap.methods.losses import SMILE_SUBSETS, mle_loss, smile_loss, smil
 
 if TYPE_CHECKING:
     from distinctcap.captioner.model import Captioner
-    from distinctcap.data.batches import Batch, CaptionData
+    from distinctcap.features.batches import Batch, CaptionData
     from distinctcap.methods.base import TrainContext
     from distinctcap.train.run import RunConfig
 

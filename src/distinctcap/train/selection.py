@@ -29,9 +29,9 @@ import torch
 from distinctcap.captioner.model import Captioner
 from distinctcap.captioner.search import greedy, sample, sequence_logprob
 from distinctcap.core import work
-from distinctcap.data.batches import Batch, CaptionData, encode_batch
 from distinctcap.data.tokenizer import EOS, PAD
 from distinctcap.evaluate.metrics.cider import CiderD
+from distinctcap.features.batches import Batch, CaptionData, encode_batch
 from distinctcap.train.select_metrics import SELECT_METRICS
 
 IMAGES = 100  # validation images scored

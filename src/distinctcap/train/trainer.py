@@ -10,7 +10,7 @@ fills it from the rule's inputs and output.
 
 The loop, per optimiser step: gather `grad_accum` micro-batches (the data order is a pure
 function of (seed, epoch), with an image's captions together by default so each image is
-encoded once per batch, data/batches.py), loss = the method's objective (distinctcap.methods)
+encoded once per batch, features/batches.py), loss = the method's objective (distinctcap.methods)
 under autocast (bf16, or fp16 with a GradScaler, on GPU; fp32 on CPU), backward of loss /
 grad_accum, gradient clipping, AdamW, learning-rate schedule (linear warm-up then linear or
 cosine decay: the papers warm up 3,000 steps to 3e-4, UNKT §4.1). Every `val_every` steps the
@@ -72,8 +72,8 @@ from distinctcap.core.distributed import (
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import atomic_path, write_json
 from distinctcap.core.logs import progress
-from distinctcap.data.batches import Batch, BatchOrder, encode_batch
 from distinctcap.data.tokenizer import PAD
+from distinctcap.features.batches import Batch, BatchOrder, encode_batch
 from distinctcap.methods import METHODS
 from distinctcap.methods.base import TrainContext
 from distinctcap.train.checkpoints import (

@@ -140,7 +140,7 @@ def stage_evaluate(store: Path, work: Path) -> None:
 def stage_train(store: Path, work: Path, steps: int = 20) -> None:
     from distinctcap.core.config import effective_run_config
     from distinctcap.core.devices import resolve_device
-    from distinctcap.train.run import RunConfig, RunPaths
+    from distinctcap.core.run import RunConfig, RunPaths
     from distinctcap.train.trainer import train
 
     cfg = effective_run_config(coco_config(), "reference")

@@ -31,9 +31,9 @@ from bench_trainer import CAPTIONER, shapes_like_data
 from distinctcap.captioner.model import Captioner, CaptionerConfig
 from distinctcap.core.config import effective_run_config, load_schema, read_configs, validate
 from distinctcap.core.devices import resolve_device
+from distinctcap.core.run import RunConfig
 from distinctcap.features.batches import encode_batch
 from distinctcap.methods.losses import mle_loss
-from distinctcap.train.run import RunConfig
 from distinctcap.train.schedule import make_optimizer
 
 ROOT = Path(__file__).resolve().parents[1]

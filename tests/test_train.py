@@ -25,6 +25,7 @@ from distinctcap.captioner.model import Captioner, CaptionerConfig
 from distinctcap.core.config import effective_run_config, load_schema, validate
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import read_table, write_table
+from distinctcap.core.run import RunConfig
 from distinctcap.features.batches import BatchOrder, CaptionData, encode_batch, select_captions
 from distinctcap.features.read import ImageFeatures
 from distinctcap.methods import METHODS
@@ -32,7 +33,6 @@ from distinctcap.methods.base import Objective
 from distinctcap.methods.losses import mle_loss
 from distinctcap.train.checkpoints import Fingerprint, fingerprint
 from distinctcap.train.data import RunData
-from distinctcap.train.run import RunConfig
 from distinctcap.train.schedule import lr_factor
 from distinctcap.train.selection import VAL_METRICS, ValMetric
 from distinctcap.train.stats import NonFiniteLossError

@@ -146,7 +146,7 @@ def neighbours_table(pct):
 
 
 # What a method's named need (its facts' extra_inputs, distinctcap.methods.facts) becomes in
-# the trainer's paths (distinctcap.train.run.RunPaths): need -> function(parameter) -> (input
+# the trainer's paths (distinctcap.core.run.RunPaths): need -> function(parameter) -> (input
 # files, other entries).
 NEED_PATHS = {
     "d_minus": lambda subset: ({"d_minus": ENTROPY_SUBSETS[subset]}, {}),

@@ -25,7 +25,7 @@ know about it is a class attribute declared here with its default:
 and, per instance:
 
     __init__(run, ctx)        run is the run's effective config as a
-                              distinctcap.train.run.RunConfig (name, seed, train, its method's
+                              distinctcap.core.run.RunConfig (name, seed, train, its method's
                               `options`, ...)
     loss(model, batch, step, total_steps) -> (scalar loss of one micro-batch, extras for the
                               curve, e.g. {"lambda": 0.3}: numbers, or detached 0-dim tensors,

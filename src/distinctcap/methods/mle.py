@@ -12,9 +12,9 @@ from distinctcap.methods.losses import mle_loss
 
 if TYPE_CHECKING:
     from distinctcap.captioner.model import Captioner
+    from distinctcap.core.run import RunConfig
     from distinctcap.features.batches import Batch
     from distinctcap.methods.base import TrainContext
-    from distinctcap.train.run import RunConfig
 
 
 class MLE(facts.MLE):

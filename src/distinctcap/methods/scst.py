@@ -50,9 +50,9 @@ if TYPE_CHECKING:
     from torch import nn
 
     from distinctcap.captioner.model import Captioner
+    from distinctcap.core.run import RunConfig
     from distinctcap.features.batches import Batch
     from distinctcap.methods.base import TrainContext
-    from distinctcap.train.run import RunConfig
 
 
 def scst_options(run: RunConfig) -> dict:

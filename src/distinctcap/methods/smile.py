@@ -38,9 +38,9 @@ from distinctcap.methods.losses import SMILE_SUBSETS, mle_loss, smile_loss, smil
 
 if TYPE_CHECKING:
     from distinctcap.captioner.model import Captioner
+    from distinctcap.core.run import RunConfig
     from distinctcap.features.batches import Batch, CaptionData
     from distinctcap.methods.base import TrainContext
-    from distinctcap.train.run import RunConfig
 
 class SMILE(facts.SMILE):
     """L = lambda L_MLE + (1 - lambda) L_SMILE (eq. 4), token means over non-pad labels."""

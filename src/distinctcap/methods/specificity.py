@@ -55,9 +55,9 @@ from distinctcap.methods.clipval import (  # noqa: F401  (caption_ids_tensor: re
 from distinctcap.methods.losses import SPECIFICITY_KINDS, mle_loss, specificity_loss
 
 if TYPE_CHECKING:
+    from distinctcap.core.run import RunConfig
     from distinctcap.features.batches import Batch, CaptionData
     from distinctcap.methods.base import TrainContext
-    from distinctcap.train.run import RunConfig
 
 SAMPLINGS = ("argmax", "gumbel")
 

@@ -88,10 +88,10 @@ from distinctcap.methods.losses import (
 if TYPE_CHECKING:
     from distinctcap.captioner.model import Captioner
     from distinctcap.captioner.search import Caption
+    from distinctcap.core.run import RunConfig
     from distinctcap.features.batches import Batch, CaptionData
     from distinctcap.features.read import ImageFeatures
     from distinctcap.methods.base import TrainContext
-    from distinctcap.train.run import RunConfig
 
 TARGETS = ("soft", "hard", "random")
 ATTENTION = ("self", "cross", "both")

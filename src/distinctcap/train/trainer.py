@@ -2,7 +2,7 @@
 
 `train(run, paths, device, data=None) -> TrainResult` is the whole stage, callable from tests.
 `run` is a run's effective config (`distinctcap.core.config.effective_run_config`) as a
-`distinctcap.train.run.RunConfig`: its `runs:` block (method, data, init/teacher/reference,
+`distinctcap.core.run.RunConfig`: its `runs:` block (method, data, init/teacher/reference,
 method options), `seed`, `captioner` (architecture, CaptionerConfig fields) and `train` (a
 config.TrainConfig: the top-level `train` block with the run's `train` overrides on top).
 `paths` (RunPaths) names its input files and its output folder; the Snakemake rule's script
@@ -72,6 +72,7 @@ from distinctcap.core.distributed import (
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import atomic_path, write_json
 from distinctcap.core.logs import progress
+from distinctcap.core.run import RunConfig, RunPaths
 from distinctcap.data.tokenizer import PAD
 from distinctcap.features.batches import Batch, BatchOrder, encode_batch
 from distinctcap.methods import METHODS
@@ -85,7 +86,6 @@ from distinctcap.train.checkpoints import (
     set_rng_state,
 )
 from distinctcap.train.data import DeviceCaptions, RunData, load_run_data, to_device
-from distinctcap.train.run import RunConfig, RunPaths
 from distinctcap.train.schedule import autocast_dtype, lr_factor, make_optimizer
 from distinctcap.train.selection import (
     VAL_METRICS,

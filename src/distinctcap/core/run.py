@@ -3,7 +3,8 @@ where its inputs are and its outputs go (`RunPaths`). The device comes beside th
 torch.device: none of the three is part of another (the fingerprint covers the first two's
 content, never out_dir or the device; distinctcap.train.checkpoints).
 
-Nothing here imports torch.
+Nothing here imports torch. It is in core/ because the objectives (methods/, below the trainer)
+receive the RunConfig too (ARCHITECTURE.md, Layers).
 """
 
 from __future__ import annotations

@@ -39,8 +39,9 @@ import torch
 
 from distinctcap.captioner.model import Captioner, CaptionerConfig
 from distinctcap.clip.load import load_clip
-from distinctcap.core.config import EvalSettings, load_schema, validate
+from distinctcap.config.check import load_schema, validate
 from distinctcap.core.io import read_table, write_table
+from distinctcap.core.settings import EvalSettings
 from distinctcap.data.prepare import prepare
 from distinctcap.data.shapes import LEVELS, caption
 from distinctcap.data.tokenizer import CaptionTokenizer

@@ -188,14 +188,14 @@ def make_random_clips(hub: Path, config: dict) -> list[Path]:
 
 def load_coco() -> dict:
     """config.coco.yaml, validated (its defaults filled in)."""
-    from distinctcap.core.config import load
+    from distinctcap.config.check import load
 
     return load(COCO_CONFIG, SCHEMA)
 
 
 def full_steps(config: dict) -> dict[str, int]:
     """Each run's optimiser steps in config.coco.yaml's schedule at COCO's size."""
-    from distinctcap.core.config import effective_run_config
+    from distinctcap.config.rungraph import effective_run_config
 
     fraction = config["entropy"]["fraction"]
     captions = {
@@ -310,7 +310,8 @@ def data_report(run_dir: Path, n_images: int) -> dict:
 def planned_disk(overlay_file: Path) -> list[dict]:
     """preflight's disk estimate (core.preflight.disk_plan) of the rehearsal's config, taken
     as rule preflight takes it: before the download, from the mirror's sizes."""
-    from distinctcap.core.config import load_schema, read_configs, validate
+    from distinctcap.config.check import load_schema, validate
+    from distinctcap.core.configfile import read_configs
     from distinctcap.core.preflight import disk_plan
 
     merged = validate(read_configs([COCO_CONFIG, overlay_file]), load_schema(SCHEMA))
@@ -414,7 +415,7 @@ def schedule(rows: list[dict], config: dict, devices: int) -> float:
     another, then each run's chain (train_run, decode, evaluate_gpu, evaluate: counted on its
     device, conservatively) list-scheduled in the DAG's order (a run after its init, teacher
     or reference), the longest remaining chain first, as run_priorities orders them."""
-    from distinctcap.core.config import effective_run_config, run_dependencies
+    from distinctcap.config.rungraph import effective_run_config, run_dependencies
 
     per_run, upstream = {}, 0.0
     for row in rows:

@@ -19,7 +19,7 @@ from conftest import ROOT
 
 from distinctcap.captioner.model import Captioner, CaptionerConfig
 from distinctcap.clip.load import load_clip
-from distinctcap.core.config import load_schema, validate
+from distinctcap.config.check import load_schema, validate
 from distinctcap.core.io import read_table, write_table
 from distinctcap.data.prepare import prepare
 from distinctcap.data.shapes import GENERIC

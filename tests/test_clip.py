@@ -363,7 +363,7 @@ def test_the_shipped_shapes_clips_are_the_default_configs(which, tmp_path, one_t
     the weights score the validation recall recorded when they were trained."""
     import yaml
 
-    from distinctcap.core.config import load_schema, validate
+    from distinctcap.config.check import load_schema, validate
     from distinctcap.data.prepare import prepare
 
     config = validate(yaml.safe_load((ROOT / "config.yaml").read_text()), load_schema(SCHEMA))

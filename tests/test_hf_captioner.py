@@ -16,7 +16,7 @@ from train_job import run_of
 
 from distinctcap.captioner import search
 from distinctcap.captioner.load import load_captioner
-from distinctcap.core.config import load_schema, validate
+from distinctcap.config.check import load_schema, validate
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.data.tokenizer import PAD
 from distinctcap.features.batches import CaptionData
@@ -176,7 +176,7 @@ def test_config_check_refuses_specificity_and_unreadable_folders(blip_dir, tmp_p
 def test_blip_presets_validate(files, blip_dir):
     """The BLIP presets, as --replace-workflow-config --configfile loads them, with the hub id
     swapped for the tiny BLIP (nothing is downloaded here)."""
-    from distinctcap.core.config import merge_configs
+    from distinctcap.core.configfile import merge_configs
 
     config: dict = {}
     for name in files:

@@ -93,7 +93,7 @@ def test_the_graph_counts_imports_inside_functions():
     graph = import_graph()
     # evaluate.loaded loads the CLIP inside a function (open_clip stays out of its import time)
     assert "distinctcap.clip.load" in graph["distinctcap.evaluate.loaded"]
-    assert "distinctcap.core.errors" in graph["distinctcap.core.config"]
+    assert "distinctcap.core.errors" in graph["distinctcap.core.configfile"]
 
 
 BLOCKED_FOR_TRAINING = ("pycocoevalcap", "distinctcap.report", "distinctcap.evaluate.stage",

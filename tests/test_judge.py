@@ -16,17 +16,12 @@ from evaluate_world import build
 from PIL import Image
 
 from distinctcap.clip.load import load_clip
+from distinctcap.config.check import load_schema, validate
 from distinctcap.core import preflight as pf
-from distinctcap.core.config import (
-    EvalSettings,
-    JudgeSettings,
-    load_schema,
-    merge_configs,
-    read_configs,
-    validate,
-)
+from distinctcap.core.configfile import merge_configs, read_configs
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import read_table, write_table
+from distinctcap.core.settings import EvalSettings, JudgeSettings
 from distinctcap.evaluate import judge
 from distinctcap.evaluate.device import PER_IMAGE, clip_metrics, device_metrics, encode_texts
 from distinctcap.evaluate.inputs import DecodingInputs, EvalPaths

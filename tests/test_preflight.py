@@ -47,7 +47,7 @@ def test_too_little_disk_names_the_folder_the_sizes_and_the_fix():
 
 
 def shipped(name: str) -> dict:
-    from distinctcap.core.config import load
+    from distinctcap.config.check import load
 
     return load(ROOT / name, ROOT / "workflow/schemas/config.schema.yaml")
 
@@ -84,7 +84,7 @@ def test_the_estimate_on_the_mini_coco_mirror_is_within_2x_of_what_the_run_wrote
     from conftest import copy_workflow, snakemake
     from minicoco import MiniServer, build_minicoco
 
-    from distinctcap.core.config import load
+    from distinctcap.config.check import load
     from distinctcap.data.coco import SPLIT_ARCHIVES
 
     (tmp_path / "w").mkdir()

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from distinctcap.core.config import effective_run_config, merge_configs, validate
+from distinctcap.config.check import validate
+from distinctcap.config.rungraph import effective_run_config
+from distinctcap.core.configfile import merge_configs
 from distinctcap.core.schema import load_schema
 from distinctcap.data import coco
 from distinctcap.data.mirror import MirrorServer, archive_path

@@ -16,7 +16,8 @@ import distinctcap.clip.weights  # noqa: F401  (registers the tiny `shapes-vit-t
 import distinctcap.train.clip  # save_weights
 from distinctcap.captioner.search import sample, sample_ids
 from distinctcap.clip.text import ClipTextEncoder
-from distinctcap.core.config import effective_run_config, load_schema, validate
+from distinctcap.config.check import load_schema, validate
+from distinctcap.config.rungraph import effective_run_config
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.data.tokenizer import CLIPSCORE_PREFIX, EOS, PAD, CaptionTokenizer, clip_bpe_ids
 from distinctcap.evaluate.metrics.cider import CiderD

@@ -18,8 +18,9 @@ import distinctcap.clip.weights  # registers the tiny `shapes-vit-tiny` architec
 import distinctcap.train.clip  # save_weights (not imported by anything else here)
 from distinctcap.captioner.search import greedy
 from distinctcap.clip.text import ClipTextEncoder
+from distinctcap.config.check import load_schema, validate
+from distinctcap.config.rungraph import effective_run_config
 from distinctcap.core import work
-from distinctcap.core.config import effective_run_config, load_schema, validate
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.data.tokenizer import EOS, PAD, CaptionTokenizer
 from distinctcap.evaluate.metrics.retrieval import retrieval_ranks

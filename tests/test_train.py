@@ -22,7 +22,8 @@ import torch
 from train_job import fit, job_parts
 
 from distinctcap.captioner.model import Captioner, CaptionerConfig
-from distinctcap.core.config import effective_run_config, load_schema, validate
+from distinctcap.config.check import load_schema, validate
+from distinctcap.config.rungraph import effective_run_config
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import read_table, write_table
 from distinctcap.core.run import RunConfig

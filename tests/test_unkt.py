@@ -16,8 +16,8 @@ from train_job import fit, job_parts, run_of
 from distinctcap.captioner.model import Captioner
 from distinctcap.captioner.search import greedy
 from distinctcap.core import work
-from distinctcap.core.config import steps_per_epoch
 from distinctcap.core.errors import DistinctcapError
+from distinctcap.core.settings import steps_per_epoch
 from distinctcap.data.tokenizer import EOS, PAD
 from distinctcap.features.batches import CaptionData
 from distinctcap.features.read import ImageFeatures

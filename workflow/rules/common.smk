@@ -1,23 +1,17 @@
 """Config validation, wildcard constraints and input functions shared by every stage.
 
 Everything imported here (and by the other rule files) while Snakemake parses the workflow and
-builds its DAG stays free of torch: config checks and method facts come from distinctcap.core.config
+builds its DAG stays free of torch: config checks and method facts come from distinctcap.config
 and distinctcap.methods.facts; the jobs' scripts import the heavy modules."""
 
 import re
 import sys
 from pathlib import Path
 
-from distinctcap.core.config import (
-    config_sources,
-    effective_run_config,
-    entropy_priority,
-    load_schema,
-    run_priorities,
-    seed_runs,
-    selected_runs,
-    validate,
-)
+from distinctcap.config.check import load_schema, validate
+from distinctcap.config.priorities import entropy_priority, run_priorities
+from distinctcap.config.rungraph import effective_run_config, seed_runs, selected_runs
+from distinctcap.core.configfile import config_sources
 from distinctcap.core.cores import features_threads, local_cores
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.params import Defaults, canonical_params, stage_version
@@ -88,7 +82,7 @@ JUDGE_FILES = [TRAINED_JUDGE] if TRAIN_JUDGE else [
 
 # --- Runs: training and decoding (train.smk, decode.smk) -------------------------------------
 
-# every trained model: a run once per seed (core.config.seed_runs; one seed: the config's runs)
+# every trained model: a run once per seed (config.rungraph.seed_runs; one seed: the config's runs)
 SEED_RUNS = seed_runs(config)
 RUNS = {name: run.block for name, run in SEED_RUNS.items()}
 # model name -> [configured run, seed], for the tables that pool a run's seeds

@@ -4,8 +4,8 @@ all wired into `snakemake --report` (captions in workflow/report/)."""
 
 import os
 
-from distinctcap.core.config import metric_block
 from distinctcap.core.cores import evaluate_threads, pending_runs
+from distinctcap.core.settings import metric_block
 from distinctcap.report.summary import evaluation_keys, reference_run
 
 EVALUATE = config["evaluate"]

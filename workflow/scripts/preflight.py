@@ -1,7 +1,7 @@
 """Rule preflight: every check that applies on this node (distinctcap.core.preflight)."""
 
+from distinctcap.config.check import load_schema, validate
 from distinctcap.core import logs
-from distinctcap.core.config import load_schema, validate
 from distinctcap.core.preflight import run_preflight
 
 logs.setup(snakemake.log[0])

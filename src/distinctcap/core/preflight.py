@@ -211,7 +211,7 @@ def model_bytes(config: dict, images: int) -> tuple[float, float, str]:
 
 def runs_part(config: dict, images: int) -> DiskPart:
     """Every trained model's files, and one resume checkpoint (removed when its run ends)."""
-    from distinctcap.core.config import seed_runs
+    from distinctcap.config.rungraph import seed_runs
 
     models = len(seed_runs(config)) if config.get("runs") else 0
     if not models:

@@ -1,7 +1,7 @@
 """The config schema (workflow/schemas), the one owner of every config key, default and allowed
 value: the files merged into one JSON schema, and the defaults they declare, from which
-config.TrainConfig and config.EvalSettings take their field defaults and each method's facts
-(distinctcap.methods.facts) its options.
+the settings classes (distinctcap.core.settings) take their field defaults and each method's
+facts (distinctcap.methods.facts) its options.
 
 Files: config.schema.yaml (top-level keys), sections/<name>.yaml (top-level section <name>),
 methods/<method>.yaml (the options of the runs with `method: <method>`). Imports no torch: the
@@ -82,6 +82,11 @@ def method_options(method: str) -> Mapping[str, object]:
     """The options of `method` runs with their defaults, in the schema's order."""
     properties = _repo_methods()[method]["properties"]
     return MappingProxyType({key: prop["default"] for key, prop in properties.items()})
+
+
+def method_names() -> list[str]:
+    """The methods with an options schema (workflow/schemas/methods/<method>.yaml), sorted."""
+    return list(_repo_methods())
 
 
 @functools.cache

@@ -39,9 +39,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from distinctcap.core.config import EvalSettings
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import read_table, write_table
+from distinctcap.core.settings import EvalSettings
 from distinctcap.evaluate.captionfile import parse_results, results_entries
 from distinctcap.evaluate.inputs import EvalPaths
 from distinctcap.evaluate.metrics.result import KEYS

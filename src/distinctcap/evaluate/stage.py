@@ -41,9 +41,9 @@ import pandas as pd
 import torch
 
 from distinctcap.core import work
-from distinctcap.core.config import EvalSettings
 from distinctcap.core.devices import CPU
 from distinctcap.core.io import atomic_path, write_json, write_table
+from distinctcap.core.settings import EvalSettings
 from distinctcap.data.scene import scene_f1
 from distinctcap.evaluate import judge
 from distinctcap.evaluate.device import (

@@ -69,8 +69,8 @@ import torch
 from torch import Tensor
 
 from distinctcap.captioner.search import greedy, sample
-from distinctcap.core.config import steps_per_epoch
 from distinctcap.core.errors import DistinctcapError
+from distinctcap.core.settings import steps_per_epoch
 from distinctcap.data.tokenizer import BOS, EOS
 from distinctcap.features.batches import distinct_images, encode_batch
 from distinctcap.methods import facts

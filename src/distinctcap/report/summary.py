@@ -115,7 +115,7 @@ def write_summary(
 
 # ---------------------------------------------------------------------------------------------
 # Seeds (issue 34, docs/seeds.md): a run trained over several seeds is one model per seed
-# (distinctcap.core.config.seed_runs); the tables pool its seeds into mean ± sd (n).
+# (distinctcap.config.rungraph.seed_runs); the tables pool its seeds into mean ± sd (n).
 
 SEED = "seed"
 GROUP = list(KEYS)  # what a run's seeds are pooled over: (run, split, decoding)
@@ -123,7 +123,7 @@ GROUP = list(KEYS)  # what a run's seeds are pooled over: (run, split, decoding)
 
 def with_seeds(summary: pd.DataFrame, seed_of: dict) -> pd.DataFrame:
     """The summary with `run` the configured run and a `seed` column after it, from `seed_of`
-    (model name -> (run, seed), core.config.seed_runs); a model it does not name keeps its
+    (model name -> (run, seed), config.rungraph.seed_runs); a model it does not name keeps its
     name and an empty seed."""
     table = summary.copy()
     arms = {name: arm_seed[0] for name, arm_seed in seed_of.items()}
@@ -297,7 +297,7 @@ SEED_COLUMNS = (*SAMPLED_QUALITY, ("mBLEU-4 (20 samples)", "sample20", "mbleu4",
 def seed_group(name: str) -> str:
     """The arm a hand-made repeat names: its name without a trailing _s<seed> (reference_s1 ->
     reference), issue 29's runs of presets/unkt-ablations.yaml; `seeds:` names its models the
-    same way (core.config.seed_name)."""
+    same way (config.rungraph.seed_name)."""
     return re.sub(r"_s\d+$", "", name)
 
 
@@ -461,7 +461,7 @@ def folder_summary(folder: Path, config: dict) -> pd.DataFrame:
     """summary.csv's rows from the metrics tables finished so far under `folder`
     (results/metrics; not the per-image tables), each model by its run and seed (`seed_runs`
     of the validated `config`)."""
-    from distinctcap.core.config import seed_runs
+    from distinctcap.config.rungraph import seed_runs
 
     tables = sorted(folder.glob("*/*.parquet"))
     tables = [p for p in tables if not p.name.endswith("-per_image.parquet")]
@@ -473,7 +473,8 @@ if __name__ == "__main__":  # make readme-table / unkt-ablation-table / unkt-see
     import argparse
     import sys
 
-    from distinctcap.core.config import load_schema, read_configs, validate
+    from distinctcap.config.check import load_schema, validate
+    from distinctcap.core.configfile import read_configs
 
     parser = argparse.ArgumentParser(description="README tables from a run's summary.csv")
     parser.add_argument("summary", help="summary.csv, or a metrics folder (results/metrics) "

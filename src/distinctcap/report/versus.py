@@ -24,7 +24,7 @@ same images for run and reference:
   the micro average over the resampled images, as in the summary.
 Bootstrap (Efron & Tibshirani 1993, percentile interval): `n_boot` resamples of the images
 with replacement, the same resample for run and reference (paired), seeded. A run trained over
-several seeds (core.config.seed_runs) is compared seed by seed with the reference of the same
+several seeds (config.rungraph.seed_runs) is compared seed by seed with the reference of the same
 seed and resampled over seeds and images (`seed_bootstrap`, docs/seeds.md).
 """
 

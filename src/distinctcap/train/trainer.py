@@ -1,7 +1,7 @@
 """The trainer: one loop for every training method, deterministic on CPU and resumable.
 
 `train(run, paths, device, data=None) -> TrainResult` is the whole stage, callable from tests.
-`run` is a run's effective config (`distinctcap.core.config.effective_run_config`) as a
+`run` is a run's effective config (`distinctcap.config.rungraph.effective_run_config`) as a
 `distinctcap.core.run.RunConfig`: its `runs:` block (method, data, init/teacher/reference,
 method options), `seed`, `captioner` (architecture, CaptionerConfig fields) and `train` (a
 config.TrainConfig: the top-level `train` block with the run's `train` overrides on top).
@@ -59,7 +59,6 @@ from distinctcap.captioner.hf import HFCaptioner
 from distinctcap.captioner.load import load_captioner
 from distinctcap.captioner.model import Captioner, CaptionerConfig, DecoderBlock, EncoderBlock
 from distinctcap.core import logs, work
-from distinctcap.core.config import TrainConfig
 from distinctcap.core.distributed import (
     DistEnv,
     GradientReducer,
@@ -73,6 +72,7 @@ from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import atomic_path, write_json
 from distinctcap.core.logs import progress
 from distinctcap.core.run import RunConfig, RunPaths
+from distinctcap.core.settings import TrainConfig
 from distinctcap.data.tokenizer import PAD
 from distinctcap.features.batches import Batch, BatchOrder, encode_batch
 from distinctcap.methods import METHODS

@@ -308,11 +308,11 @@ def data_report(run_dir: Path, n_images: int) -> dict:
 
 
 def planned_disk(overlay_file: Path) -> list[dict]:
-    """preflight's disk estimate (core.preflight.disk_plan) of the rehearsal's config, taken
+    """preflight's disk estimate (runs.preflight.disk_plan) of the rehearsal's config, taken
     as rule preflight takes it: before the download, from the mirror's sizes."""
     from distinctcap.config.check import load_schema, validate
     from distinctcap.core.configfile import read_configs
-    from distinctcap.core.preflight import disk_plan
+    from distinctcap.runs.preflight import disk_plan
 
     merged = validate(read_configs([COCO_CONFIG, overlay_file]), load_schema(SCHEMA))
     return [{"part": p.name, "bytes": p.bytes, "how": p.how} for p in disk_plan(merged)]

@@ -17,7 +17,6 @@ from PIL import Image
 
 from distinctcap.clip.load import load_clip
 from distinctcap.config.check import load_schema, validate
-from distinctcap.core import preflight as pf
 from distinctcap.core.configfile import merge_configs, read_configs
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import read_table, write_table
@@ -29,6 +28,7 @@ from distinctcap.evaluate.metrics import CLIPSCORE_PREFIX
 from distinctcap.evaluate.stage import metric_columns
 from distinctcap.features.extract import FeatureSettings
 from distinctcap.features.pooled import extract_pooled, read_pooled
+from distinctcap.runs import preflight as pf
 from distinctcap.train.clip import TrainSettings, TrainSplit, save_weights, train_fingerprint
 
 SCHEMA = load_schema()

@@ -109,8 +109,8 @@ def test_the_rehearsals_preflight_passes_with_5_gb_free(synthetic, tmp_path, mon
     import open_clip
     from hub_cache import point_hub_at
 
-    from distinctcap.core import preflight as pf
     from distinctcap.core.hub import snapshot_folder
+    from distinctcap.runs import preflight as pf
 
     out, md5, counts = synthetic
     point_hub_at(monkeypatch, tmp_path / "hub")  # the tag's weights: a stub is found offline

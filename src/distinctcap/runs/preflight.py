@@ -1,5 +1,8 @@
 """The preflight job (rule preflight, first in the DAG, on the GPU rules' partition): what would
 stop a run hours later is checked on the node itself before anything is downloaded or trained.
+It reads the facts of the stages it checks (the COCO download plan, java for the COCO metrics,
+the CLIP weights, the runs over seeds, the feature loader's /dev/shm), so it sits in runs/, the
+top layer (ARCHITECTURE.md, Layers).
 
 Each check is a function of the facts it reads (a driver string, a compute capability, sizes
 in bytes), so each is tested on a CPU with a failing fact; it returns None or one line naming
@@ -27,6 +30,7 @@ from functools import partial
 from pathlib import Path
 
 from distinctcap.core.errors import DistinctcapError
+from distinctcap.features import shm
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +42,6 @@ TEXT_BYTES = 512 * 2  # float16 text embedding per caption
 CLIP_BPE_VOCAB = 49_408  # the captioner's vocabulary: the CLIP BPE tokens its captions use
 TRAINED_CLIP_BYTES = 18.5 * MB  # a shapes CLIP's weights (assets/clip/shapes-rn-tiny.pt)
 CHECKPOINT_COPIES = 4  # a run's resume checkpoint: model, AdamW's two moments, the best model
-SHM_SAFETY = 2  # a worker's batch sits in shared memory twice (its tensors, then collated)
-LOADER_PREFETCH = 4  # batches each feature-loader worker prepares ahead (features.extract)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -106,25 +108,6 @@ def check_disk(free: float, need: float, where: str):
         f"{where} has {free / GB:.1f} GB free but the planned stages write about "
         f"{need / GB:.1f} GB: free space there or run in a folder on a larger disk "
         "(snakemake --directory)"
-    )
-
-
-def shm_workers(workers: int, batch_bytes: float, prefetch: int, shm_free: float) -> int:
-    """The most DataLoader workers (<= `workers`) whose prefetched batches fit /dev/shm."""
-    per_worker = batch_bytes * prefetch * SHM_SAFETY
-    return min(workers, int(shm_free // per_worker)) if per_worker else workers
-
-
-def check_shm(workers: int, batch_bytes: float, prefetch: int, shm_free: float):
-    """A warning, not a stop: the feature loader runs with fewer workers (shm_workers)."""
-    fits = shm_workers(workers, batch_bytes, prefetch, shm_free)
-    if fits >= workers:
-        return None
-    need = workers * batch_bytes * prefetch * SHM_SAFETY
-    return (
-        f"/dev/shm has {shm_free / GB:.2f} GB free, {workers} loader workers need about "
-        f"{need / GB:.2f} GB: feature extraction runs with {fits} (set clip.features.workers: "
-        f"{fits} to silence this, or give the job more shared memory, e.g. docker --shm-size)"
     )
 
 
@@ -312,21 +295,7 @@ def shm_line(config: dict, cpus: int) -> str | None:
     workers = max(0, cpus - 1) if workers == "auto" else int(workers)
     size = 64 if config["clip"]["pretrained"] == "train" else 224
     batch = int(features.get("batch_size", 256)) * 3 * size * size
-    return check_shm(workers, batch, LOADER_PREFETCH, shm_free())
-
-
-def shm_free() -> float:
-    return shutil.disk_usage("/dev/shm").free if Path("/dev/shm").is_dir() else float("inf")
-
-
-def workers_fitting_shm(workers: int, batch_bytes: float) -> int:
-    """The feature loader's workers, fewer with a warning when /dev/shm is too small for them
-    (a container's 64 MB default otherwise ends the job with a bus error)."""
-    line = check_shm(workers, batch_bytes, LOADER_PREFETCH, shm_free())
-    if line is None:
-        return workers
-    log.warning(line)
-    return shm_workers(workers, batch_bytes, LOADER_PREFETCH, shm_free())
+    return shm.check_shm(workers, batch, shm.LOADER_PREFETCH, shm.shm_free())
 
 
 def clip_blocks(config: dict) -> list[tuple[str, dict]]:

@@ -52,6 +52,7 @@ from distinctcap.evaluate.device import (
     device_metrics,
     read_device_metrics,
 )
+from distinctcap.evaluate.headline import HEADLINE_DIVERSITY, HEADLINE_QUALITY
 from distinctcap.evaluate.inputs import (
     DecodingInputs,
     EvalPaths,
@@ -71,7 +72,6 @@ from distinctcap.evaluate.metrics import (
     evaluate_captions,
 )
 from distinctcap.evaluate.scene_judge import NO_SCENES, split_scenes
-from distinctcap.report.summary import HEADLINE_DIVERSITY, HEADLINE_QUALITY
 
 log = logging.getLogger(__name__)
 

@@ -17,9 +17,10 @@ import pandas as pd
 
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import atomic_path, read_table
+from distinctcap.core.runcard import list_runs
+from distinctcap.evaluate.headline import HEADLINE_DIVERSITY, HEADLINE_QUALITY
 from distinctcap.evaluate.metrics import DIVERSITY_METRICS, QUALITY_METRICS
 from distinctcap.evaluate.metrics.result import KEYS
-from distinctcap.runs.runcard import list_runs
 
 SUMMARY_BASE = (
     *KEYS,
@@ -180,14 +181,6 @@ def pooled_rows(summary: pd.DataFrame, split: str) -> pd.DataFrame:
     return seed_table(summary[summary.split == split]).set_index(["run", "decoding"])
 
 
-# The README's headline table: (header, column, decimals, direction); quality on one decoding,
-# diversity on a sampled one. Every value on its metric's own scale (fractions stay fractions).
-HEADLINE_QUALITY = (
-    ("BLEU-4", "bleu4", 3, "↑"), ("METEOR", "meteor", 3, "↑"), ("CIDEr", "cider", 3, "↑"),
-    ("R@1", "r_at_1", 3, "↑"), ("mean rank", "mean_rank", 1, "↓"),
-    ("CLIPScore", "clipscore", 2, "↑"), ("scene F1", "scene_f1", 3, "↑"),
-)
-HEADLINE_DIVERSITY = (("Div-2", "div2", 3, "↑"), ("distinct", "distinct", 3, "↑"))
 # The independent judges (issue 45) beside the trainer's CLIP metric each re-measures: the judge
 # CLIP (a second CLIP no training rule sees) and, on the shapes world, scene retrieval (the
 # caption's parsed claims ranked against every image's true scene graph).

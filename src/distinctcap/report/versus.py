@@ -39,16 +39,17 @@ import pandas as pd
 
 from distinctcap.core.io import atomic_path
 from distinctcap.data.scene import score_caption
+from distinctcap.evaluate.headline import HEADLINE_QUALITY
 from distinctcap.evaluate.metrics.cider import CiderD
 from distinctcap.report.judged import LOWER_BETTER, judge_line
-from distinctcap.report.summary import HEADLINE_QUALITY, JUDGE_METRICS, latex, run_order
+from distinctcap.report.summary import JUDGE_METRICS, latex, run_order
 
 COLUMNS = [
     "run", "decoding", "split", "metric", "value", "reference_value", "difference",
     "ci_low", "ci_high", "verdict",
 ]  # fmt: skip
-# the README's headline columns and the judges' with their arrows (report.summary), plus scene
-# precision; LOWER_BETTER (report.judged): the mean ranks
+# the README's headline columns and the judges' with their arrows (evaluate.headline,
+# report.summary), plus scene precision; LOWER_BETTER (report.judged): the mean ranks
 HEADERS = {column: f"{header} {arrow}"
            for header, column, _, arrow, *_ in (*HEADLINE_QUALITY, *JUDGE_METRICS)}  # fmt: skip
 HEADERS["scene_precision"] = "scene precision ↑"

@@ -218,9 +218,9 @@ def evaluate(args) -> int:
     from distinctcap.config.check import load
     from distinctcap.core.schema import SCHEMA_PATH
     from distinctcap.core.settings import EvalSettings
-    from distinctcap.evaluate import resultsfile as rf
     from distinctcap.report.summary import write_summary
     from distinctcap.report.versus import markdown
+    from distinctcap.runs import resultsfile as rf
 
     if not Path(args.configfile).is_file():
         raise DistinctcapError(f"--configfile {args.configfile}: no such file")

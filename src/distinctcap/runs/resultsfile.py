@@ -26,6 +26,9 @@ Memory is bounded by the data folder, not by the file: at most `MAX_SAMPLES_PER_
 captions of one image are scored, and a file larger than that many entries of
 `MAX_ENTRY_BYTES` for every image of the split is refused before it is read. Either refusal,
 like every unreadable file, is one line.
+
+It sits in runs/, beside the other `distinctcap` commands: it reads the report's headline
+table and its comparison with ours (report/, the layer below; ARCHITECTURE.md, Layers).
 """
 
 from __future__ import annotations

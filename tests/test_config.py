@@ -260,11 +260,12 @@ def test_each_method_declares_its_facts_once():
 
     facts_names = (
         "edges", "needs", "options", "mean_over", "val_metrics", "extra_inputs",
-        "option_conflicts",
+        "option_conflicts", "objective_class",
     )
-    assert set(METHODS) == set(FACTS)
+    assert list(METHODS) == list(FACTS)  # derived from the one registry, in its order
     for method, cls in METHODS.items():
         assert issubclass(cls, FACTS[method]), method
+        assert FACTS[method].objective_class == f"{cls.__module__}:{cls.__name__}"
         assert not set(facts_names) & set(vars(cls)), f"{method} redeclares a fact"
         facts = FACTS[method]
         assert set(facts.needs) <= set(facts.edges) <= {"init", "teacher", "reference"}

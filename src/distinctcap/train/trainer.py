@@ -4,7 +4,7 @@
 `run` is a run's effective config (`distinctcap.config.rungraph.effective_run_config`) as a
 `distinctcap.core.run.RunConfig`: its `runs:` block (method, data, init/teacher/reference,
 method options), `seed`, `captioner` (architecture, CaptionerConfig fields) and `train` (a
-config.TrainConfig: the top-level `train` block with the run's `train` overrides on top).
+core.settings.TrainConfig: the top-level `train` block with the run's `train` overrides on top).
 `paths` (RunPaths) names its input files and its output folder; the Snakemake rule's script
 fills it from the rule's inputs and output.
 

@@ -3,6 +3,7 @@ evaluation's CIDEr-D, the baselines and the REINFORCE loss on hand-computed case
 rewards, sampling, and runs of a tiny model through the real trainer (training, resume)."""
 
 import random
+import re
 
 import numpy as np
 import open_clip
@@ -271,16 +272,31 @@ def test_scst_steps_raise_the_expected_cider_reward(clip, tok):
 @pytest.mark.parametrize(
     ("options", "match"),
     [
-        ({"k": 1}, "k >= 2"),
-        ({"baseline": "beam"}, "baseline"),
-        ({"rewards": {"cider": 0.0}}, "every weight is 0"),
-        ({"rewards": {"cider": -1.0}}, "weights >= 0"),
+        ({"k": 1}, "runs.s.k = 1: baseline new averages an image's other samples; set k >= 2"),
+        ({"rewards": {"cider": 0.0}}, "runs.s.rewards: every weight is 0"),
     ],
 )
 def test_bad_options_are_named(clip, tok, options, match):
     ctx = TrainContext(torch.device("cpu"), world(clip, tok), {}, tok)
     with pytest.raises(DistinctcapError, match=match):
         SCST(run_of({"method": "scst", "name": "s", **options}), ctx, clip=clip)
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"k": 1}, "runs.s.k = 1: baseline new averages an image's other samples; set k >= 2"),
+        ({"baseline": "beam"}, "runs.s.baseline = 'beam' is not allowed; choose one of"),
+        ({"rewards": {"cider": -1.0}}, "runs.s.rewards.cider = -1.0: -1.0 is less than the "),
+        ({"rewards": {"bleu": 1.0}}, "unknown key runs.s.rewards.bleu; allowed keys here: "),
+    ],
+)
+def test_the_config_check_names_a_bad_option(options, match):
+    """The schema (types, ranges, the reward names) and the facts' option conflicts check an
+    SCST run once, when the config is validated."""
+    runs = {"r": {"method": "mle"}, "s": {"method": "scst", "init": "r", **options}}
+    with pytest.raises(DistinctcapError, match=re.escape(match)):
+        validate({"runs": runs}, load_schema())
 
 
 # ------------------------------------------------------------------ through the real trainer

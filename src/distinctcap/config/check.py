@@ -135,8 +135,8 @@ def check_run_options(runs: dict) -> None:
     which: Objective.option_conflicts)."""
     for name, run in runs.items():
         facts = FACTS.get(run.get("method"))
-        for key, why in (facts.option_conflicts(run) if facts else {}).items():
-            raise DistinctcapError(f"runs.{name}.{key} = {run.get(key)!r}: {why}")
+        if facts:
+            facts.refuse_conflicts(name, run)
 
 
 def check_judge(config: dict) -> None:

@@ -111,6 +111,14 @@ class Objective:
         return {}
 
     @classmethod
+    def refuse_conflicts(cls, name: str, run: Mapping) -> None:
+        """Raise the first of `option_conflicts(run)` as one line naming the key, for run
+        `name` (the config check, config.check.check_run_options, and an objective built from
+        a run that no config check saw)."""
+        for key, why in cls.option_conflicts(dict(run)).items():
+            raise DistinctcapError(f"runs.{name}.{key} = {run.get(key)!r}: {why}")
+
+    @classmethod
     def step_cost(cls, run: dict) -> float:
         """An optimiser step of run block `run` against an MLE step of the same batch: the
         scheduler's estimate of a run's training time (config.priorities.run_priorities), from the

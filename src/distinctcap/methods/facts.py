@@ -20,6 +20,8 @@ distinctcap.methods.METHODS, derived from it, to the trainable subclass.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from distinctcap.core.schema import method_options
 from distinctcap.methods.base import Objective
 
@@ -159,15 +161,24 @@ class SCST(Objective):
     mean_over = "captions"
 
     @classmethod
+    def settings(cls, run: Mapping) -> dict:
+        """The run's options over their defaults, `rewards` merged weight by weight (a block may
+        name some weights only): the one merge of SCST's defaults, read by the facts and the
+        objective (methods.scst)."""
+        opts = {key: run.get(key, default) for key, default in cls.options.items()}
+        opts["rewards"] = {**cls.options["rewards"], **(run.get("rewards") or {})}
+        return opts
+
+    @classmethod
     def extra_inputs(cls, run: dict) -> dict[str, str | float | None]:
         """The CLIP, for the retrieval and CLIPScore rewards when either weighs > 0."""
-        weights = {**cls.options["rewards"], **(run.get("rewards") or {})}
+        weights = cls.settings(run)["rewards"]
         return {"clip": None} if weights["retrieval"] or weights["clipscore"] else {}
 
     @classmethod
     def option_conflicts(cls, run: dict) -> dict[str, str]:
         """The new SCST baseline averages the image's other samples: it needs k >= 2."""
-        opt = {**cls.options, **run}
+        opt = cls.settings(run)
         if opt["baseline"] == "new" and opt["k"] < 2:
             return {"k": "baseline new averages an image's other samples; set k >= 2 or "
                          "baseline: greedy"}

@@ -197,7 +197,7 @@ def test_a_run_gets_the_defaults_of_its_own_method_only():
 
 
 def test_the_train_and_evaluate_settings_are_the_schemas_keys_with_its_defaults():
-    from distinctcap.core.settings import EvalSettings, TrainConfig
+    from distinctcap.core.settings import EvalSettings, JudgeSettings, TrainConfig, metric_block
 
     train = SCHEMA["properties"]["train"]["properties"]
     defaults = {f.name: getattr(TrainConfig(), f.name) for f in dataclasses.fields(TrainConfig)}
@@ -205,9 +205,16 @@ def test_the_train_and_evaluate_settings_are_the_schemas_keys_with_its_defaults(
     assert defaults == {**{k: v["default"] for k, v in train.items()}, "betas": (0.9, 0.98)}
     evaluate = SCHEMA["properties"]["evaluate"]["properties"]
     settings = dataclasses.asdict(EvalSettings())
-    metric_keys = [k for k in evaluate if not k.startswith("gallery_")]  # the report's
+    # the report's keys are not metric settings; the judge's are JudgeSettings
+    metric_keys = [k for k in evaluate if not k.startswith("gallery_") and k != "judge"]
     assert sorted(settings) == sorted([*metric_keys, "seed", "device"])
     assert all(settings[k] == evaluate[k]["default"] for k in metric_keys)
+    judge = {k: v for k, v in evaluate["judge"]["properties"].items() if "default" in v}
+    assert {k: getattr(JudgeSettings("a"), k) for k in judge} == {
+        k: v["default"] for k, v in judge.items()
+    }
+    block = {"judge": {"arch": "a"}, "gallery_images": 3, "spice": True}
+    assert metric_block(block) == {"judge": {"arch": "a"}, "spice": True}  # the judge's columns
     assert EvalSettings().oracle_ns is not EvalSettings().oracle_ns  # a list per instance
 
 

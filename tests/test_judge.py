@@ -224,7 +224,8 @@ def test_fetch_and_preflight_name_the_coco_judges_weights(tmp_path):
     assert coco["evaluate"]["judge"] | {"train": None} == {
         "arch": "ViT-L-14", "pretrained": "openai", "seed": 1, "train": None
     }
-    blocks = [("clip", coco["clip"]), ("evaluate.judge", coco["evaluate"]["judge"])]
+    judge = {**coco["evaluate"]["judge"], "tag": None}  # as JudgeSettings reads it
+    blocks = [("clip", coco["clip"]), ("evaluate.judge", judge)]
     assert pf.clip_blocks(coco) == blocks
     config = {"data": {"source": "shapes"}, "clip": {"arch": "ViT-B-32", "pretrained": "train"},
               "captioner": {}, "evaluate": {"judge": coco["evaluate"]["judge"]}}  # fmt: skip

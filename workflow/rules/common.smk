@@ -15,6 +15,7 @@ from distinctcap.core.configfile import config_sources
 from distinctcap.core.cores import features_threads, local_cores
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.params import Defaults, canonical_params, stage_version
+from distinctcap.core.settings import JudgeSettings
 from distinctcap.methods.facts import FACTS
 
 SCHEMA = Path(workflow.basedir) / "workflow" / "schemas" / "config.schema.yaml"
@@ -70,13 +71,13 @@ CLIP_RECORD = canonical_params(
 
 # --- The judge CLIP (evaluate.judge; judge.smk): read by the evaluation only ------------------
 
-JUDGE = config["evaluate"].get("judge")  # None: no judge, its columns are skipped
-TRAIN_JUDGE = bool(JUDGE) and JUDGE["pretrained"] == "train"
-TRAINED_JUDGE = f"results/judge/{JUDGE['arch']}.pt" if JUDGE else None
+JUDGE = JudgeSettings.from_config(config)  # None: no judge, its columns are skipped
+TRAIN_JUDGE = bool(JUDGE) and JUDGE.trained
+TRAINED_JUDGE = f"results/judge/{JUDGE.arch}.pt" if JUDGE else None
 JUDGE_FEATURES = "results/judge/features.parquet"  # judge_features: pooled, val and test images
 # the judge's weights file or local-dir folder (none for a tag), as CLIP_FILES
 JUDGE_FILES = [TRAINED_JUDGE] if TRAIN_JUDGE else [
-    p for p in [JUDGE["pretrained"].removeprefix("local-dir:")] if Path(p).exists()
+    p for p in [JUDGE.pretrained.removeprefix("local-dir:")] if Path(p).exists()
 ] if JUDGE else []
 
 

@@ -1,5 +1,6 @@
 """The typed settings of config sections: `TrainConfig` (the `train` section), `EvalSettings`
-(the metric keys of `evaluate`) and `JudgeSettings` (`evaluate.judge`).
+(the metric keys of `evaluate`) and `JudgeSettings` (`evaluate.judge`, the one shape in which
+the rules, common.smk and judge.smk, and the code read the judge CLIP).
 
 Each field's default is the repository schema's (workflow/schemas/, distinctcap.core.schema),
 the one owner of every default and allowed value. Imports no torch: the workflow reads them
@@ -105,7 +106,9 @@ class TrainConfig:
 @dataclass
 class EvalSettings:
     """The metric keys of the `evaluate:` config block, with the schema's defaults
-    (workflow/schemas/sections/evaluate.yaml), plus the config's seed and the device."""
+    (workflow/schemas/sections/evaluate.yaml), plus the config's seed and the device. The
+    judge CLIP is not one of them: its columns are scored from its features file, and its
+    settings are `JudgeSettings`."""
 
     oracle_ns: list[int] = from_schema("evaluate", "oracle_ns")
     curve_ns: list[int] = from_schema("evaluate", "curve_ns")
@@ -121,19 +124,25 @@ class EvalSettings:
     self_retrieval_of_samples: bool = from_schema("evaluate", "self_retrieval_of_samples")
     seed: int = from_schema("seed")
     batch_size: int = from_schema("evaluate", "batch_size")
-    judge: dict | None = from_schema("evaluate", "judge")  # JudgeSettings.from_config reads it
     device: str = "cpu"  # a resolved device (the config's `device` may say auto)
 
     @classmethod
     def from_config(cls, block: dict, **extra: object) -> EvalSettings:
-        """Settings from a config block; keys other than the fields (gallery, ...) are ignored."""
-        return cls(**metric_block({**block, **extra}))
+        """Settings from a config block; keys other than the fields (gallery, judge, ...) are
+        ignored."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in {**block, **extra}.items() if k in names})
+
+
+# an evaluate key the metrics depend on besides EvalSettings' fields: the judge, whose columns
+# the evaluate jobs score from its features (JudgeSettings)
+JUDGE_KEY = "judge"
 
 
 def metric_block(block: dict) -> dict:
     """The keys of an `evaluate:` block the metrics depend on (not the gallery's), so that
     editing a report-only key does not rerun every evaluation."""
-    names = {f.name for f in fields(EvalSettings)}
+    names = {f.name for f in fields(EvalSettings)} | {JUDGE_KEY}
     return {k: v for k, v in block.items() if k in names}
 
 
@@ -149,10 +158,10 @@ class JudgeSettings:
     train, as the trainer CLIP's do."""
 
     arch: str
-    pretrained: str = "train"
-    tag: str | None = None
-    seed: int = 1
-    train: dict = field(default_factory=dict)
+    pretrained: str = from_schema("evaluate", "judge", "pretrained")
+    tag: str | None = None  # the schema gives it no default
+    seed: int = from_schema("evaluate", "judge", "seed")
+    train: dict = from_schema("evaluate", "judge", "train")
 
     @property
     def trained(self) -> bool:
@@ -162,5 +171,5 @@ class JudgeSettings:
     @classmethod
     def from_config(cls, config: dict) -> JudgeSettings | None:
         """The judge of a validated config; None when evaluate.judge is null or absent."""
-        block = (config.get("evaluate") or {}).get("judge")
+        block = (config.get("evaluate") or {}).get(JUDGE_KEY)
         return cls(**block) if block else None

@@ -25,11 +25,12 @@ import logging
 import re
 import shutil
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 
 from distinctcap.core.errors import DistinctcapError
+from distinctcap.core.settings import JudgeSettings
 from distinctcap.features import shm
 
 log = logging.getLogger(__name__)
@@ -300,9 +301,10 @@ def shm_line(config: dict, cpus: int) -> str | None:
 
 def clip_blocks(config: dict) -> list[tuple[str, dict]]:
     """(config key, block) of each CLIP the config reads: the trainer's (`clip`) and the judge
-    (`evaluate.judge`, when one is set); each block has arch, pretrained and maybe tag."""
-    judge = (config.get("evaluate") or {}).get("judge")
-    return [("clip", config["clip"]), *([("evaluate.judge", judge)] if judge else [])]
+    (`evaluate.judge`, when one is set, as its JudgeSettings' fields); each block has arch,
+    pretrained and maybe tag."""
+    judge = JudgeSettings.from_config(config)
+    return [("clip", config["clip"]), *([("evaluate.judge", asdict(judge))] if judge else [])]
 
 
 def weights_lines(config: dict) -> list[str | None]:

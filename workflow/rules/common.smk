@@ -15,6 +15,7 @@ from distinctcap.core.configfile import config_sources
 from distinctcap.core.cores import features_threads, local_cores
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.params import Defaults, canonical_params, stage_version
+from distinctcap.core.results import GENERATED_PATH, RUN_DIR
 from distinctcap.core.settings import JudgeSettings
 from distinctcap.methods.facts import FACTS
 
@@ -89,7 +90,6 @@ RUNS = {name: run.block for name, run in SEED_RUNS.items()}
 # model name -> [configured run, seed], for the tables that pool a run's seeds
 SEED_OF = {name: [run.arm, run.seed] for name, run in SEED_RUNS.items()}
 DECODING = config["decoding"]
-RUN_DIR = "results/runs"
 FEATURES_INDEX = "results/features/index.json"  # extract_features (features.smk)
 # captioner.kind transformers: the pre-trained model's frozen vision states are the runs' grid
 # (extract_captioner_features) and each run is also exported for transformers (export_hf)
@@ -197,7 +197,7 @@ def train_paths(wildcards):
 def decode_targets():
     """Every run's captions under every decoding setting, for each setting's splits."""
     return [
-        f"results/generated/{run}/{split}-{name}.parquet"
+        GENERATED_PATH.format(run=run, split=split, decoding=name)
         for run in RUNS
         for name, setting in DECODING.items()
         for split in setting["splits"]

@@ -22,22 +22,13 @@ from distinctcap.config.rungraph import check_runs, seeded_runs
 from distinctcap.core.configfile import read_yaml
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.hub import pretrained_type
+from distinctcap.core.results import DECODING_OUTPUTS, RUN_OUTPUTS
 from distinctcap.core.schema import SCHEMA_PATH
 from distinctcap.core.schema import load_schema as merged_schema
 from distinctcap.core.settings import JudgeSettings
 from distinctcap.core.validation import schema_checked
 from distinctcap.methods.facts import FACTS
 from distinctcap.train.select_metrics import all_select_metrics
-
-# the outputs named by a run and a decoding (decode.smk, evaluate.smk); check_outputs refuses
-# two configured names whose outputs are one path
-RUN_OUTPUTS = ("results/runs/{run}", "results/generated/{run}", "results/metrics/{run}")
-DECODING_OUTPUTS = (
-    "results/generated/{run}/{split}-{decoding}.parquet",
-    "results/metrics/{run}/{split}-{decoding}.parquet",
-    "results/metrics/{run}/{split}-{decoding}-cider_vs_n.csv",
-    "results/metrics/{run}/{split}-{decoding}-per_image.parquet",
-)
 
 
 def load_schema(path: str | os.PathLike = SCHEMA_PATH) -> dict:
@@ -80,7 +71,8 @@ def check_outputs(config: dict) -> None:
 
 
 def configured_outputs(config: dict) -> Iterator[tuple[str, str]]:
-    """(config key, path) of every output whose path a run or decoding name is part of."""
+    """(config key, path) of every output whose path a run or decoding name is part of
+    (distinctcap.core.results)."""
     decoding = config.get("decoding", {})
     for run in config.get("runs", {}):
         for template in RUN_OUTPUTS:

@@ -4,8 +4,10 @@ facts, which the config checks read, have one home and agree with the schema."""
 import dataclasses
 import os
 import re
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import ROOT, snakemake
@@ -254,6 +256,34 @@ def test_each_method_has_a_schema_of_its_options_with_defaults_and_descriptions(
             assert {"default", "description"} <= set(schema), f"{method} {option}"
             assert {"type", "enum"} & set(schema), f"{method} {option}"
             assert FACTS[method].options[option] == schema["default"]
+
+
+def test_an_installed_package_finds_its_schema(tmp_path):
+    """The schema ships as package data: a non-editable install, away from the repository,
+    validates a config with its own copy; workflow/schemas links to the package's folder."""
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source)
+    shutil.copytree(ROOT / "src", source / "src",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))  # fmt: skip
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                    "--no-build-isolation", "--no-index", "--target", str(site), str(source)],
+                   check=True, capture_output=True)  # fmt: skip
+    code = (
+        "import distinctcap.core.schema as s; from distinctcap.config.check import "
+        "load_schema, validate; print(s.SCHEMA_PATH); "
+        "print(validate({'runs': {'r': {'method': 'mle'}}}, load_schema())['train']['steps'])"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(site)})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    path, steps = done.stdout.split()
+    assert Path(path).is_relative_to(site)
+    assert int(steps) == SCHEMA["properties"]["train"]["properties"]["steps"]["default"]
+    schemas = ROOT / "src" / "distinctcap" / "schemas"
+    assert (ROOT / "workflow" / "schemas").resolve() == schemas.resolve()
 
 
 # --- One home per method: its facts class (distinctcap.methods.facts) ----------------------

@@ -27,6 +27,7 @@ from distinctcap.config.rungraph import effective_run_config
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import read_table, write_table
 from distinctcap.core.run import RunConfig
+from distinctcap.core.settings import TrainConfig
 from distinctcap.features.batches import BatchOrder, CaptionData, encode_batch, select_captions
 from distinctcap.features.read import ImageFeatures
 from distinctcap.methods import METHODS
@@ -37,7 +38,7 @@ from distinctcap.train.data import RunData
 from distinctcap.train.schedule import lr_factor
 from distinctcap.train.selection import VAL_METRICS, ValMetric
 from distinctcap.train.stats import NonFiniteLossError
-from distinctcap.train.trainer import TrainConfig, Trainer
+from distinctcap.train.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

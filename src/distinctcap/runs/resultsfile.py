@@ -46,11 +46,12 @@ from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import read_table, write_table
 from distinctcap.core.settings import EvalSettings
 from distinctcap.evaluate.captionfile import parse_results, results_entries
+from distinctcap.evaluate.headline import HEADLINE_DIVERSITY
 from distinctcap.evaluate.inputs import EvalPaths
 from distinctcap.evaluate.metrics.result import KEYS
 from distinctcap.evaluate.stage import Evaluation, evaluate_decoding
 from distinctcap.features.read import feature_ids
-from distinctcap.report.summary import HEADLINE_DIVERSITY, headline_quality, markdown_table
+from distinctcap.report.summary import headline_quality, markdown_table
 from distinctcap.report.versus import compare_runs
 
 # The most samples of one image that are scored: the largest n any metric reads (the oracle

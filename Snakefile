@@ -8,7 +8,7 @@ from pathlib import Path
 
 from snakemake.utils import min_version
 
-from distinctcap.core.config import read_yaml
+from distinctcap.core.configfile import read_yaml
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.runs.experiments import record_experiment
 

@@ -24,11 +24,11 @@ import numpy as np
 import torch
 
 from distinctcap.captioner.model import Captioner, CaptionerConfig
-from distinctcap.data.batches import CaptionData
+from distinctcap.core.run import RunConfig
+from distinctcap.features.batches import CaptionData
 from distinctcap.features.read import ImageFeatures
 from distinctcap.methods import METHODS
 from distinctcap.methods.base import TrainContext
-from distinctcap.train.run import RunConfig
 
 
 def make_data(images: int, per_image: int, grid: int, dv: int, dp: int, vocab: int, max_len: int):

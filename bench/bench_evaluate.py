@@ -39,15 +39,16 @@ import torch
 
 from distinctcap.captioner.model import Captioner, CaptionerConfig
 from distinctcap.clip.load import load_clip
-from distinctcap.clip.train import save_weights
-from distinctcap.core.config import EvalSettings, load_schema, validate
+from distinctcap.config.check import load_schema, validate
 from distinctcap.core.io import read_table, write_table
+from distinctcap.core.settings import EvalSettings
 from distinctcap.data.prepare import prepare
 from distinctcap.data.shapes import LEVELS, caption
 from distinctcap.data.tokenizer import CaptionTokenizer
 from distinctcap.evaluate.inputs import EvalPaths
 from distinctcap.evaluate.stage import evaluate_decoding
 from distinctcap.features.extract import FeatureSettings, extract_features
+from distinctcap.train.clip import save_weights
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"

@@ -39,12 +39,12 @@ sys.path.insert(0, str(ROOT / "tests"))
 from evaluate_world import build  # noqa: E402
 
 from distinctcap.clip.load import load_clip  # noqa: E402
-from distinctcap.clip.train import save_weights  # noqa: E402
-from distinctcap.core.config import EvalSettings, metric_block  # noqa: E402
 from distinctcap.core.io import read_table, write_table  # noqa: E402
+from distinctcap.core.settings import EvalSettings, metric_block  # noqa: E402
 from distinctcap.evaluate import stage as new_stage  # noqa: E402
 from distinctcap.features.extract import FeatureSettings  # noqa: E402
 from distinctcap.features.pooled import extract_pooled  # noqa: E402
+from distinctcap.train.clip import save_weights  # noqa: E402
 
 OLD_REF = "f1be225"  # main before issue 46's evaluate change
 SPLITS, DECODINGS, SAMPLES = ("test", "val"), ("greedy", "beam3", "sample20"), 20

@@ -47,7 +47,6 @@ import torch
 from PIL import Image
 
 from distinctcap.clip.load import byte_transform, load_clip, load_images, normalize
-from distinctcap.clip.train import save_weights
 from distinctcap.core.devices import resolve_device
 from distinctcap.core.io import read_table
 from distinctcap.data.prepare import prepare
@@ -59,6 +58,7 @@ from distinctcap.features.extract import (
     fallback_line,
 )
 from distinctcap.features.store import plan_shards
+from distinctcap.train.clip import save_weights
 
 
 def shapes_world(root: Path, n: int, size: int = 64) -> tuple:

@@ -66,7 +66,7 @@ def stage_device():
 
 
 def coco_config() -> dict:
-    from distinctcap.core.config import load
+    from distinctcap.config.check import load
 
     return load(REPO / "config.coco.yaml", REPO / "workflow/schemas/config.schema.yaml")
 
@@ -104,8 +104,8 @@ def stage_evaluate(store: Path, work: Path) -> None:
     import numpy as np
     import pandas as pd
 
-    from distinctcap.core.config import EvalSettings
     from distinctcap.core.io import read_table, write_table
+    from distinctcap.core.settings import EvalSettings
     from distinctcap.evaluate.device import model_metrics
     from distinctcap.evaluate.inputs import EvalPaths, nearest, read_generated
     from distinctcap.evaluate.loaded import captions_by_image, load_pooled
@@ -138,9 +138,9 @@ def stage_evaluate(store: Path, work: Path) -> None:
 
 
 def stage_train(store: Path, work: Path, steps: int = 20) -> None:
-    from distinctcap.core.config import effective_run_config
+    from distinctcap.config.rungraph import effective_run_config
     from distinctcap.core.devices import resolve_device
-    from distinctcap.train.run import RunConfig, RunPaths
+    from distinctcap.core.run import RunConfig, RunPaths
     from distinctcap.train.trainer import train
 
     cfg = effective_run_config(coco_config(), "reference")

@@ -21,9 +21,9 @@ import argparse
 import torch
 from bench_cl_smile import add_model_args, model_and_data, setup
 
+from distinctcap.core.run import RunConfig
 from distinctcap.methods import METHODS
 from distinctcap.methods.base import TrainContext
-from distinctcap.train.run import RunConfig
 
 BUDGET_STEP, BUDGET_REWARD = 3.0, 0.20
 

@@ -22,14 +22,14 @@ import torch
 
 import distinctcap.clip.weights  # noqa: F401  (registers shapes-vit-tiny)
 from distinctcap.captioner.model import Captioner, CaptionerConfig
-from distinctcap.data.batches import CaptionData
+from distinctcap.core.run import RunConfig
 from distinctcap.data.tokenizer import CaptionTokenizer
+from distinctcap.features.batches import CaptionData
 from distinctcap.features.neighbours import NeighbourTable, top_neighbours
 from distinctcap.features.read import ImageFeatures
 from distinctcap.methods import METHODS
 from distinctcap.methods.base import TrainContext
 from distinctcap.methods.specificity import generate_ids, output_probs
-from distinctcap.train.run import RunConfig
 
 
 def main() -> None:

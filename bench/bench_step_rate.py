@@ -29,11 +29,13 @@ from bench_steps import METHODS, BenchTrainer, clip_parts, ms_per_step
 from bench_trainer import CAPTIONER, shapes_like_data
 
 from distinctcap.captioner.model import Captioner, CaptionerConfig
-from distinctcap.core.config import effective_run_config, load_schema, read_configs, validate
+from distinctcap.config.check import load_schema, validate
+from distinctcap.config.rungraph import effective_run_config
+from distinctcap.core.configfile import read_configs
 from distinctcap.core.devices import resolve_device
-from distinctcap.data.batches import encode_batch
+from distinctcap.core.run import RunConfig
+from distinctcap.features.batches import encode_batch
 from distinctcap.methods.losses import mle_loss
-from distinctcap.train.run import RunConfig
 from distinctcap.train.schedule import make_optimizer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -46,10 +46,10 @@ from bench_trainer import CAPTIONER, COCO_CAPTIONER, shapes_like_data
 
 from distinctcap.captioner.model import Captioner, CaptionerConfig
 from distinctcap.core.devices import resolve_device
-from distinctcap.data.batches import Batch
+from distinctcap.core.run import RunConfig, RunPaths
 from distinctcap.data.tokenizer import CaptionTokenizer
+from distinctcap.features.batches import Batch
 from distinctcap.train.data import RunData, to_device
-from distinctcap.train.run import RunConfig, RunPaths
 from distinctcap.train.trainer import Trainer
 
 METHODS = ("mle", "unkt", "cl", "smile", "specificity", "scst")

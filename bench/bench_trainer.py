@@ -23,13 +23,14 @@ import torch
 
 from distinctcap.captioner.model import Captioner, CaptionerConfig
 from distinctcap.core.devices import resolve_device
-from distinctcap.data.batches import BatchOrder, CaptionData, encode_batch
+from distinctcap.core.run import RunConfig, RunPaths
+from distinctcap.core.settings import TrainConfig
+from distinctcap.features.batches import BatchOrder, CaptionData, encode_batch
 from distinctcap.features.read import ImageFeatures
 from distinctcap.methods.losses import mle_loss
 from distinctcap.train.data import RunData
-from distinctcap.train.run import RunConfig, RunPaths
 from distinctcap.train.schedule import autocast_dtype, make_optimizer
-from distinctcap.train.trainer import TrainConfig, train
+from distinctcap.train.trainer import train
 
 CAPTIONER = {
     "vocab_size": 69,

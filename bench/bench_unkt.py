@@ -35,15 +35,15 @@ import pandas as pd
 import torch
 
 from distinctcap.captioner.model import Captioner, CaptionerConfig
-from distinctcap.data.batches import BatchOrder, CaptionData
+from distinctcap.core.run import RunConfig
+from distinctcap.core.settings import TrainConfig
+from distinctcap.features.batches import BatchOrder, CaptionData
 from distinctcap.features.read import ImageFeatures
 from distinctcap.methods import METHODS
 from distinctcap.methods.base import TrainContext
 from distinctcap.methods.losses import mle_loss
 from distinctcap.methods.unkt import run_decoder
-from distinctcap.train.run import RunConfig
 from distinctcap.train.schedule import autocast_dtype, make_optimizer
-from distinctcap.train.trainer import TrainConfig
 
 
 def sizes(paper: bool) -> tuple[CaptionerConfig, int]:

@@ -159,7 +159,7 @@ def _instrument(timings: dict[str, list[float]]) -> None:
 
 
 def child(data_path: str, workers: int, out_path: str) -> None:
-    from distinctcap.core.config import EvalSettings
+    from distinctcap.core.settings import EvalSettings
     from distinctcap.evaluate.metrics import CocoTools
     from distinctcap.evaluate.stage import text_metrics
 

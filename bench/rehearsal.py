@@ -206,14 +206,14 @@ def make_random_clips(hub: Path, config: dict) -> list[Path]:
 
 def load_coco() -> dict:
     """config.coco.yaml, validated (its defaults filled in)."""
-    from distinctcap.core.config import load
+    from distinctcap.config.check import load
 
     return load(COCO_CONFIG, SCHEMA)
 
 
 def full_steps(config: dict) -> dict[str, int]:
     """Each run's optimiser steps in config.coco.yaml's schedule at COCO's size."""
-    from distinctcap.core.config import effective_run_config
+    from distinctcap.config.rungraph import effective_run_config
 
     fraction = config["entropy"]["fraction"]
     captions = {
@@ -326,15 +326,16 @@ def data_report(run_dir: Path, n_images: int) -> dict:
 
 
 def rehearsal_config(overlay_file: Path) -> dict:
-    from distinctcap.core.config import load_schema, read_configs, validate
+    from distinctcap.config.check import load_schema, validate
+    from distinctcap.core.configfile import read_configs
 
     return validate(read_configs([COCO_CONFIG, overlay_file]), load_schema(SCHEMA))
 
 
 def planned_disk(overlay_file: Path) -> list[dict]:
-    """preflight's disk estimate (core.preflight.disk_plan) of the rehearsal's config, taken
+    """preflight's disk estimate (runs.preflight.disk_plan) of the rehearsal's config, taken
     as rule preflight takes it: before the download, from the mirror's sizes."""
-    from distinctcap.core.preflight import disk_plan
+    from distinctcap.runs.preflight import disk_plan
 
     parts = disk_plan(rehearsal_config(overlay_file))
     return [{"part": p.name, "bytes": p.bytes, "how": p.how} for p in parts]
@@ -344,7 +345,7 @@ def plan_at(plan: list[dict], overlay_file: Path, images: int) -> list[dict]:
     """`plan` with its per-image parts (features, runs) estimated for `images` images instead
     of the count preflight infers from the archives' bytes (exact for COCO's JPEGs, low for
     synthcoco's smaller ones)."""
-    from distinctcap.core.preflight import features_part, runs_part
+    from distinctcap.runs.preflight import features_part, runs_part
 
     config = rehearsal_config(overlay_file)
     at = {"features": features_part(config, images), "runs": runs_part(config, images)}
@@ -460,7 +461,7 @@ def schedule(rows: list[dict], config: dict, devices: int) -> float:
     another, then each run's chain (train_run, decode, evaluate_gpu, evaluate: counted on its
     device, conservatively) list-scheduled in the DAG's order (a run after its init, teacher
     or reference), the longest remaining chain first, as run_priorities orders them."""
-    from distinctcap.core.config import effective_run_config, run_dependencies
+    from distinctcap.config.rungraph import effective_run_config, run_dependencies
 
     per_run, upstream = {}, 0.0
     for row in rows:

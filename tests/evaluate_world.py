@@ -19,14 +19,14 @@ from conftest import ROOT
 
 from distinctcap.captioner.model import Captioner, CaptionerConfig
 from distinctcap.clip.load import load_clip
-from distinctcap.clip.train import save_weights
-from distinctcap.core.config import load_schema, validate
+from distinctcap.config.check import load_schema, validate
 from distinctcap.core.io import read_table, write_table
 from distinctcap.data.prepare import prepare
 from distinctcap.data.shapes import GENERIC
 from distinctcap.data.tokenizer import CaptionTokenizer
 from distinctcap.features.extract import FeatureSettings, extract_features
 from distinctcap.features.read import load_image_features
+from distinctcap.train.clip import save_weights
 
 N_TEST = 12
 SAMPLES = 4

@@ -1,6 +1,6 @@
 """A new user captions a folder of their own PNG/JPEG images with a run folder: one command
 (`python -m distinctcap caption`, the `distinctcap` console script) or three lines of Python.
-The run folder is built as rule run_card builds one (distinctcap.runs.runcard), around a seeded
+The run folder is built as rule run_card builds one (distinctcap.core.runcard), around a seeded
 untrained captioner and CLIP, so no training is needed; the pipeline test captions with a
 trained one."""
 
@@ -30,7 +30,7 @@ def save_clip(path, seed):
     import open_clip
     import torch
 
-    from distinctcap.clip.train import save_weights
+    from distinctcap.train.clip import save_weights
 
     torch.manual_seed(seed)
     save_weights(open_clip.create_model(ARCH), path)
@@ -43,9 +43,9 @@ def run_dir(tmp_path_factory):
 
     from distinctcap.clip.load import load_clip
     from distinctcap.core.io import write_json
+    from distinctcap.core.runcard import write_run_card
     from distinctcap.data.tokenizer import CaptionTokenizer
     from distinctcap.features.extract import grid_token_count, manifest
-    from distinctcap.runs.runcard import write_run_card
 
     results = tmp_path_factory.mktemp("results")
     clip_path = results / "clip" / f"{ARCH}.pt"
@@ -231,7 +231,7 @@ def test_compare_orders_reference_teachers_methods(tmp_path):
 
 def test_importing_the_package_and_the_command_loads_no_torch():
     code = (
-        "import sys, distinctcap, distinctcap.runs.cli, distinctcap.runs.runcard; "
+        "import sys, distinctcap, distinctcap.runs.cli, distinctcap.core.runcard; "
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'open_clip'}))"
     )
     done = subprocess.run(
@@ -338,11 +338,11 @@ def shapes_run(tmp_path_factory):
     from distinctcap import load_run
     from distinctcap.clip.load import load_clip
     from distinctcap.core.io import write_json
+    from distinctcap.core.runcard import write_run_card
     from distinctcap.data import shapes
     from distinctcap.data.tokenizer import CaptionTokenizer
     from distinctcap.features.extract import manifest, pooled_and_grid
     from distinctcap.runs.calibrate import familiarity
-    from distinctcap.runs.runcard import write_run_card
 
     results = tmp_path_factory.mktemp("shapes")
     images, captions = shapes.generate(shapes.ShapesConfig(n_train=120, n_val=40, n_test=2),
@@ -423,7 +423,7 @@ def world_run(tmp_path_factory):
     its CLIP features), where `results/runs/<run>` sits beside `results/data`."""
     from evaluate_world import build
 
-    from distinctcap.runs.runcard import write_run_card
+    from distinctcap.core.runcard import write_run_card
 
     world = build(tmp_path_factory.getbasetemp() / "evaluate-world")
     run = world.root / "runs" / "caption-world"

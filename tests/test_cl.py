@@ -14,10 +14,11 @@ from train_job import fit, job_parts, run_of
 
 from distinctcap.captioner.model import Captioner
 from distinctcap.captioner.search import sequence_logprob
+from distinctcap.config.check import load_schema, validate
+from distinctcap.config.rungraph import effective_run_config
 from distinctcap.core import work
-from distinctcap.core.config import effective_run_config, load_schema, validate
 from distinctcap.core.errors import DistinctcapError
-from distinctcap.data.batches import CaptionData
+from distinctcap.features.batches import CaptionData
 from distinctcap.features.read import ImageFeatures
 from distinctcap.methods import METHODS
 from distinctcap.methods.base import TrainContext

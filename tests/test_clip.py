@@ -18,15 +18,15 @@ import pytest
 import torch
 from PIL import Image
 
-from distinctcap.clip import train as clip_module
 from distinctcap.clip.assets import fingerprint_mismatch, ship_weights
 from distinctcap.clip.load import byte_transform, load_clip, normalize
 from distinctcap.clip.text import encode_text
-from distinctcap.clip.train import TrainSettings, retrieval_recall, save_weights, train_clip
 from distinctcap.core.devices import resolve_device
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.data import shapes
+from distinctcap.train import clip as clip_module
 from distinctcap.train.checkpoints import Checkpoints, Fingerprint
+from distinctcap.train.clip import TrainSettings, retrieval_recall, save_weights, train_clip
 from distinctcap.train.schedule import lr_at
 
 ARCH = "shapes-vit-tiny"
@@ -158,7 +158,7 @@ SRC = str(Path(__file__).resolve().parents[1] / "src")
 TRAIN_SCRIPT = """
 import json, logging, sys, time
 import pandas as pd, torch
-from distinctcap.clip import train as clip
+from distinctcap.train import clip as clip
 world, checkpoint, out, slow, settings = sys.argv[1:]
 logging.basicConfig(level=logging.INFO, stream=sys.stderr)
 torch.set_num_threads(1)
@@ -255,7 +255,7 @@ def test_mismatched_clip_checkpoint_is_set_aside_not_resumed(
         train_clip(images, captions, ARCH, settings, seed=1, device="cpu", checkpoint=checkpoint)
     assert checkpoint_epoch(checkpoint) == 2
 
-    with caplog.at_level(logging.INFO, logger="distinctcap.clip.train"):
+    with caplog.at_level(logging.INFO, logger="distinctcap.train.clip"):
         model, _ = train_clip(
             images, captions, ARCH, settings, seed=0, device="cpu", checkpoint=checkpoint
         )
@@ -263,7 +263,7 @@ def test_mismatched_clip_checkpoint_is_set_aside_not_resumed(
     (warning,) = [
         r.getMessage()
         for r in caplog.records
-        if r.name == "distinctcap.clip.train" and r.levelno == logging.WARNING
+        if r.name == "distinctcap.train.clip" and r.levelno == logging.WARNING
     ]
     assert "(seed changed)" in warning and str(checkpoint) in warning
     aside = list(checkpoint.parent.glob("stale-*.pt"))
@@ -363,7 +363,7 @@ def test_the_shipped_shapes_clips_are_the_default_configs(which, tmp_path, one_t
     the weights score the validation recall recorded when they were trained."""
     import yaml
 
-    from distinctcap.core.config import load_schema, validate
+    from distinctcap.config.check import load_schema, validate
     from distinctcap.data.prepare import prepare
 
     config = validate(yaml.safe_load((ROOT / "config.yaml").read_text()), load_schema(SCHEMA))

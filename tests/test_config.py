@@ -4,23 +4,20 @@ facts, which the config checks read, have one home and agree with the schema."""
 import dataclasses
 import os
 import re
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import ROOT, snakemake
 
-from distinctcap.core.config import (
-    TrainConfig,
-    effective_run_config,
-    entropy_priority,
-    load_schema,
-    merge_configs,
-    read_configs,
-    run_priorities,
-    validate,
-)
+from distinctcap.config.check import load_schema, validate
+from distinctcap.config.priorities import entropy_priority, run_priorities
+from distinctcap.config.rungraph import effective_run_config
+from distinctcap.core.configfile import merge_configs, read_configs
 from distinctcap.core.errors import DistinctcapError
+from distinctcap.core.settings import TrainConfig
 
 SCHEMA = load_schema(ROOT / "workflow" / "schemas" / "config.schema.yaml")
 RUNS = {
@@ -202,7 +199,7 @@ def test_a_run_gets_the_defaults_of_its_own_method_only():
 
 
 def test_the_train_and_evaluate_settings_are_the_schemas_keys_with_its_defaults():
-    from distinctcap.core.config import EvalSettings, TrainConfig
+    from distinctcap.core.settings import EvalSettings, JudgeSettings, TrainConfig, metric_block
 
     train = SCHEMA["properties"]["train"]["properties"]
     defaults = {f.name: getattr(TrainConfig(), f.name) for f in dataclasses.fields(TrainConfig)}
@@ -210,9 +207,16 @@ def test_the_train_and_evaluate_settings_are_the_schemas_keys_with_its_defaults(
     assert defaults == {**{k: v["default"] for k, v in train.items()}, "betas": (0.9, 0.98)}
     evaluate = SCHEMA["properties"]["evaluate"]["properties"]
     settings = dataclasses.asdict(EvalSettings())
-    metric_keys = [k for k in evaluate if not k.startswith("gallery_")]  # the report's
+    # the report's keys are not metric settings; the judge's are JudgeSettings
+    metric_keys = [k for k in evaluate if not k.startswith("gallery_") and k != "judge"]
     assert sorted(settings) == sorted([*metric_keys, "seed", "device"])
     assert all(settings[k] == evaluate[k]["default"] for k in metric_keys)
+    judge = {k: v for k, v in evaluate["judge"]["properties"].items() if "default" in v}
+    assert {k: getattr(JudgeSettings("a"), k) for k in judge} == {
+        k: v["default"] for k, v in judge.items()
+    }
+    block = {"judge": {"arch": "a"}, "gallery_images": 3, "spice": True}
+    assert metric_block(block) == {"judge": {"arch": "a"}, "spice": True}  # the judge's columns
     assert EvalSettings().oracle_ns is not EvalSettings().oracle_ns  # a list per instance
 
 
@@ -228,7 +232,7 @@ def test_the_train_and_evaluate_settings_are_the_schemas_keys_with_its_defaults(
     ],
 )
 def test_train_config_is_checked_against_the_schema(values, expected):
-    from distinctcap.core.config import TrainConfig
+    from distinctcap.core.settings import TrainConfig
 
     with pytest.raises(DistinctcapError) as info:
         TrainConfig(**values)
@@ -254,6 +258,34 @@ def test_each_method_has_a_schema_of_its_options_with_defaults_and_descriptions(
             assert FACTS[method].options[option] == schema["default"]
 
 
+def test_an_installed_package_finds_its_schema(tmp_path):
+    """The schema ships as package data: a non-editable install, away from the repository,
+    validates a config with its own copy; workflow/schemas links to the package's folder."""
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source)
+    shutil.copytree(ROOT / "src", source / "src",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))  # fmt: skip
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                    "--no-build-isolation", "--no-index", "--target", str(site), str(source)],
+                   check=True, capture_output=True)  # fmt: skip
+    code = (
+        "import distinctcap.core.schema as s; from distinctcap.config.check import "
+        "load_schema, validate; print(s.SCHEMA_PATH); "
+        "print(validate({'runs': {'r': {'method': 'mle'}}}, load_schema())['train']['steps'])"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(site)})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    path, steps = done.stdout.split()
+    assert Path(path).is_relative_to(site)
+    assert int(steps) == SCHEMA["properties"]["train"]["properties"]["steps"]["default"]
+    schemas = ROOT / "src" / "distinctcap" / "schemas"
+    assert (ROOT / "workflow" / "schemas").resolve() == schemas.resolve()
+
+
 # --- One home per method: its facts class (distinctcap.methods.facts) ----------------------
 
 
@@ -265,11 +297,12 @@ def test_each_method_declares_its_facts_once():
 
     facts_names = (
         "edges", "needs", "options", "mean_over", "val_metrics", "extra_inputs",
-        "option_conflicts",
+        "option_conflicts", "objective_class",
     )
-    assert set(METHODS) == set(FACTS)
+    assert list(METHODS) == list(FACTS)  # derived from the one registry, in its order
     for method, cls in METHODS.items():
         assert issubclass(cls, FACTS[method]), method
+        assert FACTS[method].objective_class == f"{cls.__module__}:{cls.__name__}"
         assert not set(facts_names) & set(vars(cls)), f"{method} redeclares a fact"
         facts = FACTS[method]
         assert set(facts.needs) <= set(facts.edges) <= {"init", "teacher", "reference"}
@@ -299,7 +332,7 @@ def test_parsing_the_workflow_imports_no_torch():
         {m for f in (ROOT / "workflow" / "rules").glob("*.smk")
          for m in re.findall(r"^from (distinctcap[\w.]*) import", f.read_text(), re.M)}
     )
-    assert "distinctcap.core.config" in modules
+    assert "distinctcap.config.check" in modules
     code = (
         f"import sys, {', '.join(modules)}; "
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'matplotlib', "
@@ -320,14 +353,14 @@ COCO_TRAIN_CAPTIONS = 591_753  # mrnn train split: 118,287 images (issue 17's co
 def _coco_run(name: str) -> dict:
     import yaml
 
-    from distinctcap.core.config import effective_run_config
+    from distinctcap.config.rungraph import effective_run_config
 
     config = validate(yaml.safe_load((ROOT / "config.coco.yaml").read_text()), SCHEMA)
     return effective_run_config(config, name, SCHEMA)
 
 
 def test_epochs_become_steps_with_the_trainers_epoch_length():
-    from distinctcap.core.config import TrainConfig
+    from distinctcap.core.settings import TrainConfig
 
     tc = TrainConfig(epochs=2.5, warmup_epochs=0.5, batch_size=8, grad_accum=2).in_steps(40)
     assert (tc.steps, tc.warmup_steps, tc.epochs) == (6, 1, None)  # 40 // 8 / 2 = 2.5 a step
@@ -339,7 +372,7 @@ def test_epochs_become_steps_with_the_trainers_epoch_length():
 def test_coco_unkt_lambda_warmup_ends_before_the_decay_has_half_the_run_left():
     """UNKT §4.1: lambda rises over 5 epochs, then eq. 10 decays it; the run must leave the
     decay at least half of its steps (at 60,000 steps the warm-up took 59,175)."""
-    from distinctcap.core.config import TrainConfig, steps_per_epoch
+    from distinctcap.core.settings import TrainConfig, steps_per_epoch
 
     run = _coco_run("unkt")
     tc = TrainConfig.from_dict(run["train"]).in_steps(COCO_TRAIN_CAPTIONS)
@@ -376,7 +409,7 @@ def test_coco_scst_follows_ruotianluos_new_scst_transformer_schedule():
     a constant 5e-6, 5 samples an image, the new-SCST baseline, CIDEr-D alone, 10 images x 5
     captions a batch, validated every 3000 iterations on CIDEr-D. His epoch over the images
     (10 a batch) is ours over the captions (50 a batch): 25 x 11,835 steps."""
-    from distinctcap.core.config import TrainConfig
+    from distinctcap.core.settings import TrainConfig
 
     run = _coco_run("scst")
     assert (run["method"], run["init"], run["k"], run["baseline"]) == (
@@ -411,7 +444,7 @@ def test_new_unkt_option_defaults_leave_the_default_runs_as_they_were(new):
 
     import yaml
 
-    from distinctcap.core.config import effective_run_config
+    from distinctcap.config.rungraph import effective_run_config
 
     before = copy.deepcopy(SCHEMA)
     branches = before["properties"]["runs"]["additionalProperties"]["allOf"]
@@ -430,7 +463,7 @@ def test_new_unkt_option_defaults_leave_the_default_runs_as_they_were(new):
 def test_a_run_may_have_its_own_seed():
     """runs.<name>.seed overrides the top-level seed for that run only (repeats over seeds);
     a run without one keeps the top-level seed, so its effective config is unchanged."""
-    from distinctcap.core.config import effective_run_config
+    from distinctcap.config.rungraph import effective_run_config
 
     config = validate(
         {"seed": 7, "runs": {"a": {"method": "mle"}, "b": {"method": "mle", "seed": 2}}}, SCHEMA
@@ -443,7 +476,7 @@ def test_a_run_may_have_its_own_seed():
 
 
 def test_select_metric_must_be_one_the_runs_method_computes():
-    from distinctcap.core.config import effective_run_config
+    from distinctcap.config.rungraph import effective_run_config
 
     config = validate(
         {"runs": {"r": {"method": "mle", "train": {"select_metric": "mean_rank"}}}}, SCHEMA
@@ -527,7 +560,8 @@ def test_check_config_names_the_file_and_line_of_a_broken_preset(tmp_path, capsy
 
 def test_only_runs_keeps_the_named_runs_and_those_they_start_from():
     """Issue 32: presets/quick.yaml names smile; its reference comes with it, nothing else."""
-    from distinctcap.core.config import read_configs, selected_runs
+    from distinctcap.config.rungraph import selected_runs
+    from distinctcap.core.configfile import read_configs
 
     config = validate(read_configs([ROOT / "config.yaml", ROOT / "presets/quick.yaml"]),
                       load_schema())  # fmt: skip

@@ -24,14 +24,9 @@ from conftest import ROOT, tiny_config
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from distinctcap.core.config import (
-    effective_run_config,
-    entropy_priority,
-    load_schema,
-    run_priorities,
-    seeded_runs,
-    validate,
-)
+from distinctcap.config.check import load_schema, validate
+from distinctcap.config.priorities import entropy_priority, run_priorities
+from distinctcap.config.rungraph import effective_run_config, seeded_runs
 from distinctcap.core.errors import DistinctcapError
 
 SCHEMA = load_schema(ROOT / "workflow" / "schemas" / "config.schema.yaml")

@@ -14,11 +14,11 @@ from open_clip.transform import image_transform
 from PIL import Image
 
 from distinctcap.clip.load import byte_transform, load_clip
-from distinctcap.clip.train import save_weights
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.features.decode import ImageBytes, device_batches, resolve_decode, tensor_steps
 from distinctcap.features.extract import FeatureSettings, ImageFiles, extract_features
 from distinctcap.features.read import load_image_features
+from distinctcap.train.clip import save_weights
 
 CPU = torch.device("cpu")
 SIZES = [(640, 480), (480, 640), (500, 333), (1000, 200), (100, 80), (224, 224)]  # (W, H)

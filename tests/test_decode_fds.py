@@ -16,10 +16,10 @@ import torch
 from PIL import Image
 
 from distinctcap.clip.load import byte_transform, load_clip
-from distinctcap.clip.train import save_weights
 from distinctcap.features.decode import ImageBytes, device_batches, tensor_steps, unpacked
 from distinctcap.features.extract import FeatureSettings, ImageFiles, extract_images
 from distinctcap.features.store import plan_shards
+from distinctcap.train.clip import save_weights
 
 ARCH = "shapes-vit-tiny"
 CPU = torch.device("cpu")

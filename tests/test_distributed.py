@@ -149,7 +149,7 @@ RTOL, WEIGHT_ATOL = 1e-4, 1e-4
 def run_data():
     import numpy as np
 
-    from distinctcap.data.batches import CaptionData
+    from distinctcap.features.batches import CaptionData
     from distinctcap.features.read import ImageFeatures
     from distinctcap.train.data import RunData
 

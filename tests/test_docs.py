@@ -73,7 +73,7 @@ def test_the_readme_commands_work_as_written_after_make_quick():
     puts .venv/bin on the PATH, parses as the command's own parser parses it, and names only
     paths that `make quick` writes (its experiment folder and the files in it); the image
     named is one of the quick world's test images."""
-    from distinctcap.core.config import read_configs
+    from distinctcap.core.configfile import read_configs
     from distinctcap.runs.cli import parser
 
     commands = readme_commands()

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 import yaml
 from conftest import ROOT, snakemake
 
-from distinctcap.core.config import load_schema, validate
+from distinctcap.config.check import load_schema, validate
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import read_table
 from distinctcap.features.entropy import (

@@ -11,8 +11,8 @@ import pytest
 import torch
 from evaluate_world import N_TEST, SAMPLES, build
 
-from distinctcap.core.config import EvalSettings, metric_block
 from distinctcap.core.io import read_table
+from distinctcap.core.settings import EvalSettings, metric_block
 from distinctcap.data.scene import scene_f1
 from distinctcap.evaluate.device import (
     block_logprobs,

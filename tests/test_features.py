@@ -13,7 +13,6 @@ import torch
 from PIL import Image
 
 from distinctcap.clip.load import byte_transform, load_clip, load_images
-from distinctcap.clip.train import save_weights
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import read_json, read_table
 from distinctcap.data.prepare import prepare
@@ -25,6 +24,7 @@ from distinctcap.features.read import (
     load_text_features,
 )
 from distinctcap.features.store import check_finite
+from distinctcap.train.clip import save_weights
 
 ARCH = "shapes-vit-tiny"
 SETTINGS = FeatureSettings(batch_size=8, workers=0, image_shard_size=10, text_shard_size=64)

@@ -16,10 +16,10 @@ from train_job import run_of
 
 from distinctcap.captioner import search
 from distinctcap.captioner.load import load_captioner
-from distinctcap.core.config import load_schema, validate
+from distinctcap.config.check import load_schema, validate
 from distinctcap.core.errors import DistinctcapError
-from distinctcap.data.batches import CaptionData
 from distinctcap.data.tokenizer import PAD
+from distinctcap.features.batches import CaptionData
 from distinctcap.features.read import ImageFeatures
 from distinctcap.methods import METHODS, losses
 from distinctcap.methods.base import TrainContext
@@ -176,7 +176,7 @@ def test_config_check_refuses_specificity_and_unreadable_folders(blip_dir, tmp_p
 def test_blip_presets_validate(files, blip_dir):
     """The BLIP presets, as --replace-workflow-config --configfile loads them, with the hub id
     swapped for the tiny BLIP (nothing is downloaded here)."""
-    from distinctcap.core.config import merge_configs
+    from distinctcap.core.configfile import merge_configs
 
     config: dict = {}
     for name in files:

@@ -1,11 +1,15 @@
 """The package has no import cycle, counting every `import` / `from` anywhere in a module (inside
 functions too): a cycle hidden by a function-level import still ties the modules together, and
-the folder tree is only the architecture while dependencies point one way (ARCHITECTURE.md)."""
+the folder tree is only the architecture while dependencies point one way (ARCHITECTURE.md).
+The layers themselves are a contract that `lint-imports` checks (pyproject.toml)."""
 
 import ast
 import os
+import re
+import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 from conftest import ROOT
@@ -93,7 +97,7 @@ def test_the_graph_counts_imports_inside_functions():
     graph = import_graph()
     # evaluate.loaded loads the CLIP inside a function (open_clip stays out of its import time)
     assert "distinctcap.clip.load" in graph["distinctcap.evaluate.loaded"]
-    assert "distinctcap.core.errors" in graph["distinctcap.core.config"]
+    assert "distinctcap.core.errors" in graph["distinctcap.core.configfile"]
 
 
 BLOCKED_FOR_TRAINING = ("pycocoevalcap", "distinctcap.report", "distinctcap.evaluate",
@@ -140,3 +144,42 @@ def test_scores_import_only_core_and_no_torch():
                           env={**os.environ, "PYTHONPATH": str(ROOT / "src")})  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]"
+
+
+# --- The layers (ARCHITECTURE.md, "Layers"; pyproject.toml [tool.importlinter]) ---------------
+
+
+def lint_imports(src: Path) -> subprocess.CompletedProcess:
+    """`lint-imports` with the repository's contract on the package found under `src`."""
+    lint = Path(sys.executable).with_name("lint-imports")
+    return subprocess.run(
+        [str(lint), "--no-cache", "--config", str(ROOT / "pyproject.toml")],
+        cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(src)},
+    )
+
+
+def test_the_layers_contract_holds():
+    done = lint_imports(ROOT / "src")
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert "1 kept, 0 broken" in done.stdout
+
+
+def test_an_import_up_the_layers_inside_a_function_breaks_the_contract(tmp_path):
+    """The contract is not vacuous: core reaching up into report from inside a function (the
+    kind of import that hid the old core -> methods edge) is reported by module and line."""
+    shutil.copytree(PACKAGE, tmp_path / "distinctcap", ignore=shutil.ignore_patterns("__pycache__"))
+    errors = tmp_path / "distinctcap" / "core" / "errors.py"
+    up = "\n\ndef _up():\n    import distinctcap.report.summary\n"
+    errors.write_text(errors.read_text() + up)
+    done = lint_imports(tmp_path)
+    assert done.returncode != 0
+    assert "distinctcap.core.errors -> distinctcap.report.summary" in done.stdout
+
+
+def test_the_layers_in_architecture_md_are_the_contracts():
+    """One order, written for readers in ARCHITECTURE.md and checked from pyproject.toml."""
+    contract = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    layers = [re.sub(r"\s+", " ", layer) for layer in contract["contracts"][0]["layers"]]
+    written = re.search(r"^`(core < .*)`$", (ROOT / "ARCHITECTURE.md").read_text(), re.M)
+    assert written, "ARCHITECTURE.md states the layers as `core < ... < runs`"
+    assert written.group(1).split(" < ") == layers[::-1]

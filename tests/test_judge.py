@@ -16,18 +16,11 @@ from evaluate_world import build
 from PIL import Image
 
 from distinctcap.clip.load import load_clip
-from distinctcap.clip.train import TrainSettings, TrainSplit, save_weights, train_fingerprint
-from distinctcap.core import preflight as pf
-from distinctcap.core.config import (
-    EvalSettings,
-    JudgeSettings,
-    load_schema,
-    merge_configs,
-    read_configs,
-    validate,
-)
+from distinctcap.config.check import load_schema, validate
+from distinctcap.core.configfile import merge_configs, read_configs
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import read_table, write_table
+from distinctcap.core.settings import EvalSettings, JudgeSettings
 from distinctcap.evaluate import judge
 from distinctcap.evaluate.device import PER_IMAGE, clip_metrics, device_metrics, encode_texts
 from distinctcap.evaluate.inputs import DecodingInputs, EvalPaths
@@ -35,6 +28,8 @@ from distinctcap.evaluate.metrics import CLIPSCORE_PREFIX
 from distinctcap.evaluate.stage import metric_columns
 from distinctcap.features.extract import FeatureSettings
 from distinctcap.features.pooled import extract_pooled, read_pooled
+from distinctcap.runs import preflight as pf
+from distinctcap.train.clip import TrainSettings, TrainSplit, save_weights, train_fingerprint
 
 SCHEMA = load_schema()
 RUNS = {"runs": {"reference": {"method": "mle"}}}
@@ -229,7 +224,8 @@ def test_fetch_and_preflight_name_the_coco_judges_weights(tmp_path):
     assert coco["evaluate"]["judge"] | {"train": None} == {
         "arch": "ViT-L-14", "pretrained": "openai", "seed": 1, "train": None
     }
-    blocks = [("clip", coco["clip"]), ("evaluate.judge", coco["evaluate"]["judge"])]
+    judge = {**coco["evaluate"]["judge"], "tag": None}  # as JudgeSettings reads it
+    blocks = [("clip", coco["clip"]), ("evaluate.judge", judge)]
     assert pf.clip_blocks(coco) == blocks
     config = {"data": {"source": "shapes"}, "clip": {"arch": "ViT-B-32", "pretrained": "train"},
               "captioner": {}, "evaluate": {"judge": coco["evaluate"]["judge"]}}  # fmt: skip

@@ -1,4 +1,4 @@
-"""The preflight checks (distinctcap.core.preflight), each fed a failing fact and its message
+"""The preflight checks (distinctcap.runs.preflight), each fed a failing fact and its message
 read, and the whole preflight of the shapes default on this CPU machine."""
 
 import time
@@ -7,9 +7,10 @@ import pytest
 import yaml
 from conftest import ROOT
 
-from distinctcap.core import preflight as pf
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.data.mirror import archive_path
+from distinctcap.features import shm
+from distinctcap.runs import preflight as pf
 
 GB = 1e9
 
@@ -47,7 +48,7 @@ def test_too_little_disk_names_the_folder_the_sizes_and_the_fix():
 
 
 def shipped(name: str) -> dict:
-    from distinctcap.core.config import load
+    from distinctcap.config.check import load
 
     return load(ROOT / name, ROOT / "workflow/schemas/config.schema.yaml")
 
@@ -84,7 +85,7 @@ def test_the_estimate_on_the_mini_coco_mirror_is_within_2x_of_what_the_run_wrote
     from conftest import copy_workflow, snakemake
     from minicoco import MiniServer, build_minicoco
 
-    from distinctcap.core.config import load
+    from distinctcap.config.check import load
     from distinctcap.data.coco import SPLIT_ARCHIVES
 
     (tmp_path / "w").mkdir()
@@ -135,18 +136,18 @@ def test_the_estimate_on_the_mini_coco_mirror_is_within_2x_of_what_the_run_wrote
 
 def test_a_small_dev_shm_lowers_the_workers_naming_the_setting():
     batch = 256 * 3 * 224 * 224
-    line = pf.check_shm(7, batch, 4, 64e6)  # a container's 64 MB default
+    line = shm.check_shm(7, batch, 4, 64e6)  # a container's 64 MB default
     assert "/dev/shm has 0.06 GB free, 7 loader workers need about 2.16 GB" in line
     assert "runs with 0 (set clip.features.workers: 0" in line
-    assert pf.shm_workers(7, batch, 4, 1 * GB) == 3
-    assert pf.check_shm(7, batch, 4, 8 * GB) is None
+    assert shm.shm_workers(7, batch, 4, 1 * GB) == 3
+    assert shm.check_shm(7, batch, 4, 8 * GB) is None
 
 
 def test_the_loader_runs_fewer_workers_when_dev_shm_is_small(monkeypatch, caplog):
-    monkeypatch.setattr(pf, "shm_free", lambda: 1 * GB)
-    assert pf.workers_fitting_shm(7, 256 * 3 * 224 * 224) == 3
+    monkeypatch.setattr(shm, "shm_free", lambda: 1 * GB)
+    assert shm.workers_fitting_shm(7, 256 * 3 * 224 * 224) == 3
     assert "feature extraction runs with 3" in caplog.text
-    assert pf.workers_fitting_shm(2, 256 * 3 * 224 * 224) == 2
+    assert shm.workers_fitting_shm(2, 256 * 3 * 224 * 224) == 2
 
 
 def test_weights_missing_from_the_hub_cache_are_named_without_downloading(tmp_path):

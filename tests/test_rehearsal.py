@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from distinctcap.core.config import effective_run_config, merge_configs, validate
+from distinctcap.config.check import validate
+from distinctcap.config.rungraph import effective_run_config
+from distinctcap.core.configfile import merge_configs
 from distinctcap.core.schema import load_schema
 from distinctcap.data import coco
 from distinctcap.data.mirror import MirrorServer, archive_path
@@ -107,8 +109,8 @@ def test_the_rehearsals_preflight_passes_with_5_gb_free(synthetic, tmp_path, mon
     import open_clip
     from hub_cache import point_hub_at
 
-    from distinctcap.core import preflight as pf
     from distinctcap.core.hub import snapshot_folder
+    from distinctcap.runs import preflight as pf
 
     out, md5, counts = synthetic
     point_hub_at(monkeypatch, tmp_path / "hub")  # the tag's weights: a stub is found offline

@@ -14,9 +14,9 @@ import pytest
 from conftest import ROOT, snakemake, tiny_config
 from evaluate_world import build
 
-from distinctcap.core.config import EvalSettings
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import read_table, write_table
+from distinctcap.core.settings import EvalSettings
 from distinctcap.evaluate.stage import metric_columns
 from distinctcap.report import published
 from distinctcap.report.gallery import write_gallery

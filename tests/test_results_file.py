@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import write_table
-from distinctcap.evaluate import resultsfile as rf
+from distinctcap.runs import resultsfile as rf
 from distinctcap.runs.cli import main
 
 EXAMPLES = 300

@@ -7,8 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from distinctcap.core.config import EvalSettings
 from distinctcap.core.io import read_table
+from distinctcap.core.settings import EvalSettings
 from distinctcap.data import shapes
 from distinctcap.data.scene import claim_marks
 from distinctcap.data.scene_retrieval import (

@@ -3,6 +3,8 @@ evaluation's CIDEr-D (the token-id CIDEr-D itself: tests/test_scores.py), the ba
 the REINFORCE loss on hand-computed cases, the CLIP rewards, sampling, and runs of a tiny
 model through the real trainer (training, resume)."""
 
+import re
+
 import numpy as np
 import open_clip
 import pytest
@@ -11,14 +13,15 @@ import torch.nn.functional as F
 from conftest import ROOT, shrink_runs
 from train_job import fit, job_parts, run_of
 
-import distinctcap.clip.train  # save_weights
 import distinctcap.clip.weights  # noqa: F401  (registers the tiny `shapes-vit-tiny` architecture)
+import distinctcap.train.clip  # save_weights
 from distinctcap.captioner.search import sample, sample_ids
 from distinctcap.clip.text import ClipTextEncoder
-from distinctcap.core.config import effective_run_config, load_schema, validate
+from distinctcap.config.check import load_schema, validate
+from distinctcap.config.rungraph import effective_run_config
 from distinctcap.core.errors import DistinctcapError
-from distinctcap.data.batches import CaptionData
 from distinctcap.data.tokenizer import CLIPSCORE_PREFIX, EOS, PAD, CaptionTokenizer, clip_bpe_ids
+from distinctcap.features.batches import CaptionData
 from distinctcap.features.read import ImageFeatures
 from distinctcap.methods.base import TrainContext
 from distinctcap.methods.rewards import (
@@ -216,16 +219,31 @@ def test_scst_steps_raise_the_expected_cider_reward(clip, tok):
 @pytest.mark.parametrize(
     ("options", "match"),
     [
-        ({"k": 1}, "k >= 2"),
-        ({"baseline": "beam"}, "baseline"),
-        ({"rewards": {"cider": 0.0}}, "every weight is 0"),
-        ({"rewards": {"cider": -1.0}}, "weights >= 0"),
+        ({"k": 1}, "runs.s.k = 1: baseline new averages an image's other samples; set k >= 2"),
+        ({"rewards": {"cider": 0.0}}, "runs.s.rewards: every weight is 0"),
     ],
 )
 def test_bad_options_are_named(clip, tok, options, match):
     ctx = TrainContext(torch.device("cpu"), world(clip, tok), {}, tok)
     with pytest.raises(DistinctcapError, match=match):
         SCST(run_of({"method": "scst", "name": "s", **options}), ctx, clip=clip)
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"k": 1}, "runs.s.k = 1: baseline new averages an image's other samples; set k >= 2"),
+        ({"baseline": "beam"}, "runs.s.baseline = 'beam' is not allowed; choose one of"),
+        ({"rewards": {"cider": -1.0}}, "runs.s.rewards.cider = -1.0: -1.0 is less than the "),
+        ({"rewards": {"bleu": 1.0}}, "unknown key runs.s.rewards.bleu; allowed keys here: "),
+    ],
+)
+def test_the_config_check_names_a_bad_option(options, match):
+    """The schema (types, ranges, the reward names) and the facts' option conflicts check an
+    SCST run once, when the config is validated."""
+    runs = {"r": {"method": "mle"}, "s": {"method": "scst", "init": "r", **options}}
+    with pytest.raises(DistinctcapError, match=re.escape(match)):
+        validate({"runs": runs}, load_schema())
 
 
 # ------------------------------------------------------------------ through the real trainer
@@ -276,7 +294,7 @@ def trained_reference(tmp_path_factory, clip, tok):
     reference = fit(effective_run_config(config, "reference"), run_data)
     paths = {"init": tmp / "reference.pt", "clip": tmp / "clip.pt", "clip_arch": ARCH}
     reference.model.save(paths["init"])
-    distinctcap.clip.train.save_weights(clip, paths["clip"])
+    distinctcap.train.clip.save_weights(clip, paths["clip"])
     return config, run_data, paths, tmp, reference.model
 
 

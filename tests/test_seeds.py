@@ -10,14 +10,9 @@ import pandas as pd
 import pytest
 from conftest import ROOT
 
-from distinctcap.core.config import (
-    effective_run_config,
-    load_schema,
-    read_configs,
-    seed_runs,
-    seeded_runs,
-    validate,
-)
+from distinctcap.config.check import load_schema, validate
+from distinctcap.config.rungraph import effective_run_config, seed_runs, seeded_runs
+from distinctcap.core.configfile import read_configs
 from distinctcap.core.errors import DistinctcapError
 
 SCHEMA = load_schema(ROOT / "workflow" / "schemas" / "config.schema.yaml")

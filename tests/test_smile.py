@@ -9,7 +9,7 @@ from train_job import run_of
 
 from distinctcap.captioner.model import Captioner
 from distinctcap.core.errors import DistinctcapError
-from distinctcap.data.batches import CaptionData
+from distinctcap.features.batches import CaptionData
 from distinctcap.features.read import ImageFeatures
 from distinctcap.methods import METHODS
 from distinctcap.methods.base import TrainContext

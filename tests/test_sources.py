@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from conftest import SHIPPED_CLIP, copy_workflow, snakemake, tiny_config
 
-from distinctcap.core.config import load_schema, validate
+from distinctcap.config.check import load_schema, validate
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import read_json, read_table
 from distinctcap.data import folder, quality, shapes

@@ -14,15 +14,16 @@ import yaml
 from conftest import ROOT, shrink_runs, tiny_captioner
 from train_job import fit, job_parts, run_of
 
-import distinctcap.clip.train  # save_weights (not imported by anything else here)
 import distinctcap.clip.weights  # registers the tiny `shapes-vit-tiny` architecture
+import distinctcap.train.clip  # save_weights (not imported by anything else here)
 from distinctcap.captioner.search import greedy
 from distinctcap.clip.text import ClipTextEncoder
+from distinctcap.config.check import load_schema, validate
+from distinctcap.config.rungraph import effective_run_config
 from distinctcap.core import work
-from distinctcap.core.config import effective_run_config, load_schema, validate
 from distinctcap.core.errors import DistinctcapError
-from distinctcap.data.batches import CaptionData
 from distinctcap.data.tokenizer import EOS, PAD, CaptionTokenizer
+from distinctcap.features.batches import CaptionData
 from distinctcap.features.neighbours import (
     NeighbourTable,
     neighbour_count,
@@ -493,7 +494,7 @@ def trained_reference(tmp_path_factory, clip, tok):
     reference = fit(effective_run_config(config, "reference"), run_data)
     paths = {"init": tmp / "reference.pt", "clip": tmp / "clip.pt", "clip_arch": ARCH}
     reference.model.save(paths["init"])
-    distinctcap.clip.train.save_weights(clip, paths["clip"])
+    distinctcap.train.clip.save_weights(clip, paths["clip"])
     for pct in {r.get("contrastive_top_pct", 1) for r in config["runs"].values()}:
         write_neighbours(feats.image_ids, feats.pooled, tmp / table_path(pct), pct / 100)
     return config, run_data, paths, tmp

@@ -168,7 +168,8 @@ def test_training_and_decoding_give_the_same_numbers_as_with_a_full_read(
     # numbers: a tiny run trained and decoded both ways ends with the same weights and captions
     from train_job import fit
 
-    from distinctcap.core.config import effective_run_config, load
+    from distinctcap.config.check import load
+    from distinctcap.config.rungraph import effective_run_config
     from distinctcap.core.io import read_table
     from distinctcap.evaluate.decode import decode_run
 

@@ -22,21 +22,23 @@ import torch
 from train_job import fit, job_parts
 
 from distinctcap.captioner.model import Captioner, CaptionerConfig
-from distinctcap.core.config import effective_run_config, load_schema, validate
+from distinctcap.config.check import load_schema, validate
+from distinctcap.config.rungraph import effective_run_config
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import read_table, write_table
-from distinctcap.data.batches import BatchOrder, CaptionData, encode_batch, select_captions
+from distinctcap.core.run import RunConfig
+from distinctcap.core.settings import TrainConfig
+from distinctcap.features.batches import BatchOrder, CaptionData, encode_batch, select_captions
 from distinctcap.features.read import ImageFeatures
 from distinctcap.methods import METHODS
 from distinctcap.methods.base import Objective
 from distinctcap.methods.losses import mle_loss
 from distinctcap.train.checkpoints import Fingerprint, fingerprint
 from distinctcap.train.data import RunData
-from distinctcap.train.run import RunConfig
 from distinctcap.train.schedule import lr_factor
 from distinctcap.train.selection import VAL_METRICS, ValMetric
 from distinctcap.train.stats import NonFiniteLossError
-from distinctcap.train.trainer import TrainConfig, Trainer
+from distinctcap.train.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

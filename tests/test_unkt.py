@@ -16,10 +16,10 @@ from train_job import fit, job_parts, run_of
 from distinctcap.captioner.model import Captioner
 from distinctcap.captioner.search import greedy
 from distinctcap.core import work
-from distinctcap.core.config import steps_per_epoch
 from distinctcap.core.errors import DistinctcapError
-from distinctcap.data.batches import CaptionData
+from distinctcap.core.settings import steps_per_epoch
 from distinctcap.data.tokenizer import EOS, PAD
+from distinctcap.features.batches import CaptionData
 from distinctcap.features.read import ImageFeatures
 from distinctcap.methods import METHODS
 from distinctcap.methods.base import TrainContext

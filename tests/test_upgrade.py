@@ -118,7 +118,7 @@ rule neighbours:
 
 
 def test_plan_names_changed_keys_and_older_records():
-    from distinctcap.core.config import load_schema
+    from distinctcap.config.check import load_schema
     from distinctcap.core.params import Defaults
     from distinctcap.runs.plan import PARAMS, describe, parse_jobs
 

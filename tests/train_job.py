@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
+from distinctcap.core.run import RunConfig, RunPaths
 from distinctcap.train.data import RunData
-from distinctcap.train.run import RunConfig, RunPaths
 from distinctcap.train.trainer import TrainResult, train
 
 

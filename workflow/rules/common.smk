@@ -1,26 +1,22 @@
 """Config validation, wildcard constraints and input functions shared by every stage.
 
 Everything imported here (and by the other rule files) while Snakemake parses the workflow and
-builds its DAG stays free of torch: config checks and method facts come from distinctcap.core.config
+builds its DAG stays free of torch: config checks and method facts come from distinctcap.config
 and distinctcap.methods.facts; the jobs' scripts import the heavy modules."""
 
 import re
 import sys
 from pathlib import Path
 
-from distinctcap.core.config import (
-    config_sources,
-    effective_run_config,
-    entropy_priority,
-    load_schema,
-    run_priorities,
-    seed_runs,
-    selected_runs,
-    validate,
-)
+from distinctcap.config.check import load_schema, validate
+from distinctcap.config.priorities import entropy_priority, run_priorities
+from distinctcap.config.rungraph import effective_run_config, seed_runs, selected_runs
+from distinctcap.core.configfile import config_sources
 from distinctcap.core.cores import features_threads, local_cores
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.params import Defaults, canonical_params, stage_version
+from distinctcap.core.results import GENERATED_PATH, RUN_DIR
+from distinctcap.core.settings import JudgeSettings
 from distinctcap.methods.facts import FACTS
 
 SCHEMA = Path(workflow.basedir) / "workflow" / "schemas" / "config.schema.yaml"
@@ -76,25 +72,24 @@ CLIP_RECORD = canonical_params(
 
 # --- The judge CLIP (evaluate.judge; judge.smk): read by the evaluation only ------------------
 
-JUDGE = config["evaluate"].get("judge")  # None: no judge, its columns are skipped
-TRAIN_JUDGE = bool(JUDGE) and JUDGE["pretrained"] == "train"
-TRAINED_JUDGE = f"results/judge/{JUDGE['arch']}.pt" if JUDGE else None
+JUDGE = JudgeSettings.from_config(config)  # None: no judge, its columns are skipped
+TRAIN_JUDGE = bool(JUDGE) and JUDGE.trained
+TRAINED_JUDGE = f"results/judge/{JUDGE.arch}.pt" if JUDGE else None
 JUDGE_FEATURES = "results/judge/features.parquet"  # judge_features: pooled, val and test images
 # the judge's weights file or local-dir folder (none for a tag), as CLIP_FILES
 JUDGE_FILES = [TRAINED_JUDGE] if TRAIN_JUDGE else [
-    p for p in [JUDGE["pretrained"].removeprefix("local-dir:")] if Path(p).exists()
+    p for p in [JUDGE.pretrained.removeprefix("local-dir:")] if Path(p).exists()
 ] if JUDGE else []
 
 
 # --- Runs: training and decoding (train.smk, decode.smk) -------------------------------------
 
-# every trained model: a run once per seed (core.config.seed_runs; one seed: the config's runs)
+# every trained model: a run once per seed (config.rungraph.seed_runs; one seed: the config's runs)
 SEED_RUNS = seed_runs(config)
 RUNS = {name: run.block for name, run in SEED_RUNS.items()}
 # model name -> [configured run, seed], for the tables that pool a run's seeds
 SEED_OF = {name: [run.arm, run.seed] for name, run in SEED_RUNS.items()}
 DECODING = config["decoding"]
-RUN_DIR = "results/runs"
 FEATURES_INDEX = "results/features/index.json"  # extract_features (features.smk)
 # captioner.kind transformers: the pre-trained model's frozen vision states are the runs' grid
 # (extract_captioner_features) and each run is also exported for transformers (export_hf)
@@ -146,7 +141,7 @@ def neighbours_table(pct):
 
 
 # What a method's named need (its facts' extra_inputs, distinctcap.methods.facts) becomes in
-# the trainer's paths (distinctcap.train.run.RunPaths): need -> function(parameter) -> (input
+# the trainer's paths (distinctcap.core.run.RunPaths): need -> function(parameter) -> (input
 # files, other entries).
 NEED_PATHS = {
     "d_minus": lambda subset: ({"d_minus": ENTROPY_SUBSETS[subset]}, {}),
@@ -202,7 +197,7 @@ def train_paths(wildcards):
 def decode_targets():
     """Every run's captions under every decoding setting, for each setting's splits."""
     return [
-        f"results/generated/{run}/{split}-{name}.parquet"
+        GENERATED_PATH.format(run=run, split=split, decoding=name)
         for run in RUNS
         for name, setting in DECODING.items()
         for split in setting["splits"]

@@ -1,7 +1,7 @@
 """Data stage: the generated shapes world, MS COCO, a Karpathy-format split file or a folder
 of images with a captions file, as images/captions tables + tokeniser."""
 
-from distinctcap.core.config import data_stage_params
+from distinctcap.config.check import data_stage_params
 
 
 rule prepare_data:

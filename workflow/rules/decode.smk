@@ -2,6 +2,8 @@
 `generated` table (ARCHITECTURE.md, "Data contracts"). One job per run decodes all its
 (split, decoding) pairs: one Python and torch start per run, not per decoding (issue 19)."""
 
+from distinctcap.core.results import GENERATED_PATH
+
 DECODES = list(dict.fromkeys((s, d) for d, setting in DECODING.items() for s in setting["splits"]))
 
 
@@ -14,7 +16,7 @@ if DECODES:  # a rule needs outputs; `decoding: {}` decodes nothing
             images=f"{DATA}/images.parquet",
             vocab=f"{DATA}/vocab.json",
         output:
-            generated=[f"results/generated/{{run}}/{s}-{d}.parquet" for s, d in DECODES],
+            generated=[GENERATED_PATH.format(run="{run}", split=s, decoding=d) for s, d in DECODES],
         params:
             decodes=unrecorded([(s, d, DECODING[d]) for s, d in DECODES]),
             recorded=[(s, d, DEFAULTS.decodings(DECODING)[d]) for s, d in DECODES],

@@ -4,8 +4,16 @@ all wired into `snakemake --report` (captions in workflow/report/)."""
 
 import os
 
-from distinctcap.core.config import metric_block
 from distinctcap.core.cores import evaluate_threads, pending_runs
+from distinctcap.core.results import (
+    CIDER_CURVE_PATH,
+    DEVICE_PART_PATH,
+    GENERATED_PATH,
+    METRICS_PATH,
+    PER_IMAGE_PATH,
+    WORK_PATH,
+)
+from distinctcap.core.settings import metric_block
 from distinctcap.report.summary import evaluation_keys, reference_run
 
 EVALUATE = config["evaluate"]
@@ -18,13 +26,16 @@ EVALUATIONS = evaluation_keys(RUNS, DECODING)
 # One evaluate job per run covers all its (split, decoding) pairs: one Python, CLIP and METEOR
 # start per run instead of per decoding (issue 19: METEOR's start is ~9 CPU s).
 PER_RUN = list(dict.fromkeys((s, d) for _, s, d in EVALUATIONS))
-METRICS = [f"results/metrics/{r}/{s}-{d}.parquet" for r, s, d in EVALUATIONS]
-CIDER_CURVES = [f"results/metrics/{r}/{s}-{d}-cider_vs_n.csv" for r, s, d in EVALUATIONS]
+# the paths are distinctcap.core.results's templates
+METRICS = [METRICS_PATH.format(run=r, split=s, decoding=d) for r, s, d in EVALUATIONS]
+CIDER_CURVES = [CIDER_CURVE_PATH.format(run=r, split=s, decoding=d) for r, s, d in EVALUATIONS]
 # CLIP rank and CLIPScore of each image's first caption, for versus_reference's intervals
-PER_IMAGE = [f"results/metrics/{r}/{s}-{d}-per_image.parquet" for r, s, d in EVALUATIONS]
+PER_IMAGE = [PER_IMAGE_PATH.format(run=r, split=s, decoding=d) for r, s, d in EVALUATIONS]
 GALLERY_SPLIT = EVALUATE["gallery_split"]
 GALLERY = [
-    f"results/generated/{r}/{s}-{d}.parquet" for r, s, d in EVALUATIONS if s == GALLERY_SPLIT
+    GENERATED_PATH.format(run=r, split=s, decoding=d)
+    for r, s, d in EVALUATIONS
+    if s == GALLERY_SPLIT
 ]
 REPORT = "results/report"
 SUMMARY = "results/metrics/summary.csv"
@@ -35,7 +46,7 @@ SHOWCASE = {"category": "Evaluation", "subcategory": "Caption gallery"}
 TRAINING = {"category": "Training"}
 # The runs this invocation still trains or evaluates (those without an evaluate record): the
 # evaluate job's threads share the local cores among them (core.cores.evaluate_threads)
-PENDING_RUNS = pending_runs(RUNS, lambda run: os.path.exists(f"results/metrics/{run}/work.json"))
+PENDING_RUNS = pending_runs(RUNS, lambda run: os.path.exists(WORK_PATH.format(run=run)))
 
 
 # The torch part of a run's evaluation (CLIP retrieval and CLIPScore, the captioner's
@@ -44,9 +55,10 @@ PENDING_RUNS = pending_runs(RUNS, lambda run: os.path.exists(f"results/metrics/{
 # (minutes to hours of them at COCO size) hold no GPU. Without one (a plain `snakemake`), the
 # evaluate job computes it itself: one process start and CLIP load per run instead of two.
 EVALUATE_GPU_JOB = profile_gives_a_gpu("evaluate_gpu")
-GENERATED = [f"results/generated/{{run}}/{s}-{d}.parquet" for s, d in PER_RUN]
-PER_IMAGE_OUT = [f"results/metrics/{{run}}/{s}-{d}-per_image.parquet" for s, d in PER_RUN]
-DEVICE_PART = [f"results/metrics/{{run}}/{s}-{d}-gpu.parquet" for s, d in PER_RUN]
+# one evaluate job's (split, decoding) pairs, of the {run} wildcard
+GENERATED = [GENERATED_PATH.format(run="{run}", split=s, decoding=d) for s, d in PER_RUN]
+PER_IMAGE_OUT = [PER_IMAGE_PATH.format(run="{run}", split=s, decoding=d) for s, d in PER_RUN]
+DEVICE_PART = [DEVICE_PART_PATH.format(run="{run}", split=s, decoding=d) for s, d in PER_RUN]
 TEXT_INPUTS = dict(
     generated=GENERATED,
     images=f"{DATA}/images.parquet",
@@ -97,10 +109,10 @@ if PER_RUN:
             # the evaluate_gpu job's values, or what computing the torch part here reads
             **(dict(device=DEVICE_PART, per_image=PER_IMAGE_OUT) if EVALUATE_GPU_JOB else TORCH_INPUTS),
         output:
-            metrics=[f"results/metrics/{{run}}/{s}-{d}.parquet" for s, d in PER_RUN],
-            curve=[f"results/metrics/{{run}}/{s}-{d}-cider_vs_n.csv" for s, d in PER_RUN],
+            metrics=[METRICS_PATH.format(run="{run}", split=s, decoding=d) for s, d in PER_RUN],
+            curve=[CIDER_CURVE_PATH.format(run="{run}", split=s, decoding=d) for s, d in PER_RUN],
             # the captions each metric scored, per (split, decoding): the work budget's record
-            work="results/metrics/{run}/work.json",
+            work=WORK_PATH,
             **({} if EVALUATE_GPU_JOB else dict(per_image=PER_IMAGE_OUT)),
         params:
             evaluations=PER_RUN,
@@ -178,7 +190,7 @@ rule versus_reference:
     (distinctcap.report.versus): CIDEr-D and scene counts from the captions, R@1, mean rank
     and CLIPScore from the evaluate rule's per-image tables (same order as `generated`)."""
     input:
-        generated=[f"results/generated/{r}/{s}-{d}.parquet" for r, s, d in EVALUATIONS],
+        generated=[GENERATED_PATH.format(run=r, split=s, decoding=d) for r, s, d in EVALUATIONS],
         per_image=PER_IMAGE,
         images=f"{DATA}/images.parquet",
         captions=f"{DATA}/captions.parquet",

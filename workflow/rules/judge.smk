@@ -4,8 +4,8 @@ the trainer's CLIP by the same script (evaluate.judge.pretrained = train; the we
 assets/clip/ of the same training fingerprint are taken instead), then the pooled embeddings of
 the val and test images (distinctcap.features.pooled) for the evaluate rules."""
 
-# JUDGE, TRAIN_JUDGE, TRAINED_JUDGE, JUDGE_FILES and JUDGE_FEATURES are defined in common.smk:
-# the evaluate rules read them too.
+# JUDGE (a distinctcap.core.settings.JudgeSettings), TRAIN_JUDGE, TRAINED_JUDGE, JUDGE_FILES and
+# JUDGE_FEATURES are defined in common.smk: the evaluate rules read them too.
 
 if TRAIN_JUDGE:
 
@@ -19,11 +19,11 @@ if TRAIN_JUDGE:
                 "results/judge/retrieval.json", caption="../report/judge.rst", category="CLIP"
             ),
         params:
-            arch=JUDGE["arch"],
-            train=unrecorded(JUDGE["train"]),
-            recorded=canonical_params(JUDGE["train"], DEFAULTS.section("clip", "train")),
+            arch=JUDGE.arch,
+            train=unrecorded(JUDGE.train),
+            recorded=canonical_params(JUDGE.train, DEFAULTS.section("clip", "train")),
             **stage_version("train_clip"),
-            seed=JUDGE["seed"],
+            seed=JUDGE.seed,
             device=config["device"],
             checkpoint=lambda w, output: str(
                 Path(output.weights).parent / "checkpoints" / Path(output.weights).name
@@ -49,12 +49,12 @@ if JUDGE:
         output:
             features=JUDGE_FEATURES,
         params:
-            arch=JUDGE["arch"],
-            pretrained=lambda w, input: input.weights[0] if TRAIN_JUDGE else JUDGE["pretrained"],
-            tag=JUDGE.get("tag"),
+            arch=JUDGE.arch,
+            pretrained=lambda w, input: input.weights[0] if TRAIN_JUDGE else JUDGE.pretrained,
+            tag=JUDGE.tag,
             settings=unrecorded(CLIP["features"]),
             recorded=canonical_params(CLIP["features"], DEFAULTS.section("clip", "features"))
-            | canonical_params({"judge": JUDGE["pretrained"]}, {"judge": "train"}),
+            | canonical_params({"judge": JUDGE.pretrained}, {"judge": "train"}),
             **stage_version("extract_features"),
             device=config["device"],
         priority: FEATURES_PRIORITY  # before the trainings (common.smk)

@@ -1,5 +1,5 @@
 """Preflight: the node's driver, GPU, java, disk, /dev/shm and weights, checked before the data
-is downloaded (distinctcap.core.preflight). The GPU profiles run it on the GPU rules' partition
+is downloaded (distinctcap.runs.preflight). The GPU profiles run it on the GPU rules' partition
 with one GPU; without a GPU it skips the GPU checks and takes a fraction of a second. Its
 output is an `ancient` input of prepare_data: it runs first, and rerunning it (a new node:
 `snakemake --forcerun preflight`) never reruns anything after it. It takes no params: Snakemake

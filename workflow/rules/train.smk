@@ -32,7 +32,7 @@ rule train_run:
 
 rule run_card:
     """The run folder's card and vocabulary copy, so `distinctcap caption` needs only the
-    folder and its CLIP (distinctcap.runs.runcard), with the threshold that flags images far
+    folder and its CLIP (distinctcap.core.runcard), with the threshold that flags images far
     from the training images (distinctcap.runs.calibrate)."""
     input:
         model=f"{RUN_DIR}/{{run}}/model.pt",

@@ -1,8 +1,8 @@
-"""Rule preflight: every check that applies on this node (distinctcap.core.preflight)."""
+"""Rule preflight: every check that applies on this node (distinctcap.runs.preflight)."""
 
+from distinctcap.config.check import load_schema, validate
 from distinctcap.core import logs
-from distinctcap.core.config import load_schema, validate
-from distinctcap.core.preflight import run_preflight
+from distinctcap.runs.preflight import run_preflight
 
 logs.setup(snakemake.log[0])
 run_preflight(

@@ -1,11 +1,11 @@
-"""Rule run_card: results/runs/{run}/run.json and its vocabulary copy (distinctcap.runs.runcard),
+"""Rule run_card: results/runs/{run}/run.json and its vocabulary copy (distinctcap.core.runcard),
 with the familiarity threshold calibrated on the validation images (distinctcap.runs.calibrate)."""
 
 from pathlib import Path
 
 from distinctcap.core import logs
+from distinctcap.core.runcard import write_run_card
 from distinctcap.runs.calibrate import calibrate
-from distinctcap.runs.runcard import write_run_card
 
 logs.setup(snakemake.log[0])
 write_run_card(

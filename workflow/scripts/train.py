@@ -4,8 +4,8 @@ calls distinctcap.train.trainer.train here or in torchrun processes)."""
 from pathlib import Path
 
 from distinctcap.core.jobs import start_job
+from distinctcap.core.run import RunConfig, RunPaths
 from distinctcap.train.launch import train_with_gpus
-from distinctcap.train.run import RunConfig, RunPaths
 
 device = start_job(snakemake, threads="all")
 run = RunConfig.from_effective(snakemake.params.run)

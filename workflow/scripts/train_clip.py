@@ -2,9 +2,9 @@
 
 from pathlib import Path
 
-from distinctcap.clip.train import TrainSettings, save_weights, train_clip
 from distinctcap.core.io import read_table, write_json
 from distinctcap.core.jobs import start_job
+from distinctcap.train.clip import TrainSettings, save_weights, train_clip
 
 # Weights the pipeline trained on the default config, taken only when their training fingerprint
 # equals this run's (distinctcap.clip.assets; make ship-clip writes them). Found from this

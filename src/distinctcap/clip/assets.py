@@ -3,7 +3,7 @@ does not spend most of its first run training the same CLIP again.
 
 The files were produced by the pipeline itself: rule train_clip on the default config, then
 `make ship-clip` (`ship_weights`). Beside `<arch>.pt` lies `<arch>.json` with its sha256 and its
-training fingerprint (`clip.train.train_fingerprint`: arch, settings, seed, device and a hash of the
+training fingerprint (`train.clip.train_fingerprint`: arch, settings, seed, device and a hash of the
 loaded training data). `train_clip` takes the shipped weights only when that fingerprint equals
 the one it is about to train for, so a changed setting, seed or world retrains from scratch.
 

@@ -7,7 +7,7 @@ NCCL on GPUs). This module imports nothing of the project but its errors, so the
 imports it without a cycle.
 
 The global batch does not depend on W. A step's `train.grad_accum` = A micro-batches of
-`train.batch_size` captions (the same captions as in a one-process run, data/batches.py) are
+`train.batch_size` captions (the same captions as in a one-process run, features/batches.py) are
 shared out (`my_micro_batches`): when A is a multiple of W, rank r takes whole micro-batches
 r, r + W, ..., so each GPU works on full batches, as in one process; otherwise every
 micro-batch is cut into W slices (`shard`) and each rank weights its slice's loss by its share
@@ -111,7 +111,7 @@ def shard(indices: Tensor, env: DistEnv) -> Tensor:
     """This rank's captions of a micro-batch `indices` (B,): the rank-th of W contiguous
     slices of sizes differing by at most one. Contiguous, so the captions of one image, which
     BatchOrder keeps next to each other, mostly stay on one process and its image is encoded
-    once (data/batches.py encode_batch)."""
+    once (features/batches.py encode_batch)."""
     if not env.active:
         return indices
     if len(indices) < env.world_size:

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import copy
 
+from distinctcap.core.validation import DefaultFilling
+
 # stage (rule) -> version of what it computes from the same inputs and settings; raise it when
 # a release changes a stage's results on purpose (or a default it reads), and say so in
 # CHANGELOG.md. Every job of the stage and everything downstream reruns once.
@@ -72,8 +74,6 @@ def _same(value: object, default: object) -> bool:
 def filled(instance: object, part: dict, schema: dict) -> object:
     """`instance` with the defaults of schema `part` filled in (at any depth, in the branches
     its values select); values that do not validate are left as they are."""
-    from distinctcap.core.config import DefaultFilling
-
     instance = copy.deepcopy(instance)
     for _ in DefaultFilling({**part, "definitions": schema.get("definitions", {})}).iter_errors(
         instance
@@ -103,7 +103,7 @@ class Defaults:
         return {k: v for k, v in defaults.items() if k != "method"}  # no default: kept
 
     def effective_run(self, effective: dict) -> dict:
-        """The defaults of an effective run config (core.config.effective_run_config)."""
+        """The defaults of an effective run config (config.rungraph.effective_run_config)."""
         return {
             **self.run_block(effective),
             "seed": self.config.get("seed"),

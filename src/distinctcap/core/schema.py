@@ -1,10 +1,12 @@
-"""The config schema (workflow/schemas), the one owner of every config key, default and allowed
-value: the files merged into one JSON schema, and the defaults they declare, from which
-config.TrainConfig and config.EvalSettings take their field defaults and each method's facts
+"""The config schema, the one owner of every config key, default and allowed value: the files
+merged into one JSON schema, and the defaults they declare, from which the settings classes
+(distinctcap.core.settings) take their field defaults and each method's facts
 (distinctcap.methods.facts) its options.
 
 Files: config.schema.yaml (top-level keys), sections/<name>.yaml (top-level section <name>),
-methods/<method>.yaml (the options of the runs with `method: <method>`). Imports no torch: the
+methods/<method>.yaml (the options of the runs with `method: <method>`). They ship inside the
+package (src/distinctcap/schemas/, package data), so an installed distinctcap finds them;
+workflow/schemas is a link to that folder, which the workflow reads. Imports no torch: the
 workflow reads it while Snakemake parses.
 """
 
@@ -21,8 +23,8 @@ import yaml
 
 from distinctcap.core.errors import DistinctcapError
 
-# The repository's schema (the package is installed editable from the repository: envs/*.yaml)
-SCHEMA_PATH = Path(__file__).resolve().parents[3] / "workflow" / "schemas" / "config.schema.yaml"
+# The package's schema (package data; workflow/schemas links to its folder)
+SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "config.schema.yaml"
 # libyaml's loader where installed: ten times faster, and every Snakemake parse loads the schema
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -61,11 +63,11 @@ def run_block(common: dict, methods: dict[str, dict]) -> dict:
 
 @functools.cache
 def repo_schema() -> dict:
-    """The repository's merged schema, loaded once; read it, never change it."""
+    """The package's merged schema, loaded once; read it, never change it."""
     if not SCHEMA_PATH.is_file():
         raise DistinctcapError(
-            f"the config schema {SCHEMA_PATH} is missing: distinctcap reads it from its "
-            "repository, so install the package editable from a clone (pip install -e .)"
+            f"the config schema {SCHEMA_PATH} is missing from the installed package: "
+            "reinstall distinctcap (its schemas/ folder is package data)"
         )
     return load_schema()
 
@@ -82,6 +84,11 @@ def method_options(method: str) -> Mapping[str, object]:
     """The options of `method` runs with their defaults, in the schema's order."""
     properties = _repo_methods()[method]["properties"]
     return MappingProxyType({key: prop["default"] for key, prop in properties.items()})
+
+
+def method_names() -> list[str]:
+    """The methods with an options schema (workflow/schemas/methods/<method>.yaml), sorted."""
+    return list(_repo_methods())
 
 
 @functools.cache

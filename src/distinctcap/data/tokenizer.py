@@ -19,7 +19,7 @@ PAD, BOS, EOS, UNK = 0, 1, 2, 3
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
 # Hessel et al. 2021 encode candidates as "A photo depicts <caption>" for CLIPScore, and
 # references the same way for RefCLIPScore (their clipscore.py): the evaluation's CLIPScore
-# (evaluate.metrics.retrieval) and the CLIPScore reward of self-critical training (methods.scst)
+# (scores.ranks) and the CLIPScore reward of self-critical training (methods.scst)
 CLIPSCORE_PREFIX = "A photo depicts "
 
 

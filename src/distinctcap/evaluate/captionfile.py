@@ -7,7 +7,7 @@ line into {image_id, caption} entries, one per sample (its `samples`, else its c
 scorer reads it as any results file. Lines of images of another split of the experiment are
 left out (`distinctcap caption` a whole images folder, score one split); the others are kept,
 so a file outside the data or one that was not captioned is set aside with its reason
-(distinctcap.evaluate.resultsfile).
+(distinctcap.runs.resultsfile).
 """
 
 from __future__ import annotations

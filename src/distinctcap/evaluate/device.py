@@ -32,9 +32,9 @@ import torch
 from distinctcap.captioner.model import label_logprobs, make_batch
 from distinctcap.clip.text import encode_text
 from distinctcap.core import work
-from distinctcap.core.config import EvalSettings
 from distinctcap.core.devices import CPU
 from distinctcap.core.io import read_table, write_table
+from distinctcap.core.settings import EvalSettings
 from distinctcap.evaluate import judge
 from distinctcap.evaluate.inputs import (
     DecodingInputs,

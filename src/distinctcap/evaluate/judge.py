@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from distinctcap.core.config import EvalSettings
+from distinctcap.core.settings import EvalSettings
 from distinctcap.evaluate.loaded import JobLoads
 from distinctcap.scores.result import MetricResult
 

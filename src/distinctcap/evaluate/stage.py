@@ -41,9 +41,9 @@ import pandas as pd
 import torch
 
 from distinctcap.core import work
-from distinctcap.core.config import EvalSettings
 from distinctcap.core.devices import CPU
 from distinctcap.core.io import atomic_path, write_json, write_table
+from distinctcap.core.settings import EvalSettings
 from distinctcap.data.scene import scene_f1
 from distinctcap.evaluate import judge
 from distinctcap.evaluate.device import (
@@ -52,6 +52,7 @@ from distinctcap.evaluate.device import (
     device_metrics,
     read_device_metrics,
 )
+from distinctcap.evaluate.headline import HEADLINE_DIVERSITY, HEADLINE_QUALITY
 from distinctcap.evaluate.inputs import (
     DecodingInputs,
     EvalPaths,
@@ -70,7 +71,6 @@ from distinctcap.evaluate.metrics import (
     evaluate_captions,
 )
 from distinctcap.evaluate.scene_judge import NO_SCENES, split_scenes
-from distinctcap.report.summary import HEADLINE_DIVERSITY, HEADLINE_QUALITY
 from distinctcap.scores.result import MetricResult
 
 log = logging.getLogger(__name__)

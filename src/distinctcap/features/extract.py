@@ -43,7 +43,6 @@ from distinctcap.core.devices import CPU
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import file_sha256, write_json
 from distinctcap.core.logs import progress
-from distinctcap.core.preflight import LOADER_PREFETCH, workers_fitting_shm
 from distinctcap.data.quality import decoding
 from distinctcap.features.decode import (
     ImageBytes,
@@ -53,6 +52,7 @@ from distinctcap.features.decode import (
     tensor_steps,
     unpacked,
 )
+from distinctcap.features.shm import LOADER_PREFETCH, workers_fitting_shm
 from distinctcap.features.store import (
     FORMAT,
     Shard,

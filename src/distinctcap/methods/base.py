@@ -6,7 +6,7 @@ one `Objective` subclass; everything the config checker, the workflow and the tr
 know about it is a class attribute declared here with its default:
 
     edges        run edges a run of this method must name, among "init", "teacher",
-                 "reference" (config.check_runs); e.g. cl: ("init", "reference")
+                 "reference" (config.rungraph.check_runs); e.g. cl: ("init", "reference")
     needs        the edges whose final models the trainer loads frozen into ctx.frozen
     options      its own run options -> their defaults, read from its own schema
                  (workflow/schemas/methods/<method>.yaml), which refuses other options
@@ -20,12 +20,15 @@ know about it is a class attribute declared here with its default:
                  (workflow/rules/common.smk) maps each need to the trainer's inputs
                  (RunPaths.inputs, which the objective reads as ctx.paths).
     option_conflicts(run)  {option: why} for its options set where the run's other options
-                 make them meaningless (config.check_values names runs.<name>.<option>)
+                 make them meaningless (config.check.check_values names runs.<name>.<option>)
+    objective_class  "module:Class" of its trainable subclass, the one with the loss;
+                 the facts' registry `facts.FACTS` is the one list of methods, and
+                 distinctcap.methods.METHODS is derived from it through `trainable()`
 
 and, per instance:
 
     __init__(run, ctx)        run is the run's effective config as a
-                              distinctcap.train.run.RunConfig (name, seed, train, its method's
+                              distinctcap.core.run.RunConfig (name, seed, train, its method's
                               `options`, ...)
     loss(model, batch, step, total_steps) -> (scalar loss of one micro-batch, extras for the
                               curve, e.g. {"lambda": 0.3}: numbers, or detached 0-dim tensors,
@@ -41,7 +44,7 @@ and, per instance:
 - `ctx.frozen[edge]` is the final model of the run named by the run's `edge` for each edge in
   `needs`, in eval mode, with requires_grad False, on `ctx.device`; `ctx.paths` are the run's
   inputs by name (e.g. "d_minus", "clip", "clip_arch", "neighbours").
-- `batch` is a distinctcap.data.batches.Batch already on the device; the objective runs the
+- `batch` is a distinctcap.features.batches.Batch already on the device; the objective runs the
   model itself (under the trainer's autocast), so it can ask for internals (UNKT eq. 7-8) or
   score other captions (CL). `ctx.train_data` gives access to every training pair, e.g. to
   draw mismatched images for CL's negatives.
@@ -52,6 +55,7 @@ the methods' facts are declared in distinctcap.methods.facts for the same reason
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
@@ -65,7 +69,8 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from distinctcap.captioner.model import Captioner
-    from distinctcap.data.batches import Batch, CaptionData
+    from distinctcap.core.run import RunConfig
+    from distinctcap.features.batches import Batch, CaptionData
 
 @dataclass
 class TrainContext:
@@ -85,6 +90,14 @@ class Objective:
     options: ClassVar[Mapping[str, object]] = {}
     mean_over: ClassVar[str] = "tokens"
     val_metrics: ClassVar[Mapping[str, str]] = {}
+    objective_class: ClassVar[str] = ""
+
+    @classmethod
+    def trainable(cls) -> type[Objective]:
+        """The method's trainable class, named by `objective_class` ("module:Class");
+        imported only here, so reading the facts imports no torch."""
+        module, _, name = cls.objective_class.partition(":")
+        return getattr(importlib.import_module(module), name)
 
     @classmethod
     def extra_inputs(cls, run: dict) -> dict[str, str | float | None]:
@@ -98,13 +111,21 @@ class Objective:
         return {}
 
     @classmethod
+    def refuse_conflicts(cls, name: str, run: Mapping) -> None:
+        """Raise the first of `option_conflicts(run)` as one line naming the key, for run
+        `name` (the config check, config.check.check_run_options, and an objective built from
+        a run that no config check saw)."""
+        for key, why in cls.option_conflicts(dict(run)).items():
+            raise DistinctcapError(f"runs.{name}.{key} = {run.get(key)!r}: {why}")
+
+    @classmethod
     def step_cost(cls, run: dict) -> float:
         """An optimiser step of run block `run` against an MLE step of the same batch: the
-        scheduler's estimate of a run's training time (config.run_priorities), from the
+        scheduler's estimate of a run's training time (config.priorities.run_priorities), from the
         step benchmarks of docs/performance.md."""
         return 1.0
 
-    def __init__(self, run, ctx: TrainContext) -> None:  # run: RunConfig (no import: a cycle)
+    def __init__(self, run: RunConfig, ctx: TrainContext) -> None:
         pass
 
     def loss(

@@ -45,15 +45,15 @@ from torch import Tensor
 
 from distinctcap.core import work
 from distinctcap.core.errors import DistinctcapError
-from distinctcap.data.batches import encode_batch
+from distinctcap.features.batches import encode_batch
 from distinctcap.methods import facts
 from distinctcap.methods.losses import contrastive_loss
 
 if TYPE_CHECKING:
     from distinctcap.captioner.model import Captioner
-    from distinctcap.data.batches import Batch
+    from distinctcap.core.run import RunConfig
+    from distinctcap.features.batches import Batch
     from distinctcap.methods.base import TrainContext
-    from distinctcap.train.run import RunConfig
 
 CONSTRAINTS = ("both", "positive", "negative")
 

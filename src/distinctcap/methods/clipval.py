@@ -29,7 +29,7 @@ from distinctcap.scores.ranks import retrieval_ranks
 
 if TYPE_CHECKING:
     from distinctcap.clip.text import ClipTextEncoder
-    from distinctcap.data.batches import CaptionData
+    from distinctcap.features.batches import CaptionData
 
 
 def load_clip_model(paths: Mapping, method: str) -> nn.Module:

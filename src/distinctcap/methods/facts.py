@@ -1,21 +1,26 @@
 """What each training method is, in one place per method, readable without torch.
 
+A method is three files: its facts (a class here, registered once in `FACTS`), its objective
+(a module of distinctcap.methods subclassing the facts with the loss, named by the facts'
+`objective_class`, e.g. `class UNKT(facts.UNKT)` in distinctcap.methods.unkt) and its options'
+schema, workflow/schemas/methods/<method>.yaml (their defaults, types and meaning; it also
+refuses in a run block any option of another method).
+
 Each class here declares one method's facts (the attributes of distinctcap.methods.base.
 Objective: required run edges, frozen runs the trainer loads, what the loss averages over, its
-own selection metrics, and the extra inputs a run needs). Its options with their defaults,
-types and meaning are the schema's, workflow/schemas/methods/<method>.yaml, which also refuses
-in a run block any option of another method.
-The method's module subclasses it with the loss, e.g. `class UNKT(facts.UNKT)` in
-distinctcap.methods.unkt, and declares none of these attributes itself (tests/test_config.py).
+own selection metrics, the extra inputs a run needs, where its objective is); the objective
+declares none of these attributes itself (tests/test_config.py).
 
 Why not declare them on the loss classes: those modules import torch, and the facts are read
-while Snakemake parses the workflow (config.validate, config.effective_run_config,
+while Snakemake parses the workflow (config.check.validate, config.rungraph.effective_run_config,
 workflow/rules/common.smk), which must stay light (a torch import costs seconds per dry run).
 Importing this module imports no torch; `FACTS` maps each run `method` to its class, and
-distinctcap.methods.METHODS to the trainable subclass.
+distinctcap.methods.METHODS, derived from it, to the trainable subclass.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from distinctcap.core.schema import method_options
 from distinctcap.methods.base import Objective
@@ -25,6 +30,7 @@ class MLE(Objective):
     """Maximum likelihood (UNKT eq. 1): the reference of every other method."""
 
     options = method_options("mle")
+    objective_class = "distinctcap.methods.mle:MLE"
 
 
 class UNKT(Objective):
@@ -33,6 +39,7 @@ class UNKT(Objective):
     edges = ("teacher",)
     needs = ("teacher",)
     options = method_options("unkt")
+    objective_class = "distinctcap.methods.unkt:UNKT"
 
     @classmethod
     def step_cost(cls, run: dict) -> float:
@@ -87,6 +94,7 @@ class CL(Objective):
     edges = ("init", "reference")
     needs = ("reference",)
     options = method_options("cl")
+    objective_class = "distinctcap.methods.cl:ContrastiveLearning"
     mean_over = "captions"  # eq. 10 averages over captions: multi-GPU shards weigh by count
 
     @classmethod
@@ -102,6 +110,7 @@ class SMILE(Objective):
 
     edges = ("init",)
     options = method_options("smile")
+    objective_class = "distinctcap.methods.smile:SMILE"
     # §3.3: checkpoints chosen on CLIP self-retrieval on the validation set (R@1)
     val_metrics = {"clip_self_retrieval": "max"}
 
@@ -117,6 +126,7 @@ class Specificity(Objective):
 
     edges = ("init",)
     options = method_options("specificity")
+    objective_class = "distinctcap.methods.specificity:Specificity"
     # eq. 5 averages over captions, so multi-GPU shards weigh by caption count (with
     # mle_weight > 0 the token-mean MLE term is then weighted by captions, a close approximation)
     mean_over = "captions"
@@ -145,20 +155,30 @@ class SCST(Objective):
 
     edges = ("init",)
     options = method_options("scst")
+    objective_class = "distinctcap.methods.scst:SCST"
     # the loss is a mean over the sampled tokens of the micro-batch's images, which a shard
     # of its captions holds in proportion to its captions (a close approximation)
     mean_over = "captions"
 
     @classmethod
+    def settings(cls, run: Mapping) -> dict:
+        """The run's options over their defaults, `rewards` merged weight by weight (a block may
+        name some weights only): the one merge of SCST's defaults, read by the facts and the
+        objective (methods.scst)."""
+        opts = {key: run.get(key, default) for key, default in cls.options.items()}
+        opts["rewards"] = {**cls.options["rewards"], **(run.get("rewards") or {})}
+        return opts
+
+    @classmethod
     def extra_inputs(cls, run: dict) -> dict[str, str | float | None]:
         """The CLIP, for the retrieval and CLIPScore rewards when either weighs > 0."""
-        weights = {**cls.options["rewards"], **(run.get("rewards") or {})}
+        weights = cls.settings(run)["rewards"]
         return {"clip": None} if weights["retrieval"] or weights["clipscore"] else {}
 
     @classmethod
     def option_conflicts(cls, run: dict) -> dict[str, str]:
         """The new SCST baseline averages the image's other samples: it needs k >= 2."""
-        opt = {**cls.options, **run}
+        opt = cls.settings(run)
         if opt["baseline"] == "new" and opt["k"] < 2:
             return {"k": "baseline new averages an image's other samples; set k >= 2 or "
                          "baseline: greedy"}

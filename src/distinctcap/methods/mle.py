@@ -6,15 +6,15 @@ from typing import TYPE_CHECKING
 
 from torch import Tensor
 
-from distinctcap.data.batches import encode_batch
+from distinctcap.features.batches import encode_batch
 from distinctcap.methods import facts
 from distinctcap.methods.losses import mle_loss
 
 if TYPE_CHECKING:
     from distinctcap.captioner.model import Captioner
-    from distinctcap.data.batches import Batch
+    from distinctcap.core.run import RunConfig
+    from distinctcap.features.batches import Batch
     from distinctcap.methods.base import TrainContext
-    from distinctcap.train.run import RunConfig
 
 
 class MLE(facts.MLE):

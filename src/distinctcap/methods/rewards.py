@@ -12,7 +12,6 @@ from torch import Tensor
 
 from distinctcap.core.errors import DistinctcapError
 
-BASELINES = ("new", "greedy")
 CLIPSCORE_W = 2.5  # Hessel et al. 2021 eq. 1
 
 

@@ -3,7 +3,7 @@
 
 Per micro-batch:
 
-1. The batch's distinct images (a batch holds about B / 5 of them, data.batches) each get K
+1. The batch's distinct images (a batch holds about B / 5 of them, features.batches) each get K
    captions drawn from the model's own distribution (`search.sample_ids`: eval mode, no
    gradient, the decoding loop's max_len and eos rule), from a generator seeded by (seed,
    step, the batch's caption ids), so a resumed run draws the same captions.
@@ -31,13 +31,12 @@ from torch import Tensor
 from distinctcap.captioner.search import ban_specials, decode_ids, sample_ids
 from distinctcap.clip.text import ClipTextEncoder
 from distinctcap.core.errors import DistinctcapError
-from distinctcap.data.batches import distinct_images
 from distinctcap.data.tokenizer import BOS, CLIPSCORE_PREFIX, EOS, PAD, clip_bpe_ids
+from distinctcap.features.batches import distinct_images
 from distinctcap.methods import facts
 from distinctcap.methods.cl import step_generator
 from distinctcap.methods.clipval import load_clip_model
 from distinctcap.methods.rewards import (
-    BASELINES,
     clipscore_reward,
     greedy_advantages,
     new_scst_advantages,
@@ -50,35 +49,23 @@ if TYPE_CHECKING:
     from torch import nn
 
     from distinctcap.captioner.model import Captioner
-    from distinctcap.data.batches import Batch
+    from distinctcap.core.run import RunConfig
+    from distinctcap.features.batches import Batch
     from distinctcap.methods.base import TrainContext
-    from distinctcap.train.run import RunConfig
 
 
 STOPS = (PAD, EOS)  # a caption ends before its first eos or pad (the reward counts no end token)
 
 
 def scst_options(run: RunConfig) -> dict:
-    """The run's options with defaults, `rewards` merged key by key; checked."""
-    defaults = facts.SCST.options
-    opts = {key: run.options.get(key, default) for key, default in defaults.items()}
-    opts["rewards"] = {**defaults["rewards"], **(run.options.get("rewards") or {})}
-    where = f"runs.{run.name}"
-    if opts["baseline"] not in BASELINES:
-        raise DistinctcapError(
-            f"{where}.baseline = {opts['baseline']!r}: choose one of {list(BASELINES)}"
-        )
-    if int(opts["k"]) < (2 if opts["baseline"] == "new" else 1):
-        raise DistinctcapError(
-            f"{where}.k = {opts['k']}: allowed k >= 2 with baseline new, k >= 1 with greedy"
-        )
-    weights = opts["rewards"]
-    if set(weights) != set(defaults["rewards"]) or min(weights.values()) < 0:
-        raise DistinctcapError(
-            f"{where}.rewards = {weights}: weights >= 0 of {sorted(defaults['rewards'])}"
-        )
-    if not any(weights.values()):
-        raise DistinctcapError(f"{where}.rewards: every weight is 0; give at least one > 0")
+    """The run's options over their defaults (facts.SCST.settings, the one merge), refused as
+    the config check refuses them (facts.SCST.option_conflicts: baseline new needs k >= 2)
+    and with at least one weight > 0. Each option's type and range are the schema's
+    (workflow/schemas/methods/scst.yaml), which the config was validated against."""
+    opts = facts.SCST.settings(run.options)
+    facts.SCST.refuse_conflicts(run.name, opts)
+    if not any(opts["rewards"].values()):
+        raise DistinctcapError(f"runs.{run.name}.rewards: every weight is 0; give at least one > 0")
     return opts
 
 

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from distinctcap.clip.text import ClipTextEncoder
 from distinctcap.core.errors import DistinctcapError
-from distinctcap.data.batches import encode_batch
+from distinctcap.features.batches import encode_batch
 from distinctcap.methods import facts
 from distinctcap.methods.cl import step_generator
 from distinctcap.methods.clipval import CLIP_VAL, load_clip_model
@@ -38,9 +38,9 @@ from distinctcap.methods.losses import SMILE_SUBSETS, mle_loss, smile_loss, smil
 
 if TYPE_CHECKING:
     from distinctcap.captioner.model import Captioner
-    from distinctcap.data.batches import Batch, CaptionData
+    from distinctcap.core.run import RunConfig
+    from distinctcap.features.batches import Batch, CaptionData
     from distinctcap.methods.base import TrainContext
-    from distinctcap.train.run import RunConfig
 
 class SMILE(facts.SMILE):
     """L = lambda L_MLE + (1 - lambda) L_SMILE (eq. 4), token means over non-pad labels."""

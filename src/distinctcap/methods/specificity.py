@@ -43,8 +43,8 @@ from distinctcap.captioner.model import Captioner
 from distinctcap.captioner.search import ban_specials, decode_ids
 from distinctcap.clip.text import ClipTextEncoder
 from distinctcap.core.errors import DistinctcapError
-from distinctcap.data.batches import encode_batch
 from distinctcap.data.tokenizer import BOS, PAD
+from distinctcap.features.batches import encode_batch
 from distinctcap.features.neighbours import NeighbourTable
 from distinctcap.methods import facts
 from distinctcap.methods.clipval import (  # noqa: F401  (caption_ids_tensor: re-export)
@@ -55,9 +55,9 @@ from distinctcap.methods.clipval import (  # noqa: F401  (caption_ids_tensor: re
 from distinctcap.methods.losses import SPECIFICITY_KINDS, mle_loss, specificity_loss
 
 if TYPE_CHECKING:
-    from distinctcap.data.batches import Batch, CaptionData
+    from distinctcap.core.run import RunConfig
+    from distinctcap.features.batches import Batch, CaptionData
     from distinctcap.methods.base import TrainContext
-    from distinctcap.train.run import RunConfig
 
 SAMPLINGS = ("argmax", "gumbel")
 

@@ -47,7 +47,7 @@ objective); the teacher runs without gradients.
   follows eq. 10 (distinctcap.methods.losses.progressive_lambda); `fixed` keeps `lambda_value`
   (Table 8). The paper warms up over 5 epochs: `warmup_epochs` is converted to optimiser steps
   with the trainer's epoch length, len(train captions) // batch_size micro-batches divided by
-  grad_accum (data/batches.py BatchOrder); `warmup_steps`, when set, is used as is. The warm-up
+  grad_accum (features/batches.py BatchOrder); `warmup_steps`, when set, is used as is. The warm-up
   is capped at the run's total steps.
 - With every weight 0 (Table 3 "w/o L_neg") there is no negative term and eq. 9 is the MLE
   loss: lam is taken as 0 (else the (1 - lam) factor would switch MLE off at lam = 1).
@@ -69,10 +69,10 @@ import torch
 from torch import Tensor
 
 from distinctcap.captioner.search import greedy, sample
-from distinctcap.core.config import steps_per_epoch
 from distinctcap.core.errors import DistinctcapError
-from distinctcap.data.batches import distinct_images, encode_batch
+from distinctcap.core.settings import steps_per_epoch
 from distinctcap.data.tokenizer import BOS, EOS
+from distinctcap.features.batches import distinct_images, encode_batch
 from distinctcap.methods import facts
 from distinctcap.methods.losses import (
     TOKEN_REDUCTIONS,
@@ -88,10 +88,10 @@ from distinctcap.methods.losses import (
 if TYPE_CHECKING:
     from distinctcap.captioner.model import Captioner
     from distinctcap.captioner.search import Caption
-    from distinctcap.data.batches import Batch, CaptionData
+    from distinctcap.core.run import RunConfig
+    from distinctcap.features.batches import Batch, CaptionData
     from distinctcap.features.read import ImageFeatures
     from distinctcap.methods.base import TrainContext
-    from distinctcap.train.run import RunConfig
 
 TARGETS = ("soft", "hard", "random")
 ATTENTION = ("self", "cross", "both")

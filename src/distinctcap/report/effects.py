@@ -179,7 +179,8 @@ def load_summary(path: Path, configs: list[Path] | None) -> pd.DataFrame:
     """summary.csv, or the summary of a metrics folder's finished tables under `configs`
     (`summary.folder_summary`: the runs of a preset whose report was not made)."""
     if path.is_dir():
-        from distinctcap.core.config import load_schema, read_configs, validate
+        from distinctcap.config.check import load_schema, validate
+        from distinctcap.core.configfile import read_configs
         from distinctcap.report.summary import folder_summary
 
         if not configs:

@@ -19,9 +19,8 @@ from pathlib import Path
 import pandas as pd
 
 from distinctcap.core.io import atomic_path, read_json
+from distinctcap.evaluate.headline import HEADLINE_DIVERSITY, HEADLINE_QUALITY
 from distinctcap.report.summary import (
-    HEADLINE_DIVERSITY,
-    HEADLINE_QUALITY,
     headline_quality,
     pick_decodings,
     pooled_rows,

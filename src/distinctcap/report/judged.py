@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from distinctcap.report.summary import HEADLINE_QUALITY, JUDGE_METRICS
+from distinctcap.evaluate.headline import HEADLINE_QUALITY
+from distinctcap.report.summary import JUDGE_METRICS
 
 FLAG = "gain measured mainly by the CLIP it was tuned on"
 LOWER_BETTER = frozenset(

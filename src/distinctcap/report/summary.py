@@ -17,8 +17,9 @@ import pandas as pd
 
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import atomic_path, read_table
+from distinctcap.core.runcard import list_runs
+from distinctcap.evaluate.headline import HEADLINE_DIVERSITY, HEADLINE_QUALITY
 from distinctcap.evaluate.metrics import DIVERSITY_METRICS, QUALITY_METRICS
-from distinctcap.runs.runcard import list_runs
 from distinctcap.scores.result import KEYS
 
 SUMMARY_BASE = (
@@ -115,7 +116,7 @@ def write_summary(
 
 # ---------------------------------------------------------------------------------------------
 # Seeds (issue 34, docs/seeds.md): a run trained over several seeds is one model per seed
-# (distinctcap.core.config.seed_runs); the tables pool its seeds into mean ± sd (n).
+# (distinctcap.config.rungraph.seed_runs); the tables pool its seeds into mean ± sd (n).
 
 SEED = "seed"
 GROUP = list(KEYS)  # what a run's seeds are pooled over: (run, split, decoding)
@@ -123,7 +124,7 @@ GROUP = list(KEYS)  # what a run's seeds are pooled over: (run, split, decoding)
 
 def with_seeds(summary: pd.DataFrame, seed_of: dict) -> pd.DataFrame:
     """The summary with `run` the configured run and a `seed` column after it, from `seed_of`
-    (model name -> (run, seed), core.config.seed_runs); a model it does not name keeps its
+    (model name -> (run, seed), config.rungraph.seed_runs); a model it does not name keeps its
     name and an empty seed."""
     table = summary.copy()
     arms = {name: arm_seed[0] for name, arm_seed in seed_of.items()}
@@ -180,14 +181,6 @@ def pooled_rows(summary: pd.DataFrame, split: str) -> pd.DataFrame:
     return seed_table(summary[summary.split == split]).set_index(["run", "decoding"])
 
 
-# The README's headline table: (header, column, decimals, direction); quality on one decoding,
-# diversity on a sampled one. Every value on its metric's own scale (fractions stay fractions).
-HEADLINE_QUALITY = (
-    ("BLEU-4", "bleu4", 3, "↑"), ("METEOR", "meteor", 3, "↑"), ("CIDEr", "cider", 3, "↑"),
-    ("R@1", "r_at_1", 3, "↑"), ("mean rank", "mean_rank", 1, "↓"),
-    ("CLIPScore", "clipscore", 2, "↑"), ("scene F1", "scene_f1", 3, "↑"),
-)
-HEADLINE_DIVERSITY = (("Div-2", "div2", 3, "↑"), ("distinct", "distinct", 3, "↑"))
 # The independent judges (issue 45) beside the trainer's CLIP metric each re-measures: the judge
 # CLIP (a second CLIP no training rule sees) and, on the shapes world, scene retrieval (the
 # caption's parsed claims ranked against every image's true scene graph).
@@ -297,7 +290,7 @@ SEED_COLUMNS = (*SAMPLED_QUALITY, ("mBLEU-4 (20 samples)", "sample20", "mbleu4",
 def seed_group(name: str) -> str:
     """The arm a hand-made repeat names: its name without a trailing _s<seed> (reference_s1 ->
     reference), issue 29's runs of presets/unkt-ablations.yaml; `seeds:` names its models the
-    same way (core.config.seed_name)."""
+    same way (config.rungraph.seed_name)."""
     return re.sub(r"_s\d+$", "", name)
 
 
@@ -461,7 +454,7 @@ def folder_summary(folder: Path, config: dict) -> pd.DataFrame:
     """summary.csv's rows from the metrics tables finished so far under `folder`
     (results/metrics; not the per-image tables), each model by its run and seed (`seed_runs`
     of the validated `config`)."""
-    from distinctcap.core.config import seed_runs
+    from distinctcap.config.rungraph import seed_runs
 
     tables = sorted(folder.glob("*/*.parquet"))
     tables = [p for p in tables if not p.name.endswith("-per_image.parquet")]
@@ -473,7 +466,8 @@ if __name__ == "__main__":  # make readme-table / unkt-ablation-table / unkt-see
     import argparse
     import sys
 
-    from distinctcap.core.config import load_schema, read_configs, validate
+    from distinctcap.config.check import load_schema, validate
+    from distinctcap.core.configfile import read_configs
 
     parser = argparse.ArgumentParser(description="README tables from a run's summary.csv")
     parser.add_argument("summary", help="summary.csv, or a metrics folder (results/metrics) "

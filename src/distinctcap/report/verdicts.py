@@ -14,11 +14,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from distinctcap.evaluate.headline import HEADLINE_DIVERSITY, HEADLINE_QUALITY
 from distinctcap.report.judged import JUDGE_NAMES, judge_line
 from distinctcap.report.summary import (
-    HEADLINE_DIVERSITY,
     HEADLINE_JUDGES,
-    HEADLINE_QUALITY,
     compare_table,
     headline_quality,
     headline_table,

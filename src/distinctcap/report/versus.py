@@ -24,7 +24,7 @@ same images for run and reference:
   the micro average over the resampled images, as in the summary.
 Bootstrap (Efron & Tibshirani 1993, percentile interval): `n_boot` resamples of the images
 with replacement, the same resample for run and reference (paired), seeded. A run trained over
-several seeds (core.config.seed_runs) is compared seed by seed with the reference of the same
+several seeds (config.rungraph.seed_runs) is compared seed by seed with the reference of the same
 seed and resampled over seeds and images (`seed_bootstrap`, docs/seeds.md).
 """
 
@@ -39,16 +39,17 @@ import pandas as pd
 
 from distinctcap.core.io import atomic_path
 from distinctcap.data.scene import score_caption
+from distinctcap.evaluate.headline import HEADLINE_QUALITY
 from distinctcap.report.judged import LOWER_BETTER, judge_line
-from distinctcap.report.summary import HEADLINE_QUALITY, JUDGE_METRICS, latex, run_order
+from distinctcap.report.summary import JUDGE_METRICS, latex, run_order
 from distinctcap.scores.cider import CiderD
 
 COLUMNS = [
     "run", "decoding", "split", "metric", "value", "reference_value", "difference",
     "ci_low", "ci_high", "verdict",
 ]  # fmt: skip
-# the README's headline columns and the judges' with their arrows (report.summary), plus scene
-# precision; LOWER_BETTER (report.judged): the mean ranks
+# the README's headline columns and the judges' with their arrows (evaluate.headline,
+# report.summary), plus scene precision; LOWER_BETTER (report.judged): the mean ranks
 HEADERS = {column: f"{header} {arrow}"
            for header, column, _, arrow, *_ in (*HEADLINE_QUALITY, *JUDGE_METRICS)}  # fmt: skip
 HEADERS["scene_precision"] = "scene precision ↑"

@@ -30,11 +30,10 @@ from pathlib import Path
 
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import read_json, write_json
+from distinctcap.core.results import METRICS_DIR, RUN_DIR
 from distinctcap.runs.plan import flat
 
 BUDGET = Path(__file__).resolve().parents[3] / "tests" / "work_budget.json"
-RUN_DIR = "results/runs"  # as workflow/rules/common.smk
-METRICS_DIR = "results/metrics"
 WRITE = "python -m distinctcap.runs.budget {directory} --write-budget --reason '...'"
 
 

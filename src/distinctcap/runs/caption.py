@@ -14,7 +14,7 @@ log-probability, and `outside`, whether the image is far from the run's training
 CLIP features' `distance` above the card's calibrated `threshold`, distinctcap.runs.calibrate;
 None when the card predates calibration: "not calibrated").
 
-A run folder holds model.pt, its vocabulary and its card (distinctcap.runs.runcard), which names the
+A run folder holds model.pt, its vocabulary and its card (distinctcap.core.runcard), which names the
 CLIP the run was trained on. The images go through that CLIP as in feature extraction
 (distinctcap.features.extract: the CLIP's resize/crop, its normalisation, `pooled_and_grid`, the
 pooled embedding L2-normalised, the grid stored as float16), then through the run's search
@@ -47,12 +47,12 @@ from distinctcap.core.devices import resolve_device
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import atomic_path, file_sha256, read_table
 from distinctcap.core.logs import progress
+from distinctcap.core.runcard import read_run_card, resolve_clip, verified_model
 from distinctcap.data.quality import image_problem
 from distinctcap.data.tokenizer import CaptionTokenizer
 from distinctcap.evaluate.decode import decode_options
 from distinctcap.features.extract import compute_dtype, pooled_and_grid
 from distinctcap.runs.calibrate import feature_distance
-from distinctcap.runs.runcard import read_run_card, resolve_clip, verified_model
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 BUILTIN_DECODING = {"greedy": {"kind": "greedy"}, "beam3": {"kind": "beam", "k": 3}}

@@ -194,7 +194,7 @@ def compare(args) -> int:
 
 
 def fetch(args) -> int:
-    from distinctcap.core.config import load
+    from distinctcap.config.check import load
     from distinctcap.core.schema import SCHEMA_PATH
     from distinctcap.runs.fetch import run_fetch
 
@@ -204,7 +204,8 @@ def fetch(args) -> int:
 
 
 def check_config(args) -> int:
-    from distinctcap.core.config import config_sources, load_schema, read_configs, validate
+    from distinctcap.config.check import load_schema, validate
+    from distinctcap.core.configfile import config_sources, read_configs
 
     config = read_configs(args.files)
     if not args.syntax:
@@ -214,11 +215,12 @@ def check_config(args) -> int:
 
 
 def evaluate(args) -> int:
-    from distinctcap.core.config import EvalSettings, load
+    from distinctcap.config.check import load
     from distinctcap.core.schema import SCHEMA_PATH
-    from distinctcap.evaluate import resultsfile as rf
+    from distinctcap.core.settings import EvalSettings
     from distinctcap.report.summary import write_summary
     from distinctcap.report.versus import markdown
+    from distinctcap.runs import resultsfile as rf
 
     if not Path(args.configfile).is_file():
         raise DistinctcapError(f"--configfile {args.configfile}: no such file")

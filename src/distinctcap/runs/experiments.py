@@ -99,7 +99,7 @@ def record_experiment(experiment: Path, repo: Path, configfiles: list, overrides
     `experiment-overrides.yaml`, the last file. The Snakefile's onstart calls it."""
     import yaml
 
-    from distinctcap.core.config import shown_path
+    from distinctcap.core.configfile import shown_path
     from distinctcap.core.io import atomic_path, file_sha256, write_json
 
     repo = repo.absolute()

@@ -17,7 +17,7 @@ from functools import partial
 from pathlib import Path
 
 from distinctcap.core.errors import DistinctcapError
-from distinctcap.core.preflight import clip_blocks
+from distinctcap.runs.preflight import clip_blocks
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ def verify_safetensors(path: str) -> None:
 
 
 def fetch_captioner(source: str, download: bool) -> str:
-    from distinctcap.core.preflight import captioner_weights
+    from distinctcap.runs.preflight import captioner_weights
 
     if download and not Path(source).expanduser().is_dir():
         from distinctcap.captioner.hf import _transformers, hub_load

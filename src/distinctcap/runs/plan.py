@@ -17,7 +17,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from distinctcap.core.config import load_schema
+from distinctcap.config.check import load_schema
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.params import Defaults, canonical_params
 

@@ -12,7 +12,7 @@ fingerprint, atomically; reads it back only if its fingerprint is the current on
 (or when it cannot be read) sets it aside as `stale-<its hash>.pt` with one log line naming what
 changed; and drops the resume state when training has succeeded (set-aside checkpoints stay). It
 knows nothing about models: the trainers assemble the dict and restore from it
-(distinctcap.train.trainer, distinctcap.clip.train; ARCHITECTURE.md, Invariants). `rng_state`
+(distinctcap.train.trainer, distinctcap.train.clip; ARCHITECTURE.md, Invariants). `rng_state`
 captures every RNG a trainer draws from, for the dict.
 """
 

@@ -15,10 +15,10 @@ import torch
 from distinctcap.captioner.hf import retokenize
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import atomic_path, read_table
-from distinctcap.data.batches import Batch, CaptionData, select_captions
+from distinctcap.core.run import RunConfig, RunPaths
 from distinctcap.data.tokenizer import CaptionTokenizer
+from distinctcap.features.batches import Batch, CaptionData, select_captions
 from distinctcap.features.read import ImageFeatures
-from distinctcap.train.run import RunConfig, RunPaths
 
 log = logging.getLogger(__name__)
 

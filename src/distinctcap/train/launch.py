@@ -28,8 +28,8 @@ from distinctcap.core import logs
 from distinctcap.core.devices import resolve_device
 from distinctcap.core.distributed import DistEnv
 from distinctcap.core.errors import DistinctcapError
+from distinctcap.core.run import RunConfig, RunPaths
 from distinctcap.train.data import read_run_data
-from distinctcap.train.run import RunConfig, RunPaths
 from distinctcap.train.trainer import train
 
 log = logging.getLogger(__name__)

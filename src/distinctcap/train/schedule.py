@@ -6,8 +6,8 @@ import math
 
 import torch
 
-from distinctcap.core.config import TrainConfig
 from distinctcap.core.errors import DistinctcapError
+from distinctcap.core.settings import TrainConfig
 
 
 def lr_at(

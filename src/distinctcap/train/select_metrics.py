@@ -4,7 +4,7 @@
 This is the one list: the trainer keys its metric functions by it
 (distinctcap.train.selection.VAL_METRICS), the config checker validates a run's
 `train.select_metric` against `select_metrics_of(method)` and fills the schema's enum from
-`all_select_metrics()` (distinctcap.core.config). A method's own metrics, computed by its
+`all_select_metrics()` (distinctcap.config.check). A method's own metrics, computed by its
 objective, are its facts' `val_metrics` (distinctcap.methods.facts).
 """
 

@@ -29,8 +29,8 @@ import torch
 from distinctcap.captioner.model import Captioner
 from distinctcap.captioner.search import greedy, sample, sequence_logprob
 from distinctcap.core import work
-from distinctcap.data.batches import Batch, CaptionData, encode_batch
 from distinctcap.data.tokenizer import EOS, PAD
+from distinctcap.features.batches import Batch, CaptionData, encode_batch
 from distinctcap.scores.cider import CiderD
 from distinctcap.train.select_metrics import SELECT_METRICS
 

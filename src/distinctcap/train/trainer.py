@@ -1,16 +1,16 @@
 """The trainer: one loop for every training method, deterministic on CPU and resumable.
 
 `train(run, paths, device, data=None) -> TrainResult` is the whole stage, callable from tests.
-`run` is a run's effective config (`distinctcap.core.config.effective_run_config`) as a
-`distinctcap.train.run.RunConfig`: its `runs:` block (method, data, init/teacher/reference,
+`run` is a run's effective config (`distinctcap.config.rungraph.effective_run_config`) as a
+`distinctcap.core.run.RunConfig`: its `runs:` block (method, data, init/teacher/reference,
 method options), `seed`, `captioner` (architecture, CaptionerConfig fields) and `train` (a
-config.TrainConfig: the top-level `train` block with the run's `train` overrides on top).
+core.settings.TrainConfig: the top-level `train` block with the run's `train` overrides on top).
 `paths` (RunPaths) names its input files and its output folder; the Snakemake rule's script
 fills it from the rule's inputs and output.
 
 The loop, per optimiser step: gather `grad_accum` micro-batches (the data order is a pure
 function of (seed, epoch), with an image's captions together by default so each image is
-encoded once per batch, data/batches.py), loss = the method's objective (distinctcap.methods)
+encoded once per batch, features/batches.py), loss = the method's objective (distinctcap.methods)
 under autocast (bf16, or fp16 with a GradScaler, on GPU; fp32 on CPU), backward of loss /
 grad_accum, gradient clipping, AdamW, learning-rate schedule (linear warm-up then linear or
 cosine decay: the papers warm up 3,000 steps to 3e-4, UNKT §4.1). Every `val_every` steps the
@@ -59,7 +59,6 @@ from distinctcap.captioner.hf import HFCaptioner
 from distinctcap.captioner.load import load_captioner
 from distinctcap.captioner.model import Captioner, CaptionerConfig, DecoderBlock, EncoderBlock
 from distinctcap.core import logs, work
-from distinctcap.core.config import TrainConfig
 from distinctcap.core.distributed import (
     DistEnv,
     GradientReducer,
@@ -72,8 +71,10 @@ from distinctcap.core.distributed import (
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import atomic_path, write_json
 from distinctcap.core.logs import progress
-from distinctcap.data.batches import Batch, BatchOrder, encode_batch
+from distinctcap.core.run import RunConfig, RunPaths
+from distinctcap.core.settings import TrainConfig
 from distinctcap.data.tokenizer import PAD
+from distinctcap.features.batches import Batch, BatchOrder, encode_batch
 from distinctcap.methods import METHODS
 from distinctcap.methods.base import TrainContext
 from distinctcap.train.checkpoints import (
@@ -85,7 +86,6 @@ from distinctcap.train.checkpoints import (
     set_rng_state,
 )
 from distinctcap.train.data import DeviceCaptions, RunData, load_run_data, to_device
-from distinctcap.train.run import RunConfig, RunPaths
 from distinctcap.train.schedule import autocast_dtype, lr_factor, make_optimizer
 from distinctcap.train.selection import (
     VAL_METRICS,

@@ -26,6 +26,9 @@ Memory is bounded by the data folder, not by the file: at most `MAX_SAMPLES_PER_
 captions of one image are scored, and a file larger than that many entries of
 `MAX_ENTRY_BYTES` for every image of the split is refused before it is read. Either refusal,
 like every unreadable file, is one line.
+
+It sits in runs/, beside the other `distinctcap` commands: it reads the report's headline
+table and its comparison with ours (report/, the layer below; ARCHITECTURE.md, Layers).
 """
 
 from __future__ import annotations
@@ -39,14 +42,15 @@ from pathlib import Path
 
 import pandas as pd
 
-from distinctcap.core.config import EvalSettings
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import read_table, write_table
+from distinctcap.core.settings import EvalSettings
 from distinctcap.evaluate.captionfile import parse_results, results_entries
+from distinctcap.evaluate.headline import HEADLINE_DIVERSITY
 from distinctcap.evaluate.inputs import EvalPaths
 from distinctcap.evaluate.stage import Evaluation, evaluate_decoding
 from distinctcap.features.read import feature_ids
-from distinctcap.report.summary import HEADLINE_DIVERSITY, headline_quality, markdown_table
+from distinctcap.report.summary import headline_quality, markdown_table
 from distinctcap.report.versus import compare_runs
 from distinctcap.scores.result import KEYS
 

@@ -11,7 +11,10 @@
   the last incomplete batch dropped). The permutation is a pure function of (seed, epoch), so
   the data position of a resumed run is just the micro-batch counter j.
 - `select_captions` picks a run's training captions: all of D, or the entropy subset D- or D+
-  (UNKT §3.1), read from the subset's parquet shards."""
+  (UNKT §3.1), read from the subset's parquet shards.
+
+It lives in features/, above the reader and the captioner's `make_batch` it builds on and below
+the objectives and the trainer that read it (ARCHITECTURE.md, Layers)."""
 
 from __future__ import annotations
 

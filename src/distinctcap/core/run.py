@@ -3,7 +3,8 @@ where its inputs are and its outputs go (`RunPaths`). The device comes beside th
 torch.device: none of the three is part of another (the fingerprint covers the first two's
 content, never out_dir or the device; distinctcap.train.checkpoints).
 
-Nothing here imports torch.
+Nothing here imports torch. It is in core/ because the objectives (methods/, below the trainer)
+receive the RunConfig too (ARCHITECTURE.md, Layers).
 """
 
 from __future__ import annotations
@@ -14,15 +15,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from distinctcap.core.config import RUN_EDGES, TrainConfig
+from distinctcap.core.settings import TrainConfig
 
+# A run's edges: the runs it reads (its init model, its teacher, its reference; config.rungraph)
+RUN_EDGES = ("init", "teacher", "reference")
 # Keys of an effective run config that are not its method's options
 RUN_FIELDS = ("name", "method", "data", *RUN_EDGES, "seed", "captioner", "train")
 
 
 @dataclass
 class RunConfig:
-    """A run's effective config (distinctcap.core.config.effective_run_config), parsed once:
+    """A run's effective config (distinctcap.config.rungraph.effective_run_config), parsed once:
     its `runs:` block (method, data, init/teacher/reference, the method's `options`), `seed`,
     `captioner` (CaptionerConfig fields, or the transformers block) and `train`."""
 

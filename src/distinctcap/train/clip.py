@@ -1,7 +1,8 @@
 """Contrastive training of a CLIP from scratch (the shapes world's tiny one): epoch sampling,
 ClipLoss steps, validation retrieval recall, and the shipped weights of the same fingerprint
 instead of training (distinctcap.clip.assets). The learning-rate schedule, the resume checkpoint
-and the RNG capture are the captioner trainer's (distinctcap.train.schedule and .checkpoints).
+and the RNG capture are the captioner trainer's (distinctcap.train.schedule and .checkpoints):
+both training loops live in train/, above the CLIP they load (ARCHITECTURE.md, Layers).
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """The preflight job (rule preflight, first in the DAG, on the GPU rules' partition): what would
 stop a run hours later is checked on the node itself before anything is downloaded or trained.
+It reads the facts of the stages it checks (the COCO download plan, java for the COCO metrics,
+the CLIP weights, the runs over seeds, the feature loader's /dev/shm), so it sits in runs/, the
+top layer (ARCHITECTURE.md, Layers).
 
 Each check is a function of the facts it reads (a driver string, a compute capability, sizes
 in bytes), so each is tested on a CPU with a failing fact; it returns None or one line naming
@@ -22,11 +25,13 @@ import logging
 import re
 import shutil
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 
 from distinctcap.core.errors import DistinctcapError
+from distinctcap.core.settings import JudgeSettings
+from distinctcap.features import shm
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +43,6 @@ TEXT_BYTES = 512 * 2  # float16 text embedding per caption
 CLIP_BPE_VOCAB = 49_408  # the captioner's vocabulary: the CLIP BPE tokens its captions use
 TRAINED_CLIP_BYTES = 18.5 * MB  # a shapes CLIP's weights (assets/clip/shapes-rn-tiny.pt)
 CHECKPOINT_COPIES = 4  # a run's resume checkpoint: model, AdamW's two moments, the best model
-SHM_SAFETY = 2  # a worker's batch sits in shared memory twice (its tensors, then collated)
-LOADER_PREFETCH = 4  # batches each feature-loader worker prepares ahead (features.extract)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -106,25 +109,6 @@ def check_disk(free: float, need: float, where: str):
         f"{where} has {free / GB:.1f} GB free but the planned stages write about "
         f"{need / GB:.1f} GB: free space there or run in a folder on a larger disk "
         "(snakemake --directory)"
-    )
-
-
-def shm_workers(workers: int, batch_bytes: float, prefetch: int, shm_free: float) -> int:
-    """The most DataLoader workers (<= `workers`) whose prefetched batches fit /dev/shm."""
-    per_worker = batch_bytes * prefetch * SHM_SAFETY
-    return min(workers, int(shm_free // per_worker)) if per_worker else workers
-
-
-def check_shm(workers: int, batch_bytes: float, prefetch: int, shm_free: float):
-    """A warning, not a stop: the feature loader runs with fewer workers (shm_workers)."""
-    fits = shm_workers(workers, batch_bytes, prefetch, shm_free)
-    if fits >= workers:
-        return None
-    need = workers * batch_bytes * prefetch * SHM_SAFETY
-    return (
-        f"/dev/shm has {shm_free / GB:.2f} GB free, {workers} loader workers need about "
-        f"{need / GB:.2f} GB: feature extraction runs with {fits} (set clip.features.workers: "
-        f"{fits} to silence this, or give the job more shared memory, e.g. docker --shm-size)"
     )
 
 
@@ -211,7 +195,7 @@ def model_bytes(config: dict, images: int) -> tuple[float, float, str]:
 
 def runs_part(config: dict, images: int) -> DiskPart:
     """Every trained model's files, and one resume checkpoint (removed when its run ends)."""
-    from distinctcap.core.config import seed_runs
+    from distinctcap.config.rungraph import seed_runs
 
     models = len(seed_runs(config)) if config.get("runs") else 0
     if not models:
@@ -312,28 +296,15 @@ def shm_line(config: dict, cpus: int) -> str | None:
     workers = max(0, cpus - 1) if workers == "auto" else int(workers)
     size = 64 if config["clip"]["pretrained"] == "train" else 224
     batch = int(features.get("batch_size", 256)) * 3 * size * size
-    return check_shm(workers, batch, LOADER_PREFETCH, shm_free())
-
-
-def shm_free() -> float:
-    return shutil.disk_usage("/dev/shm").free if Path("/dev/shm").is_dir() else float("inf")
-
-
-def workers_fitting_shm(workers: int, batch_bytes: float) -> int:
-    """The feature loader's workers, fewer with a warning when /dev/shm is too small for them
-    (a container's 64 MB default otherwise ends the job with a bus error)."""
-    line = check_shm(workers, batch_bytes, LOADER_PREFETCH, shm_free())
-    if line is None:
-        return workers
-    log.warning(line)
-    return shm_workers(workers, batch_bytes, LOADER_PREFETCH, shm_free())
+    return shm.check_shm(workers, batch, shm.LOADER_PREFETCH, shm.shm_free())
 
 
 def clip_blocks(config: dict) -> list[tuple[str, dict]]:
     """(config key, block) of each CLIP the config reads: the trainer's (`clip`) and the judge
-    (`evaluate.judge`, when one is set); each block has arch, pretrained and maybe tag."""
-    judge = (config.get("evaluate") or {}).get("judge")
-    return [("clip", config["clip"]), *([("evaluate.judge", judge)] if judge else [])]
+    (`evaluate.judge`, when one is set, as its JudgeSettings' fields); each block has arch,
+    pretrained and maybe tag."""
+    judge = JudgeSettings.from_config(config)
+    return [("clip", config["clip"]), *([("evaluate.judge", asdict(judge))] if judge else [])]
 
 
 def weights_lines(config: dict) -> list[str | None]:

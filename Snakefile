@@ -39,6 +39,7 @@ include: "workflow/rules/neighbours.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/decode.smk"
 include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/report.smk"
 include: "workflow/rules/times.smk"
 
 

@@ -22,6 +22,7 @@ from distinctcap.core.cores import features_threads, local_cores
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.params import Defaults, canonical_params, stage_version
 from distinctcap.methods.facts import FACTS
+from distinctcap.runs.experiments import report_requested
 
 SCHEMA = Path(workflow.basedir) / "workflow" / "schemas" / "config.schema.yaml"
 
@@ -214,7 +215,7 @@ def decode_targets():
 def reported_targets(targets):
     """`rule all`'s targets; for `--report` only those that exist, so a report of a run that
     has not finished (or has not started) shows what there is instead of failing."""
-    if "--report" not in sys.argv:
+    if not report_requested():
         return targets
     return [t for t in targets if Path(t).exists()]
 
@@ -222,7 +223,7 @@ def reported_targets(targets):
 def report_front_page():
     """The front page of `snakemake --report`, written from what exists under results/
     (distinctcap.report.front); the static description for every other command."""
-    if "--report" not in sys.argv:
+    if not report_requested():
         return "workflow/report/front.rst"
     from distinctcap.report.front import write_front_page
 
@@ -232,20 +233,23 @@ def report_front_page():
 
 # --- Checks before the first job (the Snakefile's onstart) -----------------------------------
 
-def profile_gives_a_gpu(rule):
-    """Does the profile (set-resources) give `rule` a GPU?"""
-    asked = (workflow.resource_settings.overwrite_resources or {}).get(rule, {})
-    gpu = asked["gpu"] if "gpu" in asked else 0  # a snakemake Resource, or a plain value
+def rule_gpus(name):
+    """The GPUs rule `name` (defined before the call) asks for, as Snakemake resolved its
+    resources: the rule's own, the profile's default-resources and set-resources, and
+    --set-resources. 0 without one, where the count depends on the attempt, or where there is
+    no such rule (no decode without decodings)."""
+    if not workflow.is_rule(name):
+        return 0
     try:
-        return int(getattr(gpu, "value", gpu) or 0) > 0
-    except (TypeError, ValueError):
-        return False
+        return int(workflow.get_rule(name).resources.get("gpu").value or 0)
+    except (TypeError, ValueError):  # ValueError: a value of the job's attempt
+        return 0
 
 
 def preflight_holds_a_gpu():
     """With a GPU the config uses, rule preflight checks java on the GPU node, where evaluate
     runs, instead of this (submitting) machine."""
-    return profile_gives_a_gpu("preflight") and config["device"] != "cpu"
+    return rule_gpus("preflight") > 0 and config["device"] != "cpu"
 
 
 def require_java(jobs):

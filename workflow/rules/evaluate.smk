@@ -26,11 +26,13 @@ PENDING_RUNS = pending_runs(RUNS, lambda run: os.path.exists(f"results/metrics/{
 
 
 # The torch part of a run's evaluation (CLIP retrieval and CLIPScore, the captioner's
-# self-retrieval, GPT-2 perplexity) is minutes of GPU work. Where the profile gives it a GPU
-# (local-gpu, slurm) it is its own job, evaluate_gpu, so that the evaluate job's CPU metrics
-# (minutes to hours of them at COCO size) hold no GPU. Without one (a plain `snakemake`), the
-# evaluate job computes it itself: one process start and CLIP load per run instead of two.
-EVALUATE_GPU_JOB = profile_gives_a_gpu("evaluate_gpu")
+# self-retrieval, GPT-2 perplexity) is minutes of GPU work. Where the profile gives the runs'
+# decoding a GPU (local-gpu, slurm; rule decode, which is defined before this rule, and on
+# SLURM shares one job and its GPU with evaluate_gpu) it is its own job, evaluate_gpu, so
+# that the evaluate job's CPU metrics (minutes to hours of them at COCO size) hold no GPU.
+# Without one (a plain `snakemake`), the evaluate job computes it itself: one process start
+# and CLIP load per run instead of two.
+EVALUATE_GPU_JOB = rule_gpus("decode") > 0
 GENERATED = [f"results/generated/{{run}}/{s}-{d}.parquet" for s, d in PER_RUN]
 PER_IMAGE_OUT = [f"results/metrics/{{run}}/{s}-{d}-per_image.parquet" for s, d in PER_RUN]
 DEVICE_PART = [f"results/metrics/{{run}}/{s}-{d}-gpu.parquet" for s, d in PER_RUN]

@@ -31,7 +31,8 @@ CONFIG_SCHEMA = load_schema(SCHEMA)
 CONFIG_FILES = [Path(workflow.basedir) / "config.yaml", *workflow.config_settings.configfiles]
 try:
     sources = config_sources(
-        [f for f in CONFIG_FILES if Path(f).is_file()], workflow.config_settings.config,
+        [f for f in CONFIG_FILES if Path(f).is_file()],
+        workflow.config_settings.config,
         Path(workflow.basedir),
     )
     config = validate(config, CONFIG_SCHEMA, sources)
@@ -53,6 +54,7 @@ def unrecorded(value):
     canonical form of `value` beside it (a function of the wildcards, or a value)."""
     return lambda wildcards, input: value(wildcards) if callable(value) else value
 
+
 PREFLIGHT = "results/preflight.txt"  # preflight.smk: checked before the data is fetched
 ALL_TARGETS = []  # each stage file appends its final outputs
 
@@ -63,9 +65,11 @@ CLIP = config["clip"]
 TRAINED_CLIP = f"results/clip/{CLIP['arch']}.pt"
 TRAIN_CLIP = CLIP["pretrained"] == "train"
 # the weights file or local-dir folder extraction depends on (none for a tag)
-CLIP_FILES = [TRAINED_CLIP] if TRAIN_CLIP else [
-    p for p in [CLIP["pretrained"].removeprefix("local-dir:")] if Path(p).exists()
-]
+CLIP_FILES = (
+    [TRAINED_CLIP]
+    if TRAIN_CLIP
+    else [p for p in [CLIP["pretrained"].removeprefix("local-dir:")] if Path(p).exists()]
+)
 
 
 # which CLIP the jobs that read one record (none for the default, a CLIP trained here): a file
@@ -82,9 +86,15 @@ TRAIN_JUDGE = bool(JUDGE) and JUDGE["pretrained"] == "train"
 TRAINED_JUDGE = f"results/judge/{JUDGE['arch']}.pt" if JUDGE else None
 JUDGE_FEATURES = "results/judge/features.parquet"  # judge_features: pooled, val and test images
 # the judge's weights file or local-dir folder (none for a tag), as CLIP_FILES
-JUDGE_FILES = [TRAINED_JUDGE] if TRAIN_JUDGE else [
-    p for p in [JUDGE["pretrained"].removeprefix("local-dir:")] if Path(p).exists()
-] if JUDGE else []
+JUDGE_FILES = (
+    [TRAINED_JUDGE]
+    if TRAIN_JUDGE
+    else (
+        [p for p in [JUDGE["pretrained"].removeprefix("local-dir:")] if Path(p).exists()]
+        if JUDGE
+        else []
+    )
+)
 
 
 # --- Runs: training and decoding (train.smk, decode.smk) -------------------------------------
@@ -112,8 +122,7 @@ ENTROPY_SUBSETS = {"D-": "results/entropy/D-", "D+": "results/entropy/D+"}  # sp
 NEIGHBOURS_TABLE = "results/neighbours/train_top{pct}pct.parquet"
 try:  # every run's effective block, checked now so a bad override fails before any job runs
     RUN_CONFIGS = {
-        name: effective_run_config({**config, "runs": RUNS}, name, CONFIG_SCHEMA)
-        for name in RUNS
+        name: effective_run_config({**config, "runs": RUNS}, name, CONFIG_SCHEMA) for name in RUNS
     }
 except DistinctcapError as error:
     sys.stderr.write(f"distinctcap: config error: {error}\n")
@@ -212,6 +221,7 @@ def decode_targets():
 
 # --- The report's front page (the Snakefile's `report:`) --------------------------------------
 
+
 def reported_targets(targets):
     """`rule all`'s targets; for `--report` only those that exist, so a report of a run that
     has not finished (or has not started) shows what there is instead of failing."""
@@ -232,6 +242,7 @@ def report_front_page():
 
 
 # --- Checks before the first job (the Snakefile's onstart) -----------------------------------
+
 
 def rule_gpus(name):
     """The GPUs rule `name` (defined before the call) asks for, as Snakemake resolved its

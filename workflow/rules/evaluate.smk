@@ -60,23 +60,24 @@ if PER_RUN and EVALUATE_GPU_JOB:  # a rule needs outputs; `decoding: {}` evaluat
         output:
             device=[temp(path) for path in DEVICE_PART],
             per_image=PER_IMAGE_OUT,
-        params:
-            evaluations=PER_RUN,
-            settings=unrecorded(metric_block(EVALUATE)),
-            recorded=METRIC_RECORD,
-            **stage_version("evaluate"),
-            seed=config["seed"],
-            device=config["device"],
-        # one torch thread on the CPU: CPU numbers must not depend on the core count
-        threads: 1
         log:
             "logs/evaluate/{run}-gpu.log",
         benchmark:
             "benchmarks/evaluate_gpu/{run}.tsv"
         conda:
             "../../envs/eval.yaml"
+        # one torch thread on the CPU: CPU numbers must not depend on the core count
+        threads: 1
+        params:
+            **stage_version("evaluate"),
+            evaluations=PER_RUN,
+            settings=unrecorded(metric_block(EVALUATE)),
+            recorded=METRIC_RECORD,
+            seed=config["seed"],
+            device=config["device"],
         script:
             "../scripts/evaluate_gpu.py"
+
 
 if PER_RUN:
 
@@ -84,35 +85,39 @@ if PER_RUN:
         input:
             **TEXT_INPUTS,
             # the evaluate_gpu job's values, or what computing the torch part here reads
-            **(dict(device=DEVICE_PART, per_image=PER_IMAGE_OUT) if EVALUATE_GPU_JOB else TORCH_INPUTS),
+            **(
+                dict(device=DEVICE_PART, per_image=PER_IMAGE_OUT)
+                if EVALUATE_GPU_JOB
+                else TORCH_INPUTS
+            ),
         output:
+            **({} if EVALUATE_GPU_JOB else dict(per_image=PER_IMAGE_OUT)),
             metrics=[f"results/metrics/{{run}}/{s}-{d}.parquet" for s, d in PER_RUN],
             curve=[f"results/metrics/{{run}}/{s}-{d}-cider_vs_n.csv" for s, d in PER_RUN],
             # the captions each metric scored, per (split, decoding): the work budget's record
             work="results/metrics/{run}/work.json",
-            **({} if EVALUATE_GPU_JOB else dict(per_image=PER_IMAGE_OUT)),
-        params:
-            evaluations=PER_RUN,
-            settings=unrecorded(metric_block(EVALUATE)),
-            recorded=METRIC_RECORD,
-            **stage_version("evaluate"),
-            seed=config["seed"],
-            # the torch part's device when it is computed here; torch gets one thread
-            device="cpu" if EVALUATE_GPU_JOB else config["device"],
-            # reference token sets by content hash, reused by later jobs and runs (and
-            # SPICE's parse cache): inside the results folder, never outside it
-            cache="results/cache/evaluate",
-        # the text metrics' forked workers, METEOR servers and tokenizer JVMs: the local cores
-        # shared among the pending runs (1 each on a 2-core box with several pending, both
-        # when one run is), 8 on a cluster (core.cores.evaluate_threads); the
-        # numbers do not depend on it
-        threads: evaluate_threads(local_cores(workflow), PENDING_RUNS)
         log:
             "logs/evaluate/{run}.log",
         benchmark:
             "benchmarks/evaluate/{run}.tsv"
         conda:
             "../../envs/eval.yaml"
+        # the text metrics' forked workers, METEOR servers and tokenizer JVMs: the local cores
+        # shared among the pending runs (1 each on a 2-core box with several pending, both
+        # when one run is), 8 on a cluster (core.cores.evaluate_threads); the
+        # numbers do not depend on it
+        threads: evaluate_threads(local_cores(workflow), PENDING_RUNS)
+        params:
+            **stage_version("evaluate"),
+            evaluations=PER_RUN,
+            settings=unrecorded(metric_block(EVALUATE)),
+            recorded=METRIC_RECORD,
+            seed=config["seed"],
+            # the torch part's device when it is computed here; torch gets one thread
+            device="cpu" if EVALUATE_GPU_JOB else config["device"],
+            # reference token sets by content hash, reused by later jobs and runs (and
+            # SPICE's parse cache): inside the results folder, never outside it
+            cache="results/cache/evaluate",
         script:
             "../scripts/evaluate.py"
 

@@ -29,16 +29,16 @@ rule summarize:
         headline_csv=report(f"{REPORT}/headline.csv", caption="../report/headline.rst", **TABLES),
         headline_md=f"{REPORT}/headline.md",
         headline_tex=f"{REPORT}/headline.tex",
-    params:
-        runs=unrecorded(config["runs"]),  # the configured runs; their models' seeds pooled (SEED_OF)
-        runs_recorded=RUNS_RECORD,
-        seed_of=SEED_OF,
     log:
         "logs/evaluate/summarize.log",
     benchmark:
         "benchmarks/summarize.tsv"
     conda:
         "../../envs/eval.yaml"
+    params:
+        runs=unrecorded(config["runs"]),  # the configured runs; their models' seeds pooled (SEED_OF)
+        runs_recorded=RUNS_RECORD,
+        seed_of=SEED_OF,
     script:
         "../scripts/summarize.py"
 
@@ -51,16 +51,16 @@ rule report_tables:
         html=report(f"{REPORT}/tables.html", caption="../report/tables.rst", **TABLES),
         latex=f"{REPORT}/tables.tex",
         csv=f"{REPORT}/tables.csv",
-    params:
-        source=config["data"]["source"],
-        reference=reference_run(RUNS),
-        seed_of=SEED_OF,
     log:
         "logs/evaluate/report_tables.log",
     benchmark:
         "benchmarks/report_tables.tsv"
     conda:
         "../../envs/eval.yaml"
+    params:
+        source=config["data"]["source"],
+        reference=reference_run(RUNS),
+        seed_of=SEED_OF,
     script:
         "../scripts/report_tables.py"
 
@@ -79,18 +79,18 @@ rule versus_reference:
         markdown=f"{REPORT}/versus.md",
         latex=f"{REPORT}/versus.tex",
         forest=report(f"{REPORT}/forest.png", caption="../report/forest.rst", **PLOTS),
-    params:
-        reference=reference_run(RUNS),
-        runs=unrecorded(config["runs"]),
-        runs_recorded=RUNS_RECORD,
-        seed_of=SEED_OF,
-        seed=config["seed"],
     log:
         "logs/evaluate/versus_reference.log",
     benchmark:
         "benchmarks/versus_reference.tsv"
     conda:
         "../../envs/eval.yaml"
+    params:
+        reference=reference_run(RUNS),
+        runs=unrecorded(config["runs"]),
+        runs_recorded=RUNS_RECORD,
+        seed_of=SEED_OF,
+        seed=config["seed"],
     script:
         "../scripts/versus_reference.py"
 
@@ -106,16 +106,16 @@ rule report_plots:
         training=report(f"{REPORT}/training.png", caption="../report/training.rst", **TRAINING),
         bars=report(f"{REPORT}/metric_bars.png", caption="../report/metric_bars.rst", **PLOTS),
         cider=report(f"{REPORT}/cider_vs_n.png", caption="../report/cider_vs_n.rst", **PLOTS),
-    params:
-        runs=unrecorded(RUNS),
-        runs_recorded=SEED_RUNS_RECORD,
-        seed_of=SEED_OF,
     log:
         "logs/evaluate/report_plots.log",
     benchmark:
         "benchmarks/report_plots.tsv"
     conda:
         "../../envs/eval.yaml"
+    params:
+        runs=unrecorded(RUNS),
+        runs_recorded=SEED_RUNS_RECORD,
+        seed_of=SEED_OF,
     script:
         "../scripts/report_plots.py"
 
@@ -128,6 +128,12 @@ rule report_gallery:
     output:
         html=report(f"{REPORT}/gallery.html", caption="../report/gallery.rst", **SHOWCASE),
         showcase=f"{REPORT}/showcase.md",
+    log:
+        "logs/evaluate/report_gallery.log",
+    benchmark:
+        "benchmarks/report_gallery.tsv"
+    conda:
+        "../../envs/eval.yaml"
     params:
         split=GALLERY_SPLIT,
         images=EVALUATE["gallery_images"],
@@ -135,12 +141,6 @@ rule report_gallery:
         runs_recorded=SEED_RUNS_RECORD,
         decoding=unrecorded(DECODING),
         decodings_recorded=DEFAULTS.decodings(DECODING),
-    log:
-        "logs/evaluate/report_gallery.log",
-    benchmark:
-        "benchmarks/report_gallery.tsv"
-    conda:
-        "../../envs/eval.yaml"
     script:
         "../scripts/report_gallery.py"
 

@@ -9,8 +9,9 @@ from pathlib import Path
 import torch
 
 from distinctcap.train.data import RunData
+from distinctcap.train.outputs import TrainResult
 from distinctcap.train.run import RunConfig, RunPaths
-from distinctcap.train.trainer import Trainer, TrainResult, train
+from distinctcap.train.trainer import Trainer, train
 
 
 def job_parts(job: dict) -> tuple[RunConfig, RunPaths, torch.device]:

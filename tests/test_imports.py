@@ -98,6 +98,8 @@ def test_the_graph_counts_imports_inside_functions():
 
 BLOCKED_FOR_TRAINING = ("pycocoevalcap", "distinctcap.report", "distinctcap.evaluate.stage",
                         "distinctcap.evaluate.device", "distinctcap.evaluate.metrics.coco",
+                        "distinctcap.evaluate.metrics.java", "distinctcap.evaluate.metrics.ptb",
+                        "distinctcap.evaluate.metrics.meteor", "distinctcap.evaluate.metrics.spice",
                         "snakemake")  # fmt: skip
 TRAINING_MODULES = ("distinctcap.train.trainer", "distinctcap.train.launch",
                     "distinctcap.methods.mle", "distinctcap.methods.unkt", "distinctcap.methods.cl",

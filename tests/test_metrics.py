@@ -38,8 +38,8 @@ from distinctcap.evaluate.metrics import (
     vocab_size,
 )
 from distinctcap.evaluate.metrics.cider import CiderD
-from distinctcap.evaluate.metrics.coco import PTB_JAR
 from distinctcap.evaluate.metrics.diversity import self_cider_kernel, self_cider_score
+from distinctcap.evaluate.metrics.ptb import PTB_JAR
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = PTB_JAR.parents[1]  # the installed pycocoevalcap folder

@@ -267,7 +267,7 @@ def require_java(jobs):
     """Stop before any job when one of `jobs` evaluates captions and `java` is missing: the
     COCO metrics need it, and otherwise it is found only after every training run finished.
     With a GPU profile rule preflight checks it on the node instead (preflight_holds_a_gpu)."""
-    from distinctcap.evaluate.metrics.coco import check_java
+    from distinctcap.evaluate.metrics.java import check_java
 
     if preflight_holds_a_gpu():
         return

@@ -39,6 +39,7 @@ include: "workflow/rules/neighbours.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/decode.smk"
 include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/report.smk"
 include: "workflow/rules/times.smk"
 
 
@@ -51,12 +52,14 @@ onstart:
     require_java(workflow.dag.needrun_jobs())
     # the experiment folder remembers its config files and overrides (make run / make report)
     record_experiment(
-        Path("."), Path(workflow.basedir), workflow.config_settings.configfiles,
+        Path("."),
+        Path(workflow.basedir),
+        workflow.config_settings.configfiles,
         workflow.config_settings.config,
     )
 
 
 rule all:
+    default_target: True
     input:
         reported_targets(ALL_TARGETS),
-    default_target: True

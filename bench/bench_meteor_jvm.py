@@ -17,7 +17,8 @@ import time
 
 from bench_metrics import caption
 
-from distinctcap.evaluate.metrics.coco import METEOR_JVM_OPTIONS, _Meteor, java_executable
+from distinctcap.evaluate.metrics.java import java_executable
+from distinctcap.evaluate.metrics.meteor import METEOR_JVM_OPTIONS, MeteorServer
 
 CANDIDATES = {
     "client compiler only": ("-XX:TieredStopAtLevel=1", *METEOR_JVM_OPTIONS),
@@ -25,13 +26,13 @@ CANDIDATES = {
 }
 
 
-def jvm_cpu(server: _Meteor) -> float:
+def jvm_cpu(server: MeteorServer) -> float:
     """CPU seconds of the running server (Linux /proc)."""
     fields = open(f"/proc/{server.proc.pid}/stat").read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def peak_rss_gib(server: _Meteor) -> float:
+def peak_rss_gib(server: MeteorServer) -> float:
     status = open(f"/proc/{server.proc.pid}/status").read().split("\n")
     (line,) = [line for line in status if line.startswith("VmHWM:")]
     return int(line.split()[1]) / 2**20
@@ -39,7 +40,7 @@ def peak_rss_gib(server: _Meteor) -> float:
 
 def measure(options: tuple[str, ...], pairs: list) -> dict[str, float]:
     """Start wall/CPU (up to the first pair's score), then all pairs' wall/CPU and scores."""
-    server = _Meteor(java_executable(), "2G", options)
+    server = MeteorServer(java_executable(), "2G", options)
     try:
         start = time.perf_counter()
         server.score(pairs[:1])

@@ -13,7 +13,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 ROOT = Path(__file__).resolve().parents[1]
+# The tests' tiny captioner (`tiny_captioner`, and the `captioner` block of the tiny runs that
+# the method tests train through the real trainer, each with its module's overrides) and those
+# runs' `train` block: 3 steps, no validation, no checkpoint
 TINY_CAPTIONER = dict(width=16, enc_layers=1, dec_layers=2, heads=2, ffn=32, dropout=0.0, max_len=8)
+TINY_TRAIN = dict(
+    steps=3, batch_size=6, warmup_steps=1, val_every=0, checkpoint_every=0, log_every=1
+)
+# The tests that train beside a CLIP (SCST, specificity): a wider captioner of longer captions
+CLIP_TESTS_CAPTIONER = {**TINY_CAPTIONER, "width": 32, "dec_layers": 1, "ffn": 64, "max_len": 12}
+CLIP_TESTS_TRAIN = {**TINY_TRAIN, "lr": 1e-3}
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 # the shapes CLIP the repository ships: a DAG that needs a CLIP but does not test its training
 SHIPPED_CLIP = ROOT / "assets" / "clip" / "shapes-rn-tiny.pt"
@@ -156,3 +165,49 @@ def tiny_captioner(vocab: int, visual_dim: int, pooled_dim: int, seed: int = 0, 
     torch.manual_seed(seed)
     cfg = CaptionerConfig(vocab, visual_dim, pooled_dim, **{**TINY_CAPTIONER, **overrides})
     return Captioner(cfg)
+
+
+# ---------------------------------------------------------------------------------------------
+# The local SLURM cluster of .ci/slurm/start.sh (tests/test_slurm_cluster.py and
+# tests/test_slurm_pipeline.py)
+
+SLURM_STATE_DIR = Path(os.environ.get("SLURM_STATE_DIR", "/tmp/distinctcap-slurm"))
+
+
+def slurm_env() -> dict[str, str]:
+    """Environment for SLURM clients: the state dir's config unless SLURM_CONF is set."""
+    env = dict(os.environ)
+    conf = SLURM_STATE_DIR / "etc" / "slurm.conf"
+    if "SLURM_CONF" not in env and conf.exists():
+        env["SLURM_CONF"] = str(conf)
+    return env
+
+
+def slurm(*args: str, timeout: float = 20) -> str:
+    """The standard output of a SLURM client command (`args`), which must succeed."""
+    done = subprocess.run(
+        args, env=slurm_env(), capture_output=True, text=True, check=True, timeout=timeout
+    )
+    return done.stdout
+
+
+def slurm_cluster_problem() -> str | None:
+    """Why the cluster cannot be used, or None when slurmctld answers `scontrol ping`."""
+    if shutil.which("scontrol") is None:
+        return "SLURM client tools not installed (run .ci/slurm/install.sh)"
+    try:
+        slurm("scontrol", "ping", timeout=10)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as err:
+        return f"local SLURM cluster not up (`scontrol ping` failed; run .ci/slurm/start.sh): {err}"
+    return None
+
+
+@pytest.fixture(scope="module")
+def cluster() -> None:
+    """The SLURM tests' cluster: skipped when none answers, unless DISTINCTCAP_REQUIRE_SLURM=1
+    (CI), where that is a failure."""
+    problem = slurm_cluster_problem()
+    if problem and os.environ.get("DISTINCTCAP_REQUIRE_SLURM") == "1":
+        pytest.fail(f"DISTINCTCAP_REQUIRE_SLURM=1 but {problem}")
+    if problem:
+        pytest.skip(problem)

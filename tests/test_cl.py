@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import ROOT, shrink_runs, tiny_captioner
-from train_job import fit, job_parts, run_of
+from conftest import ROOT, TINY_CAPTIONER, TINY_TRAIN, shrink_runs, tiny_captioner
+from train_job import fit, kill_after, run_of
 
 from distinctcap.captioner.model import Captioner
 from distinctcap.captioner.search import sequence_logprob
@@ -25,7 +25,6 @@ from distinctcap.methods.base import TrainContext
 from distinctcap.methods.cl import ContrastiveLearning, sample_negatives, step_generator
 from distinctcap.methods.losses import contrastive_loss
 from distinctcap.train.data import RunData
-from distinctcap.train.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -247,30 +246,13 @@ BASE_RUNS = {
     "cl": {"method": "cl", "init": "reference", "reference": "reference"},
     "smile": {"method": "smile", "init": "reference"},
 }
-TINY_TRAIN = {
-    "steps": 3,
-    "batch_size": 6,
-    "warmup_steps": 1,
-    "val_every": 0,
-    "checkpoint_every": 0,
-    "log_every": 1,
-}
-TINY_CAPTIONER = {
-    "vocab_size": V,
-    "width": 16,
-    "enc_layers": 1,
-    "dec_layers": 1,
-    "heads": 2,
-    "ffn": 32,
-    "dropout": 0.0,
-    "max_len": 8,
-}
+CAPTIONER = {**TINY_CAPTIONER, "vocab_size": V, "dec_layers": 1}
 
 
 def preset_config() -> dict:
     schema = load_schema(ROOT / "workflow" / "schemas" / "config.schema.yaml")
     config = validate({"runs": shrink_runs({**BASE_RUNS, **PRESET_RUNS}, TINY_TRAIN)}, schema)
-    return {**config, "train": TINY_TRAIN, "captioner": TINY_CAPTIONER, "device": "cpu"}
+    return {**config, "train": TINY_TRAIN, "captioner": CAPTIONER, "device": "cpu"}
 
 
 def test_preset_entries_are_valid_runs():
@@ -313,11 +295,8 @@ def test_cl_resumed_mid_run_ends_with_the_uninterrupted_weights(
     cfg["paths"] = {"init": str(path), "reference": str(path)}
     whole = fit(cfg, data)
     cfg["paths"]["out_dir"] = str(tmp_path)
-    killed = Trainer(*job_parts(cfg), data)
-    for _ in range(3):  # the reference was replaced at step 2 (when replace_every = 2)
-        killed.train_step()
-    killed.save_checkpoint()
-    resumed = Trainer(*job_parts(cfg), data).run()
+    kill_after(cfg, data, 3)  # the reference was replaced at step 2 (when replace_every = 2)
+    resumed = fit(cfg, data)
     assert resumed.resumed_from == 3
     after = resumed.model.state_dict()
     assert all(torch.equal(v, after[k]) for k, v in whole.model.state_dict().items())

@@ -15,8 +15,8 @@ from distinctcap.captioner import search
 from distinctcap.captioner.model import Captioner, CaptionerConfig
 from distinctcap.data.tokenizer import EOS
 from distinctcap.methods.specificity import generate_ids
+from distinctcap.train.compiling import compile_wanted
 from distinctcap.train.data import DeviceCaptions
-from distinctcap.train.trainer import compile_wanted
 
 
 @pytest.mark.parametrize("resident", [True, False])
@@ -104,13 +104,13 @@ def test_decoding_that_checks_for_the_end_every_few_steps_gives_the_same_caption
 
 
 def test_compiled_blocks_have_no_graph_break_at_any_caption_length():
-    """Compiled blocks (dynamo's `eager` backend, the trainer's compile_blocks) over captions of
+    """Compiled blocks (dynamo's `eager` backend, train.compiling.compile_blocks) over captions of
     three lengths (dynamic shapes after the second) and through cached greedy decoding: no
     graph break, counted by torch._dynamo, and the eager model's numbers within 1e-5. A
     symbolic `is_causal` once broke every decoder block's graph."""
     from torch._dynamo.utils import counters
 
-    from distinctcap.train.trainer import compile_blocks
+    from distinctcap.train.compiling import compile_blocks
 
     torch.manual_seed(0)
     cfg = CaptionerConfig(vocab_size=V, visual_dim=16, pooled_dim=8, width=32, enc_layers=1,

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import TINY_CAPTIONER
 from train_job import fit, job_parts
 
 from distinctcap.core.distributed import (
@@ -176,16 +177,7 @@ def run_config(out_dir: Path, batch_size: int = 10, grad_accum: int = 2) -> dict
         "method": "mle",
         "seed": 3,
         "device": "cpu",
-        "captioner": {
-            "vocab_size": V,
-            "width": 16,
-            "enc_layers": 1,
-            "dec_layers": 1,
-            "heads": 2,
-            "ffn": 32,
-            "dropout": 0.0,
-            "max_len": MAXLEN,
-        },
+        "captioner": {**TINY_CAPTIONER, "vocab_size": V, "dec_layers": 1, "max_len": MAXLEN},
         "train": {
             "steps": 8,
             "batch_size": batch_size,

@@ -16,6 +16,9 @@ from pycocoevalcap.rouge.rouge import Rouge
 
 from distinctcap.evaluate.metrics import CocoTools, consensus_rerank, evaluate_captions, mbleu
 from distinctcap.evaluate.metrics import coco as coco_module
+from distinctcap.evaluate.metrics import meteor as meteor_module
+from distinctcap.evaluate.metrics import ptb as ptb_module
+from distinctcap.evaluate.metrics import spice as spice_module
 from distinctcap.evaluate.metrics.diversity import self_cider_kernel
 from distinctcap.evaluate.metrics.parallel import chunk_bounds, fork_map
 from distinctcap.scores import cider as cider_module
@@ -148,8 +151,8 @@ def test_a_parallel_job_gives_the_serial_numbers_and_reuses_reference_tokens(
     case, tmp_path, monkeypatch
 ):
     # the thresholds shrunk, so this small case uses two tokenizer JVMs and METEOR servers
-    monkeypatch.setattr(coco_module, "PTB_LINES_PER_JVM", 50)
-    monkeypatch.setattr(coco_module, "METEOR_PAIRS_PER_SERVER", 10)
+    monkeypatch.setattr(ptb_module, "PTB_LINES_PER_JVM", 50)
+    monkeypatch.setattr(meteor_module, "METEOR_PAIRS_PER_SERVER", 10)
     with CocoTools(workers=1, cache_dir=tmp_path) as job:  # one session: METEOR starts twice
         expected = evaluate_captions(**case, tools=job)
         assert job.launches["meteor"] == 1 and job.launches["ptb"] == 1
@@ -173,7 +176,7 @@ def test_tokens_are_the_serial_files_wherever_the_captions_are_cut(tmp_path, mon
         expected = serial.tokenize(lines)
         assert expected[0] == "a dog with a" and serial.tokenize(lines[:1]) == ["a dog with a."]
         before_a_lowercase_line = serial.tokenize([*lines[:2], "the end."])[:2]
-    monkeypatch.setattr(coco_module, "PTB_LINES_PER_JVM", 1)
+    monkeypatch.setattr(ptb_module, "PTB_LINES_PER_JVM", 1)
     with CocoTools(workers=4, cache_dir=tmp_path) as parts:
         assert parts.tokenize(lines) == expected
         groups = ({0: lines[:2]}, {1: lines[2:]})
@@ -188,11 +191,12 @@ def test_tokens_are_the_serial_files_wherever_the_captions_are_cut(tmp_path, mon
 
 
 def test_meteor_servers_take_half_the_cores_and_score_each_distinct_pair_once(monkeypatch):
-    assert [coco_module.meteor_server_count(25_000, w) for w in (1, 2, 3, 4, 16)] == [1, 1, 2, 2, 3]
-    assert coco_module.meteor_server_count(0, 8) == 1
+    count = meteor_module.meteor_server_count
+    assert [count(25_000, w) for w in (1, 2, 3, 4, 16)] == [1, 1, 2, 2, 3]
+    assert count(0, 8) == 1
     refs = ("a dog runs on the grass", "a brown dog on a lawn")
     pairs = [("a dog on grass", refs), ("a cat", refs), ("a dog on grass", list(refs))]
-    monkeypatch.setattr(coco_module, "METEOR_PAIRS_PER_SERVER", 1)
+    monkeypatch.setattr(meteor_module, "METEOR_PAIRS_PER_SERVER", 1)
     with CocoTools(workers=4) as tools:
         scores = tools.meteor_segments(pairs)
         assert tools.launches["meteor"] == 2  # two distinct pairs
@@ -208,6 +212,6 @@ def test_document_frequencies_are_counted_once_per_job(case):
 
 
 def test_spice_gets_threads_and_a_cache_in_the_results_folder(tmp_path):
-    options = coco_module.spice_speed_options(3, tmp_path, "/unused")
+    options = spice_module.spice_speed_options(3, tmp_path, "/unused")
     assert options == ["-threads", "3", "-cache", str(tmp_path / "spice")]
     assert (tmp_path / "spice").is_dir()

@@ -47,6 +47,16 @@ def test_the_record_lists_the_config_files_and_overrides_and_refuses_others(
     assert configs_for(Path("experiments/new"), ["presets/a.yaml"], "run") == ["presets/a.yaml"]
 
 
+def test_the_workflow_knows_a_report_invocation_by_its_command_line():
+    """rule all and the front page (common.smk) ask `report_requested`: Snakemake parses the
+    workflow before it hands over the report settings."""
+    from distinctcap.runs.experiments import report_requested
+
+    assert report_requested(["snakemake", "--cores", "2", "--report", "results/report.html"])
+    assert not report_requested(["snakemake", "--cores", "2", "-n"])
+    assert not report_requested()  # pytest's own command line
+
+
 def make(repo: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "HF_HUB_OFFLINE": "1"}
     cmd = ["make", "--no-print-directory", f"VENV={VENV}", "-o", f"{VENV}/.installed", *args]

@@ -36,8 +36,8 @@ from distinctcap.evaluate.metrics import (
     spice_unavailable_reason,
     vocab_size,
 )
-from distinctcap.evaluate.metrics.coco import PTB_JAR
 from distinctcap.evaluate.metrics.diversity import self_cider_kernel, self_cider_score
+from distinctcap.evaluate.metrics.ptb import PTB_JAR
 from distinctcap.scores.cider import CiderD
 from distinctcap.scores.ranks import retrieval_ranks
 

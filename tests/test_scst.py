@@ -10,8 +10,8 @@ import open_clip
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import ROOT, shrink_runs
-from train_job import fit, job_parts, run_of
+from conftest import CLIP_TESTS_CAPTIONER, CLIP_TESTS_TRAIN, ROOT, shrink_runs
+from train_job import fit, kill_after, run_of
 
 import distinctcap.clip.weights  # noqa: F401  (registers the tiny `shapes-vit-tiny` architecture)
 import distinctcap.train.clip  # save_weights
@@ -248,24 +248,6 @@ def test_the_config_check_names_a_bad_option(options, match):
 
 # ------------------------------------------------------------------ through the real trainer
 
-TINY_TRAIN = {
-    "steps": 3,
-    "batch_size": 6,
-    "warmup_steps": 1,
-    "val_every": 0,
-    "checkpoint_every": 0,
-    "log_every": 1,
-    "lr": 1e-3,
-}
-TINY_CAPTIONER = {
-    "width": 32,
-    "enc_layers": 1,
-    "dec_layers": 1,
-    "heads": 2,
-    "ffn": 64,
-    "dropout": 0.0,
-    "max_len": 12,
-}
 RUNS = {
     "reference": {"method": "mle"},
     "scst": {"method": "scst", "init": "reference"},
@@ -285,9 +267,9 @@ def trained_reference(tmp_path_factory, clip, tok):
     tmp = tmp_path_factory.mktemp("scst")
     schema = load_schema(ROOT / "workflow" / "schemas" / "config.schema.yaml")
     config = {
-        **validate({"runs": shrink_runs(RUNS, TINY_TRAIN)}, schema),
-        "train": TINY_TRAIN,
-        "captioner": TINY_CAPTIONER,
+        **validate({"runs": shrink_runs(RUNS, CLIP_TESTS_TRAIN)}, schema),
+        "train": CLIP_TESTS_TRAIN,
+        "captioner": CLIP_TESTS_CAPTIONER,
         "device": "cpu",
     }
     run_data = RunData(world(clip, tok), None, tok)
@@ -304,7 +286,7 @@ def test_scst_runs_train_and_change_the_weights(trained_reference, name):
     cfg = effective_run_config(config, name)
     cfg["paths"] = {k: str(v) for k, v in paths.items()}
     result = fit(cfg, data)
-    assert result.steps == TINY_TRAIN["steps"]
+    assert result.steps == CLIP_TESTS_TRAIN["steps"]
     assert np.isfinite(result.curve["loss"]).all()
     assert {"reward", "cider", "gen_len"} <= set(result.curve)
     assert ("greedy_reward" in result.curve) == (name == "scst_greedy")
@@ -327,8 +309,6 @@ def test_resumed_mid_run_ends_with_the_uninterrupted_weights(trained_reference):
     """Samples are drawn from a generator of (seed, step, batch), dropout from the torch RNG
     the checkpoint restores: a run killed after 3 steps and resumed equals an uninterrupted
     one."""
-    from distinctcap.train.trainer import Trainer
-
     config, data, paths, tmp, _ = trained_reference
     cfg = effective_run_config(config, "scst")
     cfg["captioner"] = {**cfg["captioner"], "dropout": 0.1}
@@ -336,11 +316,8 @@ def test_resumed_mid_run_ends_with_the_uninterrupted_weights(trained_reference):
     cfg["paths"] = {k: str(v) for k, v in paths.items()}
     whole = fit(cfg, data)
     cfg["paths"]["out_dir"] = str(tmp / "resumed")
-    killed = Trainer(*job_parts(cfg), data)
-    for _ in range(3):
-        killed.train_step()
-    killed.save_checkpoint()
-    resumed = Trainer(*job_parts(cfg), data).run()
+    kill_after(cfg, data, 3)
+    resumed = fit(cfg, data)
     assert resumed.resumed_from == 3
     after = resumed.model.state_dict()
     assert all(torch.equal(v, after[k]) for k, v in whole.model.state_dict().items())

@@ -1,62 +1,28 @@
 """Smoke test of the local SLURM cluster started by .ci/slurm/start.sh.
 
 Submits real batch jobs and reads their records back from accounting (sacct via slurmdbd),
-which is what the snakemake slurm executor relies on. Skipped when no cluster answers.
+which is what the snakemake slurm executor relies on. Skipped when no cluster answers (the
+`cluster` fixture, tests/conftest.py).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
+from conftest import slurm
 
 pytestmark = pytest.mark.slurm
 
-STATE_DIR = Path(os.environ.get("SLURM_STATE_DIR", "/tmp/distinctcap-slurm"))
 GPU_TYPE = os.environ.get("SLURM_FAKE_GPU_TYPE", "fakegpu")
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL"}
 
 
-def _env() -> dict[str, str]:
-    """Environment for SLURM clients: the state dir's config unless SLURM_CONF is set."""
-    env = dict(os.environ)
-    conf = STATE_DIR / "etc" / "slurm.conf"
-    if "SLURM_CONF" not in env and conf.exists():
-        env["SLURM_CONF"] = str(conf)
-    return env
-
-
-def _run(*args: str, timeout: float = 20) -> str:
-    return subprocess.run(
-        args, env=_env(), capture_output=True, text=True, check=True, timeout=timeout
-    ).stdout
-
-
-def _cluster_reason() -> str | None:
-    """Why the cluster cannot be used, or None when scontrol ping reaches slurmctld."""
-    if shutil.which("scontrol") is None:
-        return "SLURM client tools not installed (run .ci/slurm/install.sh)"
-    try:
-        _run("scontrol", "ping", timeout=10)
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as err:
-        return f"local SLURM cluster not up (`scontrol ping` failed; run .ci/slurm/start.sh): {err}"
-    return None
-
-
-@pytest.fixture(scope="module")
-def cluster() -> None:
-    reason = _cluster_reason()
-    if reason:
-        pytest.skip(reason)
-
-
 def _submit(workdir: Path, name: str, script: str, *options: str) -> str:
     args = ["-J", name, "--comment", f"rule_{name}", "-D", str(workdir), "-o", f"{name}.out"]
-    out = _run("sbatch", "--parsable", *args, *options, "--wrap", script)
+    out = slurm("sbatch", "--parsable", *args, *options, "--wrap", script)
     return out.strip().split(";")[0]
 
 
@@ -68,7 +34,7 @@ def _wait_accounted(job_id: str, timeout: float = 90) -> dict[str, str]:
     fields = ["State", "ReqTRES", "AllocTRES", "Comment"]
     deadline = time.monotonic() + timeout
     while True:
-        out = _run("sacct", "-X", "-j", job_id, f"--format={','.join(fields)}", "-P", "-n")
+        out = slurm("sacct", "-X", "-j", job_id, f"--format={','.join(fields)}", "-P", "-n")
         lines = out.strip().splitlines()
         if lines:
             record = dict(zip(fields, lines[0].split("|"), strict=True))
@@ -98,7 +64,7 @@ def test_plain_job_completes_with_default_memory(cluster: None, tmp_path: Path) 
     alloc = _tres(record["AllocTRES"])
     assert "gres/gpu" not in _tres(record["ReqTRES"])
     assert alloc["cpu"] == "1"
-    node_mem = int(_run("sinfo", "-h", "-o", "%m").split()[0].rstrip("+"))
+    node_mem = int(slurm("sinfo", "-h", "-o", "%m").split()[0].rstrip("+"))
     # DefMemPerCPU keeps a 1-CPU job from taking the whole node's memory.
     assert _mebibytes(alloc["mem"]) < node_mem
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -27,13 +26,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from conftest import ROOT, SNAKEMAKE, tiny_config
+from conftest import ROOT, SNAKEMAKE, slurm, slurm_env, tiny_config
 
 from distinctcap.captioner.model import Captioner
 
 pytestmark = pytest.mark.slurm
 
-STATE_DIR = Path(os.environ.get("SLURM_STATE_DIR", "/tmp/distinctcap-slurm"))
 PROFILE = ROOT / "tests" / "slurm_profile"
 GPU_RULES = {
     "preflight",  # on the GPU partition with one GPU, to check the node the others will get
@@ -62,43 +60,7 @@ SACCT_FIELDS = ["JobID", "Comment", "State", "ReqTRES", "Partition"]
 
 
 # ---------------------------------------------------------------------------------------------
-# SLURM client helpers
-
-
-def slurm_env() -> dict[str, str]:
-    """Environment for SLURM clients: the state dir's config unless SLURM_CONF is set."""
-    env = dict(os.environ)
-    conf = STATE_DIR / "etc" / "slurm.conf"
-    if "SLURM_CONF" not in env and conf.exists():
-        env["SLURM_CONF"] = str(conf)
-    return env
-
-
-def slurm(*args: str, timeout: float = 20) -> str:
-    done = subprocess.run(
-        args, env=slurm_env(), capture_output=True, text=True, check=True, timeout=timeout
-    )
-    return done.stdout
-
-
-def cluster_problem() -> str | None:
-    """Why the cluster cannot be used, or None when slurmctld answers."""
-    if shutil.which("scontrol") is None:
-        return "SLURM client tools not installed (run .ci/slurm/install.sh)"
-    try:
-        slurm("scontrol", "ping", timeout=10)
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as err:
-        return f"local SLURM cluster not up (`scontrol ping` failed; run .ci/slurm/start.sh): {err}"
-    return None
-
-
-@pytest.fixture(scope="module")
-def cluster() -> None:
-    problem = cluster_problem()
-    if problem and os.environ.get("DISTINCTCAP_REQUIRE_SLURM") == "1":
-        pytest.fail(f"DISTINCTCAP_REQUIRE_SLURM=1 but {problem}")
-    if problem:
-        pytest.skip(problem)
+# What SLURM accounting says (the cluster and its client: tests/conftest.py)
 
 
 @dataclass

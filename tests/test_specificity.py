@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
-from conftest import ROOT, shrink_runs, tiny_captioner
-from train_job import fit, job_parts, run_of
+from conftest import CLIP_TESTS_CAPTIONER, CLIP_TESTS_TRAIN, ROOT, shrink_runs, tiny_captioner
+from train_job import fit, kill_after, run_of
 
 import distinctcap.clip.weights  # registers the tiny `shapes-vit-tiny` architecture
 import distinctcap.train.clip  # save_weights (not imported by anything else here)
@@ -452,24 +452,6 @@ def test_table_path():
 # ------------------------------------------------------------------ through the real trainer
 
 PRESET_RUNS = yaml.safe_load((ROOT / "presets" / "specificity-ablations.yaml").read_text())["runs"]
-TINY_TRAIN = {
-    "steps": 3,
-    "batch_size": 6,
-    "warmup_steps": 1,
-    "val_every": 0,
-    "checkpoint_every": 0,
-    "log_every": 1,
-    "lr": 1e-3,
-}
-TINY_CAPTIONER = {
-    "width": 32,
-    "enc_layers": 1,
-    "dec_layers": 1,
-    "heads": 2,
-    "ffn": 64,
-    "dropout": 0.0,
-    "max_len": 12,
-}
 
 
 @pytest.fixture(scope="module")
@@ -484,9 +466,9 @@ def trained_reference(tmp_path_factory, clip, tok):
     }
     schema = load_schema(ROOT / "workflow" / "schemas" / "config.schema.yaml")
     config = {
-        **validate({"runs": shrink_runs(runs, TINY_TRAIN)}, schema),
-        "train": TINY_TRAIN,
-        "captioner": TINY_CAPTIONER,
+        **validate({"runs": shrink_runs(runs, CLIP_TESTS_TRAIN)}, schema),
+        "train": CLIP_TESTS_TRAIN,
+        "captioner": CLIP_TESTS_CAPTIONER,
         "device": "cpu",
     }
     feats, data = world(clip, tok)
@@ -507,7 +489,7 @@ def test_main_run_and_preset_entries_train(trained_reference, name):
     table = tmp / table_path(cfg["contrastive_top_pct"])
     cfg["paths"] = {**{k: str(v) for k, v in paths.items()}, "neighbours": str(table)}
     result = fit(cfg, data)
-    assert result.steps == TINY_TRAIN["steps"]
+    assert result.steps == CLIP_TESTS_TRAIN["steps"]
     assert np.isfinite(result.curve["loss"]).all()
     assert {"specificity", "cos_true", "gen_len"} <= set(result.curve)
     assert ("cos_contrast" in result.curve) == (cfg["loss"] in ("cdp", "ccos"))
@@ -516,8 +498,6 @@ def test_main_run_and_preset_entries_train(trained_reference, name):
 def test_resumed_mid_run_ends_with_the_uninterrupted_weights(trained_reference):
     """Gumbel noise and contrastive draws are functions of (seed, step, micro-batch), dropout
     uses the torch RNG the checkpoint restores: a resumed run equals an uninterrupted one."""
-    from distinctcap.train.trainer import Trainer
-
     config, data, paths, tmp = trained_reference
     cfg = effective_run_config(config, "specificity_gumbel")
     cfg["captioner"] = {**cfg["captioner"], "dropout": 0.1}
@@ -526,11 +506,8 @@ def test_resumed_mid_run_ends_with_the_uninterrupted_weights(trained_reference):
     cfg["paths"] = {**{k: str(v) for k, v in paths.items()}, "neighbours": str(table)}
     whole = fit(cfg, data)
     cfg["paths"]["out_dir"] = str(tmp / "resumed")
-    killed = Trainer(*job_parts(cfg), data)
-    for _ in range(3):
-        killed.train_step()
-    killed.save_checkpoint()
-    resumed = Trainer(*job_parts(cfg), data).run()
+    kill_after(cfg, data, 3)
+    resumed = fit(cfg, data)
     assert resumed.resumed_from == 3
     after = resumed.model.state_dict()
     assert all(torch.equal(v, after[k]) for k, v in whole.model.state_dict().items())

@@ -19,7 +19,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from train_job import fit, job_parts
+from conftest import TINY_CAPTIONER
+from train_job import fit, job_parts, kill_after
 
 from distinctcap.captioner.model import Captioner, CaptionerConfig
 from distinctcap.config.check import load_schema, validate
@@ -84,14 +85,7 @@ def tiny_cfg(out_dir: Path | None = None, dropout: float = 0.1, **train_kw) -> d
         "seed": 0,
         "device": "cpu",
         "captioner": {
-            "vocab_size": V,
-            "width": 16,
-            "enc_layers": 1,
-            "dec_layers": 1,
-            "heads": 2,
-            "ffn": 32,
-            "dropout": dropout,
-            "max_len": 10,
+            **TINY_CAPTIONER, "vocab_size": V, "dec_layers": 1, "dropout": dropout, "max_len": 10
         },
         "train": trainer,
         "paths": {"out_dir": str(out_dir)} if out_dir else {},
@@ -416,15 +410,6 @@ def init_cfg(out: Path, init: Path) -> dict:
     return cfg
 
 
-def leave_killed_state(cfg: dict, data: RunData, steps: int = 4) -> Path:
-    """What a kill after the first checkpoint leaves: real steps, then the real checkpoint."""
-    trainer = Trainer(*job_parts(cfg), data)
-    for _ in range(steps):
-        trainer.train_step()
-    trainer.save_checkpoint()
-    return trainer.checkpoints.path
-
-
 def set_aside_lines(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if "set aside" in r.getMessage()]
 
@@ -435,7 +420,7 @@ def test_a_checkpoint_of_other_subset_shards_is_set_aside(tmp_path, caplog):
     captions = write_captions(tmp_path / "captions.parquet")
     subset = write_subset(tmp_path / "D-", list(range(1000, 1024)))
     cfg = subset_cfg(tmp_path / "run", captions, subset)
-    ckpt = leave_killed_state(cfg, subset_data(captions, subset))
+    ckpt = kill_after(cfg, subset_data(captions, subset), 4)
     old = torch.load(ckpt, weights_only=True)["fingerprint"]
 
     write_subset(subset, list(range(1008, 1032)))  # same folder, other captions
@@ -460,7 +445,7 @@ def test_a_checkpoint_on_another_init_model_is_set_aside(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="distinctcap.train.trainer")
     init = write_init(tmp_path / "reference" / "model.pt", seed=1)
     cfg = init_cfg(tmp_path / "smile", init)
-    ckpt = leave_killed_state(cfg, tiny_data())
+    ckpt = kill_after(cfg, tiny_data(), 4)
 
     write_init(init, seed=2)  # the retrained reference, at the same path
     result = fit(cfg, tiny_data())
@@ -484,7 +469,7 @@ def test_a_rerun_on_unchanged_inputs_resumes_to_the_uninterrupted_weights(tmp_pa
         c["init"], c["paths"]["init"] = "reference", str(init)
         return c
 
-    leave_killed_state(cfg(tmp_path / "run"), subset_data(captions, subset))
+    kill_after(cfg(tmp_path / "run"), subset_data(captions, subset), 4)
     write_subset(subset, list(range(1000, 1024)))  # rewritten with the same content
     result = fit(cfg(tmp_path / "run"), subset_data(captions, subset))
     assert result.resumed_from == 4 and not set_aside_lines(caplog)
@@ -496,7 +481,7 @@ def test_a_rerun_on_unchanged_inputs_resumes_to_the_uninterrupted_weights(tmp_pa
 def test_an_old_format_checkpoint_is_set_aside(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="distinctcap.train.trainer")
     cfg = tiny_cfg(tmp_path, **NO_VAL)
-    ckpt = leave_killed_state(cfg, tiny_data())
+    ckpt = kill_after(cfg, tiny_data(), 4)
     state = torch.load(ckpt, weights_only=True)
     torch.save({**state, "fingerprint": "0123456789abcdef"}, ckpt)  # before input fingerprints
     result = fit(cfg, tiny_data())
@@ -693,7 +678,6 @@ def test_compile_that_fails_warns_once_and_trains_uncompiled(monkeypatch, caplog
 
 def deferred_trainer(cfg, data):
     """A Trainer that reads its numbers only at flushes, as it does on a GPU."""
-    from distinctcap.train.trainer import Trainer
 
     trainer = Trainer(*job_parts(cfg), data)
     trainer.eager = False

@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 import torch
 import yaml
-from conftest import tiny_captioner
-from train_job import fit, job_parts, run_of
+from conftest import TINY_CAPTIONER, TINY_TRAIN, tiny_captioner
+from train_job import fit, kill_after, run_of
 
 from distinctcap.captioner.model import Captioner
 from distinctcap.captioner.search import greedy
@@ -36,12 +36,13 @@ from distinctcap.methods.unkt import (
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 ROOT = Path(__file__).resolve().parents[1]
-G, DV, DP, V, W, H, L, MAXLEN = 5, 6, 4, 24, 16, 2, 2, 9
+G, DV, DP, V, MAXLEN = 5, 6, 4, 24, 9
+L = TINY_CAPTIONER["dec_layers"]
 IMAGES = 8  # 5 captions each
 
 
 def captioner_cfg() -> dict:
-    return dict(width=W, enc_layers=1, dec_layers=L, heads=H, ffn=32, dropout=0.0, max_len=MAXLEN)
+    return {**TINY_CAPTIONER, "max_len": MAXLEN}
 
 
 def tiny(seed: int) -> Captioner:
@@ -371,14 +372,7 @@ def test_every_preset_entry_trains_and_decodes(tmp_path, data, negatives):
         "seed": 0,
         "device": "cpu",
         "captioner": {"vocab_size": V, **captioner_cfg()},
-        "train": {
-            "steps": 3,
-            "batch_size": 8,
-            "warmup_steps": 1,
-            "val_every": 0,
-            "checkpoint_every": 0,
-            "log_every": 1,
-        },
+        "train": {**TINY_TRAIN, "batch_size": 8},
     }
     run_data = RunData(data)
     paths = {}
@@ -410,21 +404,13 @@ def test_resumed_mid_run_ends_with_the_uninterrupted_weights(tmp_path, data, neg
     """Hard targets are re-decoded after a resume (greedy of the frozen teacher: the same
     captions); random targets come from the torch RNG that the checkpoint restores."""
     from distinctcap.train.data import RunData
-    from distinctcap.train.trainer import Trainer
 
     run_data = RunData(data)
     base = {
         "seed": 0,
         "device": "cpu",
         "captioner": {"vocab_size": V, **captioner_cfg(), "dropout": 0.1},
-        "train": {
-            "steps": 5,
-            "batch_size": 8,
-            "warmup_steps": 1,
-            "val_every": 0,
-            "checkpoint_every": 0,
-            "log_every": 1,
-        },
+        "train": {**TINY_TRAIN, "steps": 5, "batch_size": 8},
     }
     teacher = tmp_path / "teacher"
     fit(
@@ -442,11 +428,8 @@ def test_resumed_mid_run_ends_with_the_uninterrupted_weights(tmp_path, data, neg
     }
     whole = fit(cfg, run_data)
     cfg["paths"]["out_dir"] = str(tmp_path / "unkt")
-    killed = Trainer(*job_parts(cfg), run_data)
-    for _ in range(3):
-        killed.train_step()
-    killed.save_checkpoint()
-    resumed = Trainer(*job_parts(cfg), run_data).run()
+    kill_after(cfg, run_data, 3)
+    resumed = fit(cfg, run_data)
     assert resumed.resumed_from == 3
     after = resumed.model.state_dict()
     assert all(torch.equal(v, after[k]) for k, v in whole.model.state_dict().items())

@@ -10,7 +10,8 @@ import torch
 
 from distinctcap.core.run import RunConfig, RunPaths
 from distinctcap.train.data import RunData
-from distinctcap.train.trainer import TrainResult, train
+from distinctcap.train.outputs import TrainResult
+from distinctcap.train.trainer import Trainer, train
 
 
 def job_parts(job: dict) -> tuple[RunConfig, RunPaths, torch.device]:
@@ -24,6 +25,16 @@ def job_parts(job: dict) -> tuple[RunConfig, RunPaths, torch.device]:
 def fit(job: dict, data: RunData | None = None) -> TrainResult:
     """train() the job (see the module doc)."""
     return train(*job_parts(job), data)
+
+
+def kill_after(job: dict, data: RunData, steps: int) -> Path:
+    """What a kill after `steps` optimiser steps and a checkpoint leaves behind (real steps,
+    then the real checkpoint): the checkpoint's path. `fit` of the same job then resumes."""
+    trainer = Trainer(*job_parts(job), data)
+    for _ in range(steps):
+        trainer.train_step()
+    trainer.save_checkpoint()
+    return trainer.checkpoints.path
 
 
 def run_of(config: dict) -> RunConfig:

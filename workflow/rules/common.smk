@@ -18,6 +18,7 @@ from distinctcap.core.params import Defaults, canonical_params, stage_version
 from distinctcap.core.results import GENERATED_PATH, RUN_DIR
 from distinctcap.core.settings import JudgeSettings
 from distinctcap.methods.facts import FACTS
+from distinctcap.runs.experiments import report_requested
 
 SCHEMA = Path(workflow.basedir) / "workflow" / "schemas" / "config.schema.yaml"
 
@@ -26,7 +27,8 @@ CONFIG_SCHEMA = load_schema(SCHEMA)
 CONFIG_FILES = [Path(workflow.basedir) / "config.yaml", *workflow.config_settings.configfiles]
 try:
     sources = config_sources(
-        [f for f in CONFIG_FILES if Path(f).is_file()], workflow.config_settings.config,
+        [f for f in CONFIG_FILES if Path(f).is_file()],
+        workflow.config_settings.config,
         Path(workflow.basedir),
     )
     config = validate(config, CONFIG_SCHEMA, sources)
@@ -48,6 +50,7 @@ def unrecorded(value):
     canonical form of `value` beside it (a function of the wildcards, or a value)."""
     return lambda wildcards, input: value(wildcards) if callable(value) else value
 
+
 PREFLIGHT = "results/preflight.txt"  # preflight.smk: checked before the data is fetched
 ALL_TARGETS = []  # each stage file appends its final outputs
 
@@ -58,9 +61,11 @@ CLIP = config["clip"]
 TRAINED_CLIP = f"results/clip/{CLIP['arch']}.pt"
 TRAIN_CLIP = CLIP["pretrained"] == "train"
 # the weights file or local-dir folder extraction depends on (none for a tag)
-CLIP_FILES = [TRAINED_CLIP] if TRAIN_CLIP else [
-    p for p in [CLIP["pretrained"].removeprefix("local-dir:")] if Path(p).exists()
-]
+CLIP_FILES = (
+    [TRAINED_CLIP]
+    if TRAIN_CLIP
+    else [p for p in [CLIP["pretrained"].removeprefix("local-dir:")] if Path(p).exists()]
+)
 
 
 # which CLIP the jobs that read one record (none for the default, a CLIP trained here): a file
@@ -77,9 +82,15 @@ TRAIN_JUDGE = bool(JUDGE) and JUDGE.trained
 TRAINED_JUDGE = f"results/judge/{JUDGE.arch}.pt" if JUDGE else None
 JUDGE_FEATURES = "results/judge/features.parquet"  # judge_features: pooled, val and test images
 # the judge's weights file or local-dir folder (none for a tag), as CLIP_FILES
-JUDGE_FILES = [TRAINED_JUDGE] if TRAIN_JUDGE else [
-    p for p in [JUDGE.pretrained.removeprefix("local-dir:")] if Path(p).exists()
-] if JUDGE else []
+JUDGE_FILES = (
+    [TRAINED_JUDGE]
+    if TRAIN_JUDGE
+    else (
+        [p for p in [JUDGE.pretrained.removeprefix("local-dir:")] if Path(p).exists()]
+        if JUDGE
+        else []
+    )
+)
 
 
 # --- Runs: training and decoding (train.smk, decode.smk) -------------------------------------
@@ -106,8 +117,7 @@ ENTROPY_SUBSETS = {"D-": "results/entropy/D-", "D+": "results/entropy/D+"}  # sp
 NEIGHBOURS_TABLE = "results/neighbours/train_top{pct}pct.parquet"
 try:  # every run's effective block, checked now so a bad override fails before any job runs
     RUN_CONFIGS = {
-        name: effective_run_config({**config, "runs": RUNS}, name, CONFIG_SCHEMA)
-        for name in RUNS
+        name: effective_run_config({**config, "runs": RUNS}, name, CONFIG_SCHEMA) for name in RUNS
     }
 except DistinctcapError as error:
     sys.stderr.write(f"distinctcap: config error: {error}\n")
@@ -206,10 +216,11 @@ def decode_targets():
 
 # --- The report's front page (the Snakefile's `report:`) --------------------------------------
 
+
 def reported_targets(targets):
     """`rule all`'s targets; for `--report` only those that exist, so a report of a run that
     has not finished (or has not started) shows what there is instead of failing."""
-    if "--report" not in sys.argv:
+    if not report_requested():
         return targets
     return [t for t in targets if Path(t).exists()]
 
@@ -217,7 +228,7 @@ def reported_targets(targets):
 def report_front_page():
     """The front page of `snakemake --report`, written from what exists under results/
     (distinctcap.report.front); the static description for every other command."""
-    if "--report" not in sys.argv:
+    if not report_requested():
         return "workflow/report/front.rst"
     from distinctcap.report.front import write_front_page
 
@@ -227,27 +238,31 @@ def report_front_page():
 
 # --- Checks before the first job (the Snakefile's onstart) -----------------------------------
 
-def profile_gives_a_gpu(rule):
-    """Does the profile (set-resources) give `rule` a GPU?"""
-    asked = (workflow.resource_settings.overwrite_resources or {}).get(rule, {})
-    gpu = asked["gpu"] if "gpu" in asked else 0  # a snakemake Resource, or a plain value
+
+def rule_gpus(name):
+    """The GPUs rule `name` (defined before the call) asks for, as Snakemake resolved its
+    resources: the rule's own, the profile's default-resources and set-resources, and
+    --set-resources. 0 without one, where the count depends on the attempt, or where there is
+    no such rule (no decode without decodings)."""
+    if not workflow.is_rule(name):
+        return 0
     try:
-        return int(getattr(gpu, "value", gpu) or 0) > 0
-    except (TypeError, ValueError):
-        return False
+        return int(workflow.get_rule(name).resources.get("gpu").value or 0)
+    except (TypeError, ValueError):  # ValueError: a value of the job's attempt
+        return 0
 
 
 def preflight_holds_a_gpu():
     """With a GPU the config uses, rule preflight checks java on the GPU node, where evaluate
     runs, instead of this (submitting) machine."""
-    return profile_gives_a_gpu("preflight") and config["device"] != "cpu"
+    return rule_gpus("preflight") > 0 and config["device"] != "cpu"
 
 
 def require_java(jobs):
     """Stop before any job when one of `jobs` evaluates captions and `java` is missing: the
     COCO metrics need it, and otherwise it is found only after every training run finished.
     With a GPU profile rule preflight checks it on the node instead (preflight_holds_a_gpu)."""
-    from distinctcap.evaluate.metrics.coco import check_java
+    from distinctcap.evaluate.metrics.java import check_java
 
     if preflight_holds_a_gpu():
         return

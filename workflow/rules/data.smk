@@ -12,17 +12,17 @@ rule prepare_data:
         captions=f"{DATA}/captions.parquet",
         quarantine=f"{DATA}/quarantine.parquet",
         vocab=f"{DATA}/vocab.json",
-    params:
-        data=unrecorded(data_stage_params(config["data"])),
-        recorded=canonical_params(data_stage_params(config["data"]), DEFAULTS.section("data")),
-        **stage_version("prepare_data"),
-        on_bad_input=config["on_bad_input"],
     log:
         "logs/data/prepare_data.log",
     benchmark:
         "benchmarks/prepare_data.tsv"
     conda:
         "../../envs/data.yaml"
+    params:
+        **stage_version("prepare_data"),
+        data=unrecorded(data_stage_params(config["data"])),
+        recorded=canonical_params(data_stage_params(config["data"]), DEFAULTS.section("data")),
+        on_bad_input=config["on_bad_input"],
     script:
         "../scripts/prepare_data.py"
 

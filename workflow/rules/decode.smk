@@ -17,19 +17,19 @@ if DECODES:  # a rule needs outputs; `decoding: {}` decodes nothing
             vocab=f"{DATA}/vocab.json",
         output:
             generated=[GENERATED_PATH.format(run="{run}", split=s, decoding=d) for s, d in DECODES],
-        params:
-            decodes=unrecorded([(s, d, DECODING[d]) for s, d in DECODES]),
-            recorded=[(s, d, DEFAULTS.decodings(DECODING)[d]) for s, d in DECODES],
-            **stage_version("decode"),
-            seed=config["seed"],
-            device=config["device"],
-        threads: 1
         log:
             "logs/decode/{run}.log",
         benchmark:
             "benchmarks/decode/{run}.tsv"
         conda:
             "../../envs/torch.yaml"
+        threads: 1
+        params:
+            **stage_version("decode"),
+            decodes=unrecorded([(s, d, DECODING[d]) for s, d in DECODES]),
+            recorded=[(s, d, DEFAULTS.decodings(DECODING)[d]) for s, d in DECODES],
+            seed=config["seed"],
+            device=config["device"],
         script:
             "../scripts/decode.py"
 

@@ -11,19 +11,19 @@ rule retrieval_entropy:
         captions=f"{DATA}/captions.parquet",
     output:
         scores="results/entropy/scores.parquet",
+    log:
+        "logs/entropy/retrieval_entropy.log",
+    benchmark:
+        "benchmarks/retrieval_entropy.tsv"
+    priority: ENTROPY_PRIORITY
+    conda:
+        "../../envs/torch.yaml"
+    threads: 2  # profiles may set more
     params:
         logit_scale=ENTROPY["logit_scale"],
         chunk=ENTROPY["chunk"],
         text_chunk=ENTROPY["text_chunk"],
         device=config["device"],
-    priority: ENTROPY_PRIORITY
-    threads: 2  # profiles may set more
-    log:
-        "logs/entropy/retrieval_entropy.log",
-    benchmark:
-        "benchmarks/retrieval_entropy.tsv"
-    conda:
-        "../../envs/torch.yaml"
     script:
         "../scripts/retrieval_entropy.py"
 
@@ -36,16 +36,16 @@ rule split_entropy:
         table="results/entropy/entropy.parquet",
         negative=directory("results/entropy/D-"),
         positive=directory("results/entropy/D+"),
-    params:
-        fraction=ENTROPY["fraction"],
-        shard_size=ENTROPY["shard_size"],
-    priority: ENTROPY_PRIORITY
     log:
         "logs/entropy/split_entropy.log",
     benchmark:
         "benchmarks/split_entropy.tsv"
+    priority: ENTROPY_PRIORITY
     conda:
         "../../envs/torch.yaml"
+    params:
+        fraction=ENTROPY["fraction"],
+        shard_size=ENTROPY["shard_size"],
     script:
         "../scripts/split_entropy.py"
 
@@ -61,14 +61,14 @@ rule entropy_report:
             caption="../report/entropy_extremes.rst",
             category="Retrieval entropy",
         ),
-    params:
-        top=ENTROPY["report_top"],
     log:
         "logs/entropy/entropy_report.log",
     benchmark:
         "benchmarks/entropy_report.tsv"
     conda:
         "../../envs/torch.yaml"
+    params:
+        top=ENTROPY["report_top"],
     script:
         "../scripts/entropy_report.py"
 

@@ -16,25 +16,25 @@ rule train_clip:
         retrieval=report(
             "results/clip/retrieval.json", caption="../report/retrieval.rst", category="CLIP"
         ),
+    log:
+        "logs/features/train_clip.log",
+    benchmark:
+        "benchmarks/train_clip.tsv"
+    priority: FEATURES_PRIORITY  # before the trainings (common.smk)
+    conda:
+        "../../envs/torch.yaml"
+    threads: 2  # the conv tower steps 1.55x faster on two threads than on one (2-core box)
     params:
+        **stage_version("train_clip"),
         arch=CLIP["arch"],
         train=unrecorded(CLIP["train"]),
         recorded=canonical_params(CLIP["train"], DEFAULTS.section("clip", "train")),
-        **stage_version("train_clip"),
         seed=config["seed"],
         device=config["device"],
         # not an output, so a killed job keeps it and the rerun resumes from its last epoch
         checkpoint=lambda w, output: str(
             Path(output.weights).parent / "checkpoints" / Path(output.weights).name
         ),
-    priority: FEATURES_PRIORITY  # before the trainings (common.smk)
-    threads: 2  # the conv tower steps 1.55x faster on two threads than on one (2-core box)
-    log:
-        "logs/features/train_clip.log",
-    benchmark:
-        "benchmarks/train_clip.tsv"
-    conda:
-        "../../envs/torch.yaml"
     script:
         "../scripts/train_clip.py"
 
@@ -46,28 +46,28 @@ rule extract_features:
         weights=CLIP_FILES,
     output:
         index="results/features/index.json",
+    log:
+        "logs/features/extract_features.log",
+    benchmark:
+        "benchmarks/extract_features.tsv"
+    priority: FEATURES_PRIORITY  # before the trainings (common.smk)
+    conda:
+        "../../envs/torch.yaml"
+    # Every CPU of its job: snakemake caps a rule's threads at --cores, and a SLURM job runs
+    # on the CPUs of its profile's cpus_per_task. On a GPU they decode images (DataLoader
+    # workers, clip.features.workers auto); on the CPU the script computes on one thread, so a
+    # job surely on this machine's CPU asks for one (core.cores.features_threads)
+    threads: features_threads(config["device"], local_cores(workflow))
     params:
+        **stage_version("extract_features"),
         arch=CLIP["arch"],
         pretrained=lambda w, input: input.weights[0] if TRAIN_CLIP else CLIP["pretrained"],
         tag=CLIP.get("tag"),
         settings=unrecorded(CLIP["features"]),
         recorded=canonical_params(CLIP["features"], DEFAULTS.section("clip", "features"))
         | CLIP_RECORD,
-        **stage_version("extract_features"),
         device=config["device"],
         cache=lambda w, output: str(Path(output.index).parent / "cache"),
-    priority: FEATURES_PRIORITY  # before the trainings (common.smk)
-    # Every CPU of its job: snakemake caps a rule's threads at --cores, and a SLURM job runs
-    # on the CPUs of its profile's cpus_per_task. On a GPU they decode images (DataLoader
-    # workers, clip.features.workers auto); on the CPU the script computes on one thread, so a
-    # job surely on this machine's CPU asks for one (core.cores.features_threads)
-    threads: features_threads(config["device"], local_cores(workflow))
-    log:
-        "logs/features/extract_features.log",
-    benchmark:
-        "benchmarks/extract_features.tsv"
-    conda:
-        "../../envs/torch.yaml"
     script:
         "../scripts/extract_features.py"
 
@@ -78,6 +78,13 @@ rule extract_captioner_features:
         pretrained=PRETRAINED_DIR,
     output:
         index="results/features/captioner/index.json",
+    log:
+        "logs/features/extract_captioner_features.log",
+    benchmark:
+        "benchmarks/extract_captioner_features.tsv"
+    conda:
+        "../../envs/torch.yaml"
+    threads: 256  # as extract_features: DataLoader workers on a GPU, one thread on the CPU
     params:
         pretrained=config["captioner"].get("pretrained"),
         vision=config["captioner"].get("vision", "frozen"),
@@ -85,13 +92,6 @@ rule extract_captioner_features:
         recorded=canonical_params(CLIP["features"], DEFAULTS.section("clip", "features")),
         device=config["device"],
         cache=lambda w, output: str(Path(output.index).parent / "cache"),
-    threads: 256  # as extract_features: DataLoader workers on a GPU, one thread on the CPU
-    log:
-        "logs/features/extract_captioner_features.log",
-    benchmark:
-        "benchmarks/extract_captioner_features.tsv"
-    conda:
-        "../../envs/torch.yaml"
     script:
         "../scripts/extract_captioner_features.py"
 

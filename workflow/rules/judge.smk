@@ -18,24 +18,24 @@ if TRAIN_JUDGE:
             retrieval=report(
                 "results/judge/retrieval.json", caption="../report/judge.rst", category="CLIP"
             ),
+        log:
+            "logs/judge/train_judge_clip.log",
+        benchmark:
+            "benchmarks/train_judge_clip.tsv"
+        priority: FEATURES_PRIORITY  # before the trainings (common.smk)
+        conda:
+            "../../envs/torch.yaml"
+        threads: 2  # as train_clip
         params:
+            **stage_version("train_clip"),
             arch=JUDGE.arch,
             train=unrecorded(JUDGE.train),
             recorded=canonical_params(JUDGE.train, DEFAULTS.section("clip", "train")),
-            **stage_version("train_clip"),
             seed=JUDGE.seed,
             device=config["device"],
             checkpoint=lambda w, output: str(
                 Path(output.weights).parent / "checkpoints" / Path(output.weights).name
             ),
-        priority: FEATURES_PRIORITY  # before the trainings (common.smk)
-        threads: 2  # as train_clip
-        log:
-            "logs/judge/train_judge_clip.log",
-        benchmark:
-            "benchmarks/train_judge_clip.tsv"
-        conda:
-            "../../envs/torch.yaml"
         script:
             "../scripts/train_clip.py"
 
@@ -48,23 +48,23 @@ if JUDGE:
             weights=JUDGE_FILES,
         output:
             features=JUDGE_FEATURES,
+        log:
+            "logs/judge/judge_features.log",
+        benchmark:
+            "benchmarks/judge_features.tsv"
+        priority: FEATURES_PRIORITY  # before the trainings (common.smk)
+        conda:
+            "../../envs/torch.yaml"
+        threads: features_threads(config["device"], local_cores(workflow))  # as extract_features
         params:
+            **stage_version("extract_features"),
             arch=JUDGE.arch,
             pretrained=lambda w, input: input.weights[0] if TRAIN_JUDGE else JUDGE.pretrained,
             tag=JUDGE.tag,
             settings=unrecorded(CLIP["features"]),
             recorded=canonical_params(CLIP["features"], DEFAULTS.section("clip", "features"))
             | canonical_params({"judge": JUDGE.pretrained}, {"judge": "train"}),
-            **stage_version("extract_features"),
             device=config["device"],
-        priority: FEATURES_PRIORITY  # before the trainings (common.smk)
-        threads: features_threads(config["device"], local_cores(workflow))  # as extract_features
-        log:
-            "logs/judge/judge_features.log",
-        benchmark:
-            "benchmarks/judge_features.tsv"
-        conda:
-            "../../envs/torch.yaml"
         script:
             "../scripts/judge_features.py"
 

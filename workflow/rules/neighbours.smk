@@ -10,15 +10,15 @@ rule neighbours:
         images=f"{DATA}/images.parquet",
     output:
         table=NEIGHBOURS_TABLE,
-    wildcard_constraints:
-        pct=r"[0-9]+(\.[0-9]+)?",
-    params:
-        device=config["device"],
     log:
         "logs/neighbours/train_top{pct}pct.log",
     benchmark:
         "benchmarks/neighbours/train_top{pct}pct.tsv"
+    wildcard_constraints:
+        pct=r"[0-9]+(\.[0-9]+)?",
     conda:
         "../../envs/torch.yaml"
+    params:
+        device=config["device"],
     script:
         "../scripts/neighbours.py"

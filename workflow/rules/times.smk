@@ -11,14 +11,14 @@ rule report_times:
     output:
         markdown=f"{REPORT}/times.md",
         csv=report(f"{REPORT}/times.csv", caption="../report/times.rst", category="Run time"),
-    params:
-        benchmarks="benchmarks",
     log:
         "logs/report_times.log",
     benchmark:
         "benchmarks/report_times.tsv"
     conda:
         "../../envs/eval.yaml"
+    params:
+        benchmarks="benchmarks",
     script:
         "../scripts/report_times.py"
 

@@ -12,20 +12,20 @@ rule train_run:
         model=f"{RUN_DIR}/{{run}}/model.pt",
         curve=f"{RUN_DIR}/{{run}}/curve.csv",
         summary=f"{RUN_DIR}/{{run}}/summary.json",
-    params:
-        run=unrecorded(lambda w: RUN_CONFIGS[w.run]),  # the trainer's; RUN_RECORDS recorded
-        recorded=lambda w: RUN_RECORDS[w.run],
-        paths=train_paths,
-        device=config["device"],
-        **stage_version("train_run"),
-    priority: lambda w: RUN_PRIORITIES[w.run]
-    threads: 1  # the shapes-size captioner is fastest on one thread; profiles may set more
     log:
         "logs/train/{run}.log",
     benchmark:
         "benchmarks/train_run/{run}.tsv"
+    priority: lambda w: RUN_PRIORITIES[w.run]
     conda:
         "../../envs/torch.yaml"
+    threads: 1  # the shapes-size captioner is fastest on one thread; profiles may set more
+    params:
+        **stage_version("train_run"),
+        run=unrecorded(lambda w: RUN_CONFIGS[w.run]),  # the trainer's; RUN_RECORDS recorded
+        recorded=lambda w: RUN_RECORDS[w.run],
+        paths=train_paths,
+        device=config["device"],
     script:
         "../scripts/train.py"
 
@@ -43,20 +43,20 @@ rule run_card:
     output:
         card=f"{RUN_DIR}/{{run}}/run.json",
         vocab=f"{RUN_DIR}/{{run}}/vocab.json",
-    params:
-        run=unrecorded(lambda w: RUN_CONFIGS[w.run]),
-        recorded=lambda w: RUN_RECORDS[w.run],
-        decoding=unrecorded(DECODING),
-        decodings_recorded=DEFAULTS.decodings(DECODING),
-        clip_recorded=CLIP_RECORD,
-        **stage_version("run_card"),
-        clip=lambda w, input: input.clip[0] if TRAIN_CLIP else CLIP["pretrained"],
     log:
         "logs/train/{run}-card.log",
     benchmark:
         "benchmarks/run_card/{run}.tsv"
     conda:
         "../../envs/torch.yaml"
+    params:
+        **stage_version("run_card"),
+        run=unrecorded(lambda w: RUN_CONFIGS[w.run]),
+        recorded=lambda w: RUN_RECORDS[w.run],
+        decoding=unrecorded(DECODING),
+        decodings_recorded=DEFAULTS.decodings(DECODING),
+        clip_recorded=CLIP_RECORD,
+        clip=lambda w, input: input.clip[0] if TRAIN_CLIP else CLIP["pretrained"],
     script:
         "../scripts/run_card.py"
 

@@ -1,4 +1,4 @@
-"""Side-by-side report of every run, one module per report rule (workflow/rules/evaluate.smk),
+"""Side-by-side report of every run, one module per report rule (workflow/rules/report.smk),
 all wired into `snakemake --report`:
 
 - summary: the summary table (rule `summarize`) and the DAG-parse-time helpers

@@ -1,7 +1,7 @@
 """The work budget: what a finished experiment computed, as its stages counted it, against a
 committed expectation, with no clock involved (issue 46).
 
-A run's work is its summary.json `work` (distinctcap.train.trainer.Trainer.work_record), an
+A run's work is its summary.json `work` (distinctcap.train.state.WorkDone.record), an
 evaluate job's its results/metrics/<run>/work.json (distinctcap.evaluate.stage.write_work).
 `work_record(directory)` flattens them into {key: number or text}:
 

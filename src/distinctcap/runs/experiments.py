@@ -14,6 +14,9 @@ use them; CONFIGS that differ are refused in one line that prints the right comm
         # the config files to pass, one line; exit 1 with one line when EXP has no results
         # (--make report), exit 2 with one line when CONFIGS differ from the record
 
+Whether an invocation builds the report (`report_requested`) is read here too, for the
+workflow's `rule all` and its front page.
+
 Light (pathlib, json, hashlib): no pandas, no torch.
 """
 
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from distinctcap.core.errors import DistinctcapError
@@ -31,6 +35,15 @@ RUN_CARDS = "runs/*/run.json"
 RECORD = Path("results") / "experiment.json"
 OVERRIDES = Path("results") / "experiment-overrides.yaml"
 BASE_CONFIG = "config.yaml"  # beside the Snakefile, read before every --configfile
+
+
+def report_requested(argv: Sequence[str] | None = None) -> bool:
+    """Is this `snakemake --report` (`argv`: default, this process's command line)? Then rule
+    all asks only for the targets that exist and the report's front page is written from
+    them. Snakemake (9.27) gives the workflow no such fact: it parses the Snakefile and builds
+    rule all's targets before it hands the report settings over (the DAG API's
+    `create_report` comes after the parse), so the command line is where it is said."""
+    return "--report" in (sys.argv if argv is None else argv)
 
 
 def results_folders(root: Path = Path(".")) -> list[Path]:

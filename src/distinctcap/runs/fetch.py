@@ -104,7 +104,7 @@ def snapshot(source: str) -> str:
 
 
 def fetch_spice(download: bool) -> str:
-    from distinctcap.evaluate.metrics.coco import SPICE_CORENLP_JARS, spice_unavailable_reason
+    from distinctcap.evaluate.metrics.spice import SPICE_CORENLP_JARS, spice_unavailable_reason
 
     if download and not all(p.is_file() for p in SPICE_CORENLP_JARS):
         from pycocoevalcap.spice.get_stanford_models import get_stanford_models

@@ -279,7 +279,7 @@ def gpu_lines() -> list[str | None]:
 
 
 def java_problem() -> str | None:
-    from distinctcap.evaluate.metrics.coco import check_java as start_java
+    from distinctcap.evaluate.metrics.java import check_java as start_java
 
     try:
         start_java()

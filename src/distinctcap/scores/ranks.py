@@ -1,4 +1,4 @@
-"""Retrieval ranks by cosine: CLIP self-retrieval of the evaluation (evaluate.metrics.retrieval)
+"""Retrieval ranks by cosine: CLIP self-retrieval of the evaluation
 and checkpoint selection through a frozen CLIP (methods.clipval).
 
 Embeddings are (rows, D) numpy arrays or CPU torch tensors; rows are L2-normalised here, so

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from distinctcap.captioner.hf import retokenize
+from distinctcap.core import logs
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import atomic_path, read_table
 from distinctcap.core.run import RunConfig, RunPaths
@@ -97,6 +98,27 @@ def load_run_data(run: RunConfig, paths: RunPaths) -> RunData:
         CaptionData.from_table(val, features, max_len) if len(val) else None,
         tokenizer,
     )
+
+
+def warn_if_capped(run: str, key: str, value: int, limit: int, which: str) -> None:
+    """train.`key` larger than the run's `which` captions: capped, with one warning."""
+    logs.warn_if_capped(log, f"run {run}: train.{key}", value, limit,
+                        f"the run's {limit} {which} captions")  # fmt: skip
+
+
+def validation_batches(
+    val: CaptionData | None, run: str, n: int, batch_size: int, seed: int
+) -> list[Batch]:
+    """The validation captions a run scores, in batches of `batch_size`: all of them, or `n`
+    drawn with the run's `seed` (train.val_captions; 0: all)."""
+    if val is None:
+        return []
+    idx = torch.arange(len(val))
+    warn_if_capped(run, "val_captions", n, len(val), "validation")
+    if 0 < n < len(val):
+        g = torch.Generator().manual_seed(seed)
+        idx = torch.randperm(len(val), generator=g)[:n].sort().values
+    return [val.batch(idx[s : s + batch_size]) for s in range(0, len(idx), batch_size)]
 
 
 def to_device(batch: Batch, device: torch.device) -> Batch:

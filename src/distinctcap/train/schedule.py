@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 
@@ -53,6 +54,21 @@ def make_optimizer(
     ]
     fused = {"fused": True} if device is not None and device.type == "cuda" else {}
     return torch.optim.AdamW(groups, lr=tc.lr, betas=tc.betas, **fused)
+
+
+def make_scheduler(
+    optimizer: torch.optim.Optimizer, tc: TrainConfig
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """The captioner's learning-rate schedule (`lr_factor` of the peak lr), stepped once per
+    optimiser step."""
+    factor = partial(
+        lr_factor,
+        warmup=tc.warmup_steps,
+        total=tc.steps,
+        schedule=tc.schedule,
+        final_ratio=tc.final_lr_ratio,
+    )
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:

@@ -14,9 +14,8 @@ the scores it shares with evaluation (CIDEr-D, retrieval ranks) are distinctcap.
 import importlib
 
 _MODULE_OF = {
-    **dict.fromkeys(
-        ("QUALITY_METRICS", "CocoTools", "quality_scores", "spice_unavailable_reason"), "coco"
-    ),
+    **dict.fromkeys(("QUALITY_METRICS", "CocoTools", "quality_scores"), "coco"),
+    "spice_unavailable_reason": "spice",
     **dict.fromkeys(
         ("distinct_share", "div_n", "mbleu", "mean_length", "novelty", "self_cider",
          "vocab_size"),

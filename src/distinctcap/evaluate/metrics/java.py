@@ -1,0 +1,50 @@
+"""What the COCO caption metrics' Java tools share (the PTB tokenizer, METEOR and SPICE): a
+`java` that starts, the folder of pycocoevalcap's jars, and a caption as the one line each
+tool reads.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+from pycocoevalcap.tokenizer import ptbtokenizer
+
+from distinctcap.core.errors import DistinctcapError
+
+# pycocoevalcap is a namespace package (no __init__.py): locate it through a module file.
+PYCOCOEVALCAP = Path(ptbtokenizer.__file__).resolve().parents[1]
+JAVA_INSTALL = "install Java 17, e.g. `apt-get install openjdk-17-jre-headless`"
+
+Pair = tuple[str, Sequence[str]]  # (candidate, references)
+
+
+def java_executable() -> str:
+    """Path of `java`; the COCO tools need a JRE (8 or newer)."""
+    java = shutil.which("java")
+    if java is None:
+        raise DistinctcapError(
+            f"the COCO caption metrics need `java` on PATH (a JRE 8 or newer); {JAVA_INSTALL}"
+        )
+    return java
+
+
+def check_java() -> str:
+    """Path of a `java` that starts (`java -version`), else a DistinctcapError saying how to
+    install one; the workflow calls it before any job when the run evaluates captions."""
+    java = java_executable()
+    try:
+        subprocess.run([java, "-version"], capture_output=True, check=True, timeout=120)
+    except (OSError, subprocess.SubprocessError) as error:
+        raise DistinctcapError(
+            f"`{java} -version` fails ({error}); the COCO caption metrics need a working "
+            f"JRE 8 or newer: {JAVA_INSTALL}"
+        ) from error
+    return java
+
+
+def one_line(text: str) -> str:
+    """One line, single spaces: PTB and METEOR read one caption per line."""
+    return " ".join(text.replace("|||", " ").split())

@@ -126,7 +126,8 @@ def test_prepare_writes_checked_tables(tmp_path):
     outputs["vocab"] = tmp_path / "vocab.json"
     counts = prepare({"source": "shapes", "shapes": {"n_train": 20, "n_val": 4, "n_test": 4}},
                      "skip", outputs)
-    assert counts == {"images": 28, "captions": 140, "skipped": 0, "vocab": counts["vocab"]}
+    assert counts == {"images": 28, "captions": 140, "skipped": 0, "vocab": counts["vocab"],
+                      "checked_image_kinds": {"RGB": 28}}  # fmt: skip
     captions = read_table(outputs["captions"], "captions")
     tok = CaptionTokenizer.load(outputs["vocab"])
     assert [tok.decode(t) for t in captions.tokens[:5]] == captions.text[:5].tolist()

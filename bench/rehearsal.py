@@ -297,6 +297,7 @@ def run_snakemake(
         *(["--workflow-profile", str(REPO / "workflow/profiles/local-gpu")] if gpu else []),
         *targets,
     ]
+    unlock_after_a_kill(command, run_dir, env)
     log = (run_dir / "snakemake.log").open("w")
     start = time.perf_counter()
     process = subprocess.Popen(
@@ -308,6 +309,15 @@ def run_snakemake(
         os.killpg(process.pid, 15)
         rc = process.wait()
     return rc, time.perf_counter() - start
+
+
+def unlock_after_a_kill(command: list[str], run_dir: Path, env: dict) -> None:
+    """A rehearsal killed mid-run (a session's end) leaves Snakemake's lock, and the next one
+    would stop on it: WORK is the rehearsal's own, so its lock is lifted with one line."""
+    locks = run_dir / ".snakemake" / "locks"
+    if locks.is_dir() and any(locks.iterdir()):
+        print(f"rehearsal: {run_dir} is locked by a run that was killed: snakemake --unlock")
+        subprocess.run([*command, "--unlock"], cwd=REPO, env=env, capture_output=True, check=True)
 
 
 # ------------------------------------------------------------------------------ the numbers

@@ -26,6 +26,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from coco_table import write_between_markers  # noqa: E402  (bench/ is scripts, not a package)
 
 BEGIN, END = "<!-- scale-table:begin -->", "<!-- scale-table:end -->"
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+# the rehearsals the docs table renders (tests/test_rehearsal.py holds the two equal): the
+# diagnostic 10k and 40k runs until the 123,287-image run of one commit has finished
+DOCS_INPUTS = [
+    DOCS / "rehearsal/scale/diagnostic-f9b9c2d-10000.json",
+    DOCS / "rehearsal/scale/diagnostic-f9b9c2d-40000.json",
+]
 RSS_GOAL = 1.25
 LINEAR_SLACK = 1.1  # time may grow 10 % faster than the images: 13.5x from 10k to 123k
 PER_RUN = {"train": "train", "decode": "decode", "evaluate": "evaluate"}

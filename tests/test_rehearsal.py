@@ -257,3 +257,29 @@ def test_the_docs_coco_table_is_the_scripts_output():
     block = doc.split(coco_table.BEGIN + "\n")[1].split(coco_table.END)[0]
     assert block == coco_table.table(results, rehearsal.load_coco())
     assert block.count("\n| train_run/") == len(rehearsal.load_coco()["runs"])
+
+
+def test_the_docs_scale_table_is_the_scripts_output():
+    """docs/performance.md's "COCO's shape on a CPU" tables are bench/scale_table.py's rendering
+    of the rehearsal JSONs it names (regenerate: scale_table.py FILE ... --write), never typed."""
+    import scale_table
+
+    results = [json.loads(path.read_text()) for path in scale_table.DOCS_INPUTS]
+    doc = (REPO / "docs/performance.md").read_text()
+    block = doc.split(scale_table.BEGIN + "\n")[1].split(scale_table.END)[0]
+    assert block == scale_table.tables(results)
+
+
+def test_a_killed_rehearsals_lock_is_lifted_before_it_resumes(tmp_path, capsys):
+    """A session's end kills a long rehearsal; Snakemake's lock stays, and the resumed run would
+    stop on LockException. The rehearsal unlocks its own WORK first, saying so."""
+    locks = tmp_path / ".snakemake" / "locks"
+    locks.mkdir(parents=True)
+    (locks / "0.output.lock").write_text(str(tmp_path / "results/data/images.parquet") + "\n")
+    snakemake = Path(sys.executable).with_name("snakemake")
+    command = [str(snakemake), "--snakefile", str(REPO / "Snakefile"), "--directory",
+               str(tmp_path), "--cores", "1"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "HF_HUB_OFFLINE": "1"}
+    rehearsal.unlock_after_a_kill(command, tmp_path, env)
+    assert not locks.is_dir() or not any(locks.iterdir())
+    assert "locked by a run that was killed" in capsys.readouterr().out

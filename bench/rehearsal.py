@@ -583,6 +583,12 @@ def main() -> None:
     parser.add_argument(
         "--runs", nargs="+", help="build only these runs and those they start from (only_runs)"
     )
+    parser.add_argument(
+        "--feature-batch",
+        type=int,
+        help="clip.features.batch_size of the feature and judge jobs (a size whose batches are "
+        "full: their memory is then the data's, not the batch's filling up)",
+    )
     args = parser.parse_args()
 
     started, work = time.perf_counter(), args.work.resolve()
@@ -605,6 +611,9 @@ def main() -> None:
                 extra.update(models)
             if args.runs:
                 extra["only_runs"] = args.runs
+            if args.feature_batch:
+                features = extra.setdefault("clip", {}).setdefault("features", {})
+                features["batch_size"] = args.feature_batch
             overlay_file.write_text(yaml.safe_dump(extra))
             plan = planned_disk(overlay_file)
             (run_dir / "disk_plan.json").write_text(json.dumps(plan))

@@ -24,13 +24,12 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from distinctcap.core import logs
 from distinctcap.data.scene_retrieval import scene_key_matrix
-from distinctcap.evaluate.judge import OFF
-from distinctcap.evaluate.loaded import JobLoads
 from distinctcap.evaluate.scene_judge import NO_SCENES, split_scenes
 from distinctcap.scores.cider import CiderD
 from distinctcap.scores.distinctive import (
@@ -41,6 +40,9 @@ from distinctcap.scores.distinctive import (
     similar_images,
 )
 from distinctcap.scores.result import MetricResult
+
+if TYPE_CHECKING:
+    from distinctcap.evaluate.loaded import JobLoads
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +73,11 @@ def similar_sets(
 ) -> SimilarSets:
     """The similar images of the evaluated images `ids` by the judge CLIP (its features file,
     None: no judge) and by the scene graphs of `images` (shapes world only)."""
+    # here, not above: evaluate.metrics.text imports this module, and report.summary that one
+    # while Snakemake parses; the feature readers import torch
+    from distinctcap.evaluate.judge import OFF
+    from distinctcap.evaluate.loaded import JobLoads
+
     out = SimilarSets()
     if len(ids) < 2:
         out.skipped = dict.fromkeys(SOURCES, TOO_FEW)

@@ -75,6 +75,23 @@ SCST_EFFECTS = (
         "scst",
     ),  # fmt: skip
 )
+# The field's distinctiveness metrics (issue 58; evaluate.distinctive: similar images by the
+# judge CLIP) for every method of the two tables, against the reference: CIDErBtw lower,
+# DisWordRate higher.
+def field_effects(runs: tuple[tuple[str, str], ...]) -> tuple[Effect, ...]:
+    """For each (run, name): its greedy CIDErBtw below the reference's and DisWordRate above."""
+    return tuple(
+        effect for run, name in runs for effect in (
+            Effect(f"{name}: greedy CIDErBtw below the reference's", run, "cider_btw", "greedy"),
+            Effect(f"{name}: greedy DisWordRate above the reference's", run, "dis_word_rate",
+                   "greedy"),
+        )
+    )  # fmt: skip
+
+
+README_EFFECTS += field_effects((("cl", "CL"), ("smile", "SMILE"),
+                                 ("specificity", "specificity"), ("unkt", "UNKT")))  # fmt: skip
+SCST_EFFECTS += field_effects((("scst", "SCST"), ("scst_retrieval", "SCST + retrieval reward")))
 COLUMNS = ["effect", "seeds", "difference per seed", "mean ± sd", "interval (seeds, images)",
            "holds", "judge CLIP per seed", "scene judge per seed", "judges"]  # fmt: skip
 
@@ -111,7 +128,7 @@ def judge(effect: Effect, summary: pd.DataFrame, versus: pd.DataFrame | None) ->
     diffs = seed_differences(summary, effect)
     if diffs.empty:
         return [effect.claim, 0, "", "", "", "not run", "", "", ""]
-    shown = int((diffs > 0).sum())
+    shown = int((gain(effect.metric, diffs) > 0).sum())  # lower CIDErBtw is a gain
     row = versus_row(versus, effect)
     span = "" if row is None else interval(row)
     if shown == len(diffs) and (row is None or row.verdict == "better"):

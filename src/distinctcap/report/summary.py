@@ -192,22 +192,33 @@ JUDGE_METRICS = (  # (header, column, decimals, direction, the trainer's CLIP co
     ("judge CLIPScore", "judge_clipscore", 2, "↑", "clipscore"),
 )
 HEADLINE_JUDGES = ("judge_r_at_1", "scene_r_at_1", "judge_clipscore")  # after their CLIP column
+# the field's distinctiveness metrics (evaluate.distinctive), by the judge CLIP's similar images
+# and the scene graphs'; the first two close the headline where the summary has them
+FIELD_METRICS = (
+    ("CIDErBtw", "cider_btw", 3, "↓"), ("DisWordRate", "dis_word_rate", 3, "↑"),
+    ("CIDErBtw (scenes)", "cider_btw_scene", 3, "↓"),
+    ("DisWordRate (scenes)", "dis_word_rate_scene", 3, "↑"),
+)  # fmt: skip
+HEADLINE_FIELD = ("cider_btw", "dis_word_rate")
 
 
 def headline_quality(
     summary: pd.DataFrame, split: str = "test", quality: str = "greedy"
 ) -> list[tuple[str, str, int, str]]:
     """HEADLINE_QUALITY with each of HEADLINE_JUDGES right after the trainer's CLIP column it
-    re-measures, where the summary has a value of it (split, decoding `quality`): a config
-    without a judge keeps exactly HEADLINE_QUALITY."""
+    re-measures, then HEADLINE_FIELD, each where the summary has a value of it (split,
+    decoding `quality`): a config without a judge keeps exactly HEADLINE_QUALITY."""
     rows = summary[(summary.split == split) & (summary.decoding == quality)]
-    shown = [j for j in JUDGE_METRICS if j[1] in HEADLINE_JUDGES and j[1] in rows
-             and pd.to_numeric(rows[j[1]], errors="coerce").notna().any()]  # fmt: skip
+
+    def has(column: str) -> bool:
+        return column in rows and pd.to_numeric(rows[column], errors="coerce").notna().any()
+
+    shown = [j for j in JUDGE_METRICS if j[1] in HEADLINE_JUDGES and has(j[1])]
     columns = []
     for header, column, digits, arrow in HEADLINE_QUALITY:
         columns.append((header, column, digits, arrow))
         columns += [judge[:4] for judge in shown if judge[4] == column]
-    return columns
+    return columns + [m for m in FIELD_METRICS if m[1] in HEADLINE_FIELD and has(m[1])]
 
 
 def run_label(name: str, run: dict) -> str:

@@ -53,7 +53,7 @@ from distinctcap.evaluate.device import (
     read_device_metrics,
 )
 from distinctcap.evaluate.distinctive import SimilarSets, distinctive_columns, similar_sets
-from distinctcap.evaluate.headline import HEADLINE_DIVERSITY, HEADLINE_QUALITY
+from distinctcap.evaluate.headline import HEADLINE_DIVERSITY, HEADLINE_FIELD, HEADLINE_QUALITY
 from distinctcap.evaluate.inputs import (
     DecodingInputs,
     EvalPaths,
@@ -325,7 +325,7 @@ def headline_line(evaluation: Evaluation) -> str:
     say so)."""
     row = evaluation.row
     parts = []
-    for header, column, digits, arrow in (*HEADLINE_QUALITY, *HEADLINE_DIVERSITY):
+    for header, column, digits, arrow in (*HEADLINE_QUALITY, *HEADLINE_FIELD, *HEADLINE_DIVERSITY):
         value = row.get(column)
         if column in evaluation.skipped or value is None or pd.isna(value):
             parts.append(f"{header} skipped")

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from distinctcap.evaluate.headline import HEADLINE_QUALITY
-from distinctcap.report.summary import FIELD_METRICS, JUDGE_METRICS
+from distinctcap.evaluate.headline import FIELD_METRICS, HEADLINE_QUALITY
+from distinctcap.report.summary import JUDGE_METRICS
 
 FLAG = "gain measured mainly by the CLIP it was tuned on"
 # the mean ranks and CIDErBtw

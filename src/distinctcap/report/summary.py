@@ -18,7 +18,7 @@ import pandas as pd
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import atomic_path, read_table
 from distinctcap.core.runcard import list_runs
-from distinctcap.evaluate.headline import HEADLINE_DIVERSITY, HEADLINE_QUALITY
+from distinctcap.evaluate.headline import HEADLINE_DIVERSITY, HEADLINE_FIELD, HEADLINE_QUALITY
 from distinctcap.evaluate.metrics import DIVERSITY_METRICS, QUALITY_METRICS
 from distinctcap.scores.result import KEYS
 
@@ -192,14 +192,6 @@ JUDGE_METRICS = (  # (header, column, decimals, direction, the trainer's CLIP co
     ("judge CLIPScore", "judge_clipscore", 2, "↑", "clipscore"),
 )
 HEADLINE_JUDGES = ("judge_r_at_1", "scene_r_at_1", "judge_clipscore")  # after their CLIP column
-# the field's distinctiveness metrics (evaluate.distinctive), by the judge CLIP's similar images
-# and the scene graphs'; the first two close the headline where the summary has them
-FIELD_METRICS = (
-    ("CIDErBtw", "cider_btw", 3, "↓"), ("DisWordRate", "dis_word_rate", 3, "↑"),
-    ("CIDErBtw (scenes)", "cider_btw_scene", 3, "↓"),
-    ("DisWordRate (scenes)", "dis_word_rate_scene", 3, "↑"),
-)  # fmt: skip
-HEADLINE_FIELD = ("cider_btw", "dis_word_rate")
 
 
 def headline_quality(
@@ -218,7 +210,7 @@ def headline_quality(
     for header, column, digits, arrow in HEADLINE_QUALITY:
         columns.append((header, column, digits, arrow))
         columns += [judge[:4] for judge in shown if judge[4] == column]
-    return columns + [m for m in FIELD_METRICS if m[1] in HEADLINE_FIELD and has(m[1])]
+    return columns + [field for field in HEADLINE_FIELD if has(field[1])]
 
 
 def run_label(name: str, run: dict) -> str:

@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from distinctcap.evaluate.headline import HEADLINE_DIVERSITY, HEADLINE_QUALITY
+from distinctcap.evaluate.headline import FIELD_METRICS, HEADLINE_DIVERSITY, HEADLINE_QUALITY
 from distinctcap.report.judged import JUDGE_NAMES, judge_line
 from distinctcap.report.summary import (
-    FIELD_METRICS,
     HEADLINE_JUDGES,
     compare_table,
     headline_quality,

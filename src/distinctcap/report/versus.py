@@ -46,9 +46,9 @@ import pandas as pd
 from distinctcap.core.io import atomic_path
 from distinctcap.data.scene import score_caption
 from distinctcap.data.scene_retrieval import scene_key_matrix
-from distinctcap.evaluate.headline import HEADLINE_QUALITY
+from distinctcap.evaluate.headline import FIELD_METRICS, HEADLINE_QUALITY
 from distinctcap.report.judged import LOWER_BETTER, judge_line
-from distinctcap.report.summary import FIELD_METRICS, JUDGE_METRICS, latex, run_order
+from distinctcap.report.summary import JUDGE_METRICS, latex, run_order
 from distinctcap.scores.cider import CiderD
 from distinctcap.scores.distinctive import SIMILAR_K, cider_btw, dis_word_rate, similar_images
 

@@ -35,7 +35,7 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $@
 
-.PHONY: install run plan quick quick-tail test report report-screenshot readme-table unkt-ablations unkt-ablation-table unkt-seeds unkt-seeds-table scst scst-table seeds cleanup times timeline ship-clip ship-judge gpu-wheels gpu-rehearsal
+.PHONY: install run plan quick quick-tail test report report-screenshot readme-table unkt-ablations unkt-ablation-table unkt-seeds unkt-seeds-table scst scst-table scst-endings seeds cleanup times timeline ship-clip ship-judge gpu-wheels gpu-rehearsal
 install: $(VENV)/.installed
 
 # A rerun of EXP without CONFIGS uses the config files recorded in it (results/experiment.json);
@@ -156,6 +156,14 @@ scst: install
 scst-table: install
 	$(PY) -m distinctcap.report.summary $(EXP)/results/metrics config.yaml presets/scst.yaml
 	$(PY) -m distinctcap.report.effects --scst $(EXP)/results/metrics $(EXP)/results/report/versus.csv --configs config.yaml presets/scst.yaml
+
+# SCST's bad endings with and without the end token in its reward (issue 58,
+# presets/scst-end-token.yaml, docs/methods.md): both arms over seeds 0-2, then their table
+ENDING_RUNS := scst scst_s1 scst_s2 scst_noend scst_noend_s1 scst_noend_s2
+scst-endings: install
+	$(CHECK_YAML) presets/scst.yaml presets/scst-end-token.yaml
+	$(SNAKEMAKE) --configfile config.yaml presets/scst.yaml presets/scst-end-token.yaml -- $(foreach run,$(ENDING_RUNS),$(foreach d,greedy sample20,results/metrics/$(run)/test-$(d).parquet))
+	$(PY) -m distinctcap.report.endings $(EXP)/results scst scst_noend
 
 # The shapes default over training seeds 0-2 (presets/seeds.yaml, docs/seeds.md): seed 0 is the
 # default's own models (not retrained), seeds 1-2 are <run>_s1/_s2; then the headline table

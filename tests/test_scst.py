@@ -32,7 +32,7 @@ from distinctcap.methods.rewards import (
     retrieval_reward,
 )
 from distinctcap.methods.scst import SCST
-from distinctcap.scores.cider import CiderD
+from distinctcap.scores.cider import CiderD, TokenCiderD
 from distinctcap.train.data import RunData
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -174,7 +174,8 @@ def test_rewards_of_the_objective(clip, tok):
     model = tiny_captioner(tok.vocab_size, 16, clip_embed_dim(), seed=0, max_len=12)
     seqs = data.labels[[0, 2]]
     parts = objective.rewards(model, seqs, torch.tensor([0, 1]), torch.tensor([0, 1]))
-    docs = [[" ".join(map(str, tok.encode(t))) for t in texts] for texts in TEXTS]
+    # the end token counted as a word (cider_end_token, the default), in the corpus too
+    docs = [[" ".join(map(str, [*tok.encode(t), EOS])) for t in texts] for texts in TEXTS]
     expected = [CiderD(docs).score(docs[i][j], docs[i]) for i, j in ((0, 0), (1, 0))]
     np.testing.assert_allclose(parts["cider"].numpy(), expected, rtol=1e-12)
     texts = [CLIPSCORE_PREFIX + TEXTS[i][0] for i in (0, 1)]
@@ -184,6 +185,58 @@ def test_rewards_of_the_objective(clip, tok):
     assert torch.allclose(parts["clipscore"].float(), 2.5 * cos.clamp(min=0), atol=1e-5)
     total = parts["cider"] + parts["retrieval"] + parts["clipscore"]
     assert torch.allclose(parts["reward"], total)
+
+
+def cider_rewards(clip, tok, seqs: torch.Tensor, image_of: list[int], **options) -> np.ndarray:
+    """The objective's CIDEr-D reward of captions `seqs` of images `image_of` (world's)."""
+    from conftest import tiny_captioner
+
+    data = world(clip, tok)
+    objective = SCST(run_of({"method": "scst", "seed": 0, **options}),
+                     TrainContext(torch.device("cpu"), data, {}, tok))  # fmt: skip
+    model = tiny_captioner(tok.vocab_size, 16, clip_embed_dim(), seed=0, max_len=12)
+    rows = torch.arange(len(TEXTS))
+    return objective.rewards(model, seqs, rows, torch.tensor(image_of))["cider"].numpy()
+
+
+def caption_ids(tok, texts: list[str], width: int = 12) -> torch.Tensor:
+    """Captions as the sampler returns them: tokens, eos, pad."""
+    seqs = torch.full((len(texts), width), PAD)
+    for i, text in enumerate(texts):
+        row = [*tok.encode(text), EOS]
+        seqs[i, : len(row)] = torch.tensor(row)
+    return seqs
+
+
+def test_a_caption_cut_before_its_end_loses_more_reward_with_the_end_token(clip, tok):
+    """Issue 58: counting the end token (ruotianluo's reward, the default) takes from a caption
+    cut before its end ("a red circle left of a blue") the n-grams that end its references
+    ("square <eos>", "blue square <eos>", ...), so the cut costs more than without it. Off,
+    the caption ends before eos: the n-grams of the words alone, today's reward."""
+    texts = ["a red circle left of a blue square", "a red circle left of a blue",
+             "a red circle left of a"]  # fmt: skip
+    seqs = caption_ids(tok, texts)
+    on = cider_rewards(clip, tok, seqs, [0, 0, 0])
+    off = cider_rewards(clip, tok, seqs, [0, 0, 0], cider_end_token=False)
+    assert (on[1:] < off[1:]).all()  # the cut captions score lower with the end token
+    assert (on[0] - on[1:] > off[0] - off[1:]).all()  # and lose more against the whole one
+
+
+def test_without_the_end_token_the_reward_is_todays(clip, tok):
+    """cider_end_token: false gives the reward before the option to the last digit: CIDEr-D
+    of the words before eos, the training captions' document frequencies without it."""
+    data = world(clip, tok)
+    cut = caption_ids(tok, ["a red circle", "shapes"], width=data.labels.shape[1])
+    seqs = torch.cat([data.labels[[0, 3, 5]], cut])
+    image_of = [0, 1, 2, 0, 5]
+    got = cider_rewards(clip, tok, seqs, image_of, cider_end_token=False)
+    docs = [[" ".join(map(str, tok.encode(t))) for t in texts] for texts in TEXTS]
+    words = [" ".join(str(t) for t in row if t not in (PAD, EOS)) for row in seqs.tolist()]
+    today = [CiderD(docs).score(w, docs[i]) for w, i in zip(words, image_of, strict=True)]
+    np.testing.assert_allclose(got, today, rtol=1e-12)
+    reward = TokenCiderD(data.labels.numpy(), np.repeat(np.arange(len(TEXTS)), 2),
+                         tok.vocab_size, (PAD, EOS))  # fmt: skip
+    assert np.array_equal(got, reward.score(seqs.numpy(), np.array(image_of)))
 
 
 def test_scst_steps_raise_the_expected_cider_reward(clip, tok):
@@ -321,3 +374,12 @@ def test_resumed_mid_run_ends_with_the_uninterrupted_weights(trained_reference):
     assert resumed.resumed_from == 3
     after = resumed.model.state_dict()
     assert all(torch.equal(v, after[k]) for k, v in whole.model.state_dict().items())
+
+
+def test_scst_runs_record_their_methods_version_and_other_runs_do_not():
+    """SCST's version 2 (its reward counts the end token by default) enters what train_run
+    records of an SCST run, so those retrain once; a method at version 1 records nothing."""
+    from distinctcap.methods.facts import method_version
+
+    assert method_version({"method": "scst"}) == {"method_version": "scst version 2"}
+    assert method_version({"method": "mle"}) == {} == method_version({"method": "cl"})

@@ -169,7 +169,7 @@ def test_an_effect_holds_across_seeds_only_where_every_seed_and_the_interval_sho
                                      ("smile", 0.1, -0.1, 0.3, "no significant difference"))
     ])  # fmt: skip
     table = effects_table(summary, versus).set_index("effect")
-    assert len(EFFECTS) == 10 and len(table) == 11
+    assert len(EFFECTS) == 10 and len(table) == 19  # and UNMET, and the field's 8 (issue 58)
     cl = table.loc["CL: greedy CIDEr above the reference's"]
     assert (cl.seeds, cl.holds, cl["difference per seed"]) == (3, "yes", "+0.200, +0.200, +0.100")
     assert cl["mean ± sd"] == "+0.167 ± 0.058"
@@ -223,6 +223,32 @@ def test_an_r_at_1_effect_is_read_by_the_independent_judges_seed_by_seed():
     assert coco.loc["specificity: greedy R@1 above the reference's", "judges"] == FLAG
 
 
+def test_a_lower_cider_btw_is_the_gain_of_its_effect():
+    """Issue 58: CIDErBtw is lower-better, so its effect holds where every seed lowers it and
+    versus.csv calls the difference better; DisWordRate's where every seed raises it."""
+    from distinctcap.report.effects import effects_table, field_effects
+
+    values = {"reference": (0.50, 0.10), "cl": (0.40, 0.20), "smile": (0.55, 0.05)}
+    summary = pd.DataFrame([
+        {"run": run, "seed": seed, "split": "test", "decoding": "greedy",
+         "cider_btw": btw + 0.01 * seed, "dis_word_rate": rate}
+        for run, (btw, rate) in values.items() for seed in range(3)
+    ])  # fmt: skip
+    versus = pd.DataFrame([{"run": "cl", "decoding": "greedy", "split": "test",
+                            "metric": "cider_btw", "difference": -0.1, "ci_low": -0.12,
+                            "ci_high": -0.08, "verdict": "better"}])  # fmt: skip
+    effects = field_effects((("cl", "CL"), ("smile", "SMILE")))
+    table = effects_table(summary, versus, effects).set_index("effect")
+    cl = table.loc["CL: greedy CIDErBtw below the reference's"]
+    assert (cl.holds, cl["difference per seed"]) == ("yes", "-0.100, -0.100, -0.100")
+    assert cl["interval (seeds, images)"] == "-0.100 [-0.120, -0.080]"
+    assert table.loc["CL: greedy DisWordRate above the reference's"].holds == "yes"
+    assert table.loc["SMILE: greedy CIDErBtw below the reference's"].holds == (
+        "no: on 0 of 3 seeds")
+    assert table.loc["SMILE: greedy DisWordRate above the reference's"].holds == (
+        "no: on 0 of 3 seeds")
+
+
 def scst_summary() -> pd.DataFrame:
     """Greedy test rows of presets/scst.yaml's arms over seeds 0-2: CIDEr-D and R@1 under the
     trainer's CLIP, the judge CLIP and the scene judge."""
@@ -249,7 +275,7 @@ def test_the_scst_effects_are_judged_over_seeds_like_the_readmes():
                             "metric": "cider", "difference": 0.17, "ci_low": 0.05,
                             "ci_high": 0.29, "verdict": "better"}])  # fmt: skip
     table = effects_table(scst_summary(), versus, SCST_EFFECTS).set_index("effect")
-    assert len(table) == 2
+    assert len(table) == 6  # and the field's 4 (issue 58), not run: no cider_btw column
     scst = table.loc["SCST: greedy CIDEr above the reference's"]
     assert (scst.seeds, scst["difference per seed"], scst.holds) == (
         3, "+0.200, +0.200, +0.100", "yes")
@@ -271,13 +297,13 @@ def test_the_scst_effects_not_run_where_the_summary_lacks_their_runs(tmp_path, c
 
     summary = scst_summary()
     plain = summary[summary.run == "reference"]
-    assert effects_table(plain, None, SCST_EFFECTS).holds.tolist() == ["not run", "not run"]
+    assert effects_table(plain, None, SCST_EFFECTS).holds.tolist() == ["not run"] * 6
     no_arm = effects_table(summary[summary.run != "scst_retrieval"], None, SCST_EFFECTS)
-    assert no_arm.holds.tolist() == ["yes", "not run"]
+    assert no_arm.holds.tolist() == ["yes", *["not run"] * 5]
     summary.to_csv(tmp_path / "summary.csv", index=False)
     main(["--scst", str(tmp_path / "summary.csv")])
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[0].startswith("| effect | seeds |") and len(lines) == 4  # header, rule, 2 rows
+    assert lines[0].startswith("| effect | seeds |") and len(lines) == 8  # header, rule, 6 rows
     assert lines[2].startswith("| SCST: greedy CIDEr above the reference's | 3 |")
     with pytest.raises(SystemExit):
         main(["--scst", str(tmp_path)])  # a metrics folder needs its --configs

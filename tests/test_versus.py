@@ -7,6 +7,9 @@ import pandas as pd
 import pytest
 
 from distinctcap.data import shapes
+from distinctcap.data.scene_retrieval import scene_key_matrix
+from distinctcap.report.judged import LOWER_BETTER
+from distinctcap.report.summary import headline_quality
 from distinctcap.report.versus import (
     compare_runs,
     markdown,
@@ -16,6 +19,7 @@ from distinctcap.report.versus import (
     wide,
     write_versus,
 )
+from distinctcap.scores.distinctive import similar_images
 
 GENERIC = "a picture of some shapes"
 
@@ -151,15 +155,16 @@ def test_markdown_csv_and_latex_exports(world, tmp_path):
     table = compare_runs(runs, captions, images, "reference", per_image=per_image)
     write_versus(table, "reference", tmp_path / "v.csv", tmp_path / "v.md", tmp_path / "v.tex")
     headers, rows = wide(table)
+    field = ["CIDErBtw (scenes) ↓", "DisWordRate (scenes) ↑"]  # the scene graphs' neighbours
     assert headers == ["run", "decoding", "CIDEr ↑", "R@1 ↑", "mean rank ↓", "CLIPScore ↑",
-                       "scene precision ↑", "scene F1 ↑"]
+                       "scene precision ↑", "scene F1 ↑", *field]
     assert "**better**" in markdown(table, "reference")
-    assert len(pd.read_csv(tmp_path / "v.csv")) == 6
+    assert len(pd.read_csv(tmp_path / "v.csv")) == 8
     tex = (tmp_path / "v.tex").read_text()
     assert "\\textbf{better}" in tex and "$\\uparrow$" in tex and "\\toprule" in tex
     assert "mean rank $\\downarrow$" in tex
     without = wide(compare_runs(runs, captions, images, "reference"))[0]  # no per-image tables
-    assert without == ["run", "decoding", "CIDEr ↑", "scene precision ↑", "scene F1 ↑"]
+    assert without == ["run", "decoding", "CIDEr ↑", "scene precision ↑", "scene F1 ↑", *field]
 
 
 def judged_table(images, ranks, clipscore, judge_ranks, judge_score, scene_top1, scene_ranks):
@@ -229,3 +234,36 @@ def test_a_gain_the_judges_do_not_share_is_flagged_in_words(judged):
     assert "mean rank" in honest and "scene R@1 +0.625" in honest
     assert "unjudged" not in text.split("is flagged.")[-1]  # no judge: no line
     assert "judge R@1 ↑" in wide(judged)[0] and "scene mean rank ↓" in wide(judged)[0]
+
+
+def test_captions_of_the_similar_images_lose_on_cider_btw_and_dis_word_rate(world):
+    """Issue 58: each image captioned with the specific caption of its most similar image by
+    the scene graphs says what its similar images' references say: a higher CIDErBtw (lower
+    is better: "worse") and a lower DisWordRate than its own specific caption. A space given
+    as `spaces` (here the scene graphs' again, as the judge's "") gives the same rows."""
+    images, captions = world
+    own = specific(images, captions)
+    ids = sorted(own)
+    scenes = images.set_index("image_id").scene.loc[ids].tolist()
+    near = similar_images(ids, scene_key_matrix(scenes), 5)
+    copied = {i: own[near[i][0]] for i in ids}
+    runs = {("reference", "test", "greedy"): generated("reference", own),
+            ("copycat", "test", "greedy"): generated("copycat", copied)}  # fmt: skip
+    space = {"": lambda wanted: scene_key_matrix(images.set_index("image_id").scene.loc[wanted])}
+    table = compare_runs(runs, captions, images, "reference", spaces=space).set_index("metric")
+    assert table.loc["cider_btw_scene", "difference"] > 0 > table.loc["dis_word_rate_scene",
+                                                                      "difference"]  # fmt: skip
+    for metric in ("cider_btw_scene", "dis_word_rate_scene"):
+        assert table.loc[metric, "verdict"] == "worse", metric
+        same = table.loc[metric.removesuffix("_scene")]
+        assert same[["value", "difference", "verdict"]].tolist() == table.loc[
+            metric, ["value", "difference", "verdict"]].tolist()  # fmt: skip
+
+
+def test_the_headline_ends_with_the_fields_metrics_where_measured():
+    rows = pd.DataFrame([{"run": "reference", "split": "test", "decoding": "greedy",
+                          "cider": 1.0, "cider_btw": 0.4, "dis_word_rate": np.nan}])  # fmt: skip
+    columns = [column for _, column, _, _ in headline_quality(rows)]
+    assert columns[-1] == "cider_btw" and "dis_word_rate" not in columns
+    assert {"cider_btw", "cider_btw_scene"} <= LOWER_BETTER
+    assert "dis_word_rate" not in LOWER_BETTER

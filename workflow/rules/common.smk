@@ -17,7 +17,7 @@ from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.params import Defaults, canonical_params, stage_version
 from distinctcap.core.results import GENERATED_PATH, RUN_DIR
 from distinctcap.core.settings import JudgeSettings
-from distinctcap.methods.facts import FACTS
+from distinctcap.methods.facts import FACTS, method_version
 from distinctcap.runs.experiments import report_requested
 
 SCHEMA = Path(workflow.basedir) / "workflow" / "schemas" / "config.schema.yaml"
@@ -122,9 +122,11 @@ try:  # every run's effective block, checked now so a bad override fails before 
 except DistinctcapError as error:
     sys.stderr.write(f"distinctcap: config error: {error}\n")
     sys.exit(1)
-# what train_run and run_card record of each run: its effective config without defaults
+# what train_run and run_card record of each run: its effective config without defaults,
+# and its method's version where past 1 (methods.facts.method_version)
 RUN_RECORDS = {
-    name: canonical_params(run, DEFAULTS.effective_run(run)) for name, run in RUN_CONFIGS.items()
+    name: canonical_params(run, DEFAULTS.effective_run(run)) | method_version(run)
+    for name, run in RUN_CONFIGS.items()
 }
 RUN_PRIORITIES = run_priorities(RUN_CONFIGS)  # train.smk: longest chain of training first
 ENTROPY_PRIORITY = entropy_priority(RUN_CONFIGS, RUN_PRIORITIES)  # entropy.smk: heads D-/D+ runs

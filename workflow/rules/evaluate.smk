@@ -60,6 +60,8 @@ TORCH_INPUTS = dict(
     # the judge CLIP's features and weights (evaluate.judge): only when one is configured
     **(dict(judge_features=JUDGE_FEATURES, judge_clip=JUDGE_FILES) if JUDGE else {}),
 )
+# the judge's pooled features alone: the similar images of evaluate.distinctive's columns
+JUDGE_SIMILAR = dict(judge_features=JUDGE_FEATURES) if JUDGE else {}
 
 if PER_RUN and EVALUATE_GPU_JOB:  # a rule needs outputs; `decoding: {}` evaluates nothing
 
@@ -94,9 +96,10 @@ if PER_RUN:
     rule evaluate:
         input:
             **TEXT_INPUTS,
-            # the evaluate_gpu job's values, or what computing the torch part here reads
+            # the evaluate_gpu job's values (and the judge's features, for the similar
+            # images of CIDErBtw and DisWordRate), or what computing the torch part here reads
             **(
-                dict(device=DEVICE_PART, per_image=PER_IMAGE_OUT)
+                dict(device=DEVICE_PART, per_image=PER_IMAGE_OUT, **JUDGE_SIMILAR)
                 if EVALUATE_GPU_JOB
                 else TORCH_INPUTS
             ),

@@ -70,9 +70,12 @@ rule report_tables:
 
 rule versus_reference:
     """Each run against the MLE reference, paired bootstrap CIs over the images
-    (distinctcap.report.versus): CIDEr-D and scene counts from the captions, R@1, mean rank
-    and CLIPScore from the evaluate rule's per-image tables (same order as `generated`)."""
+    (distinctcap.report.versus): CIDEr-D, scene counts, CIDErBtw and DisWordRate from the
+    captions (the similar images by the judge CLIP's pooled features, where one is set), R@1,
+    mean rank and CLIPScore from the evaluate rule's per-image tables (same order as
+    `generated`)."""
     input:
+        **JUDGE_SIMILAR,
         generated=[GENERATED_PATH.format(run=r, split=s, decoding=d) for r, s, d in EVALUATIONS],
         per_image=PER_IMAGE,
         images=f"{DATA}/images.parquet",

@@ -18,6 +18,12 @@ for path, table in zip(map(Path, snakemake.input.generated), snakemake.input.per
     key = (path.parent.name, split, decoding)
     generated[key] = read_table(path, "generated")
     per_image[key] = read_table(table, "per_image")
+spaces = {}
+if "judge_features" in snakemake.input.keys():  # the judge CLIP's similar images
+    from distinctcap.features.pooled import read_pooled
+
+    path = snakemake.input.judge_features
+    spaces[""] = lambda ids: read_pooled(path, ids)[0]
 table = compare_runs(
     generated,
     read_table(snakemake.input.captions, "captions"),
@@ -27,6 +33,7 @@ table = compare_runs(
     seed=snakemake.params.seed,
     per_image=per_image,
     seed_of=snakemake.params.seed_of,
+    spaces=spaces,
 )
 out = snakemake.output
 write_versus(table, snakemake.params.reference, Path(out.csv), Path(out.markdown), Path(out.latex))

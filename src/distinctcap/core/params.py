@@ -30,7 +30,7 @@ STAGE_VERSIONS = {
     "train_run": 1,
     "run_card": 1,
     "decode": 1,
-    "evaluate": 2,
+    "evaluate": 3,
 }
 
 

@@ -15,6 +15,7 @@ import json
 from dataclasses import dataclass, field
 
 from distinctcap.data.shapes import BACKGROUNDS, COLOURS, INVERSE, RELATIONS, SHAPES, SIZES
+from distinctcap.scores.distinctive import STOP_WORDS
 
 SHAPE_WORDS = {w: shape for shape, words in SHAPES.items() for w in words}
 SIZE_WORDS = {w: size for size, words in SIZES.items() for w in words}
@@ -33,7 +34,24 @@ class Claims:
 
 def parse(text: str) -> Claims:
     """Objects as (size? colour? shape) runs; a relation phrase between consecutive objects."""
+    return _read(text.lower().split())[0]
+
+
+def ends_badly(text: str) -> bool:
+    """SCST's bad ending (issue 58; docs/methods.md): a caption whose parse is left incomplete
+    (a size or colour, or a relation phrase, with no shape after it: "a red circle left of a
+    blue") or whose last word is a function word (`scores.distinctive.STOP_WORDS`: "... left
+    of a"); an empty caption too."""
     words = text.lower().split()
+    if not words or words[-1] in STOP_WORDS:
+        return True
+    _, pending, relation = _read(words)
+    return bool(pending) or relation is not None
+
+
+def _read(words: list[str]) -> tuple[Claims, dict, str | None]:
+    """`parse`'s claims, and what is left pending at the end: the size and colour read since
+    the last shape, the relation phrase read since it."""
     claims, pending, relation = Claims(), {}, None
     i = 0
     while i < len(words):
@@ -57,7 +75,7 @@ def parse(text: str) -> Claims:
                     relation, i = rel, i + len(phrase) - 1
                     break
         i += 1
-    return claims
+    return claims, pending, relation
 
 
 def matches(claim: dict, obj: dict) -> bool:

@@ -66,6 +66,22 @@ def scene_keys(scene: dict) -> set[tuple]:
     return keys
 
 
+def scene_key_matrix(scenes: Sequence[str | dict]) -> np.ndarray:
+    """(scenes, keys) float32 0/1: which claim keys (`scene_keys`) each scene holds, over the
+    keys any of them holds. The cosine of two rows, |A & B| / sqrt(|A| |B|), is how alike two
+    scenes are in what a caption could claim of them (the scene graphs' similar images,
+    evaluate.distinctive)."""
+    held = [scene_keys(json.loads(s) if isinstance(s, str) else s) for s in scenes]
+    column: dict[tuple, int] = {}
+    for keys in held:
+        for key in sorted(keys, key=repr):
+            column.setdefault(key, len(column))
+    matrix = np.zeros((len(scenes), len(column)), np.float32)
+    for j, keys in enumerate(held):
+        matrix[j, [column[k] for k in keys]] = 1
+    return matrix
+
+
 def scene_scores(texts: Sequence[str], scenes: Sequence[str | dict]) -> np.ndarray:
     """(captions, scenes) int64: how many of caption i's claims scene j holds."""
     claimed = [[claim_key(c) for c in claim_list(parse(t))] for t in texts]

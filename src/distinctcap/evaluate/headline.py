@@ -9,3 +9,12 @@ HEADLINE_QUALITY = (
     ("CLIPScore", "clipscore", 2, "↑"), ("scene F1", "scene_f1", 3, "↑"),
 )
 HEADLINE_DIVERSITY = (("Div-2", "div2", 3, "↑"), ("distinct", "distinct", 3, "↑"))
+# the field's distinctiveness metrics (evaluate.distinctive): by the judge CLIP's similar
+# images, which the log line and the headline show after the quality columns where measured,
+# and by the scene graphs', which the comparisons with the reference show too
+HEADLINE_FIELD = (("CIDErBtw", "cider_btw", 3, "↓"), ("DisWordRate", "dis_word_rate", 3, "↑"))
+FIELD_METRICS = (
+    *HEADLINE_FIELD,
+    ("CIDErBtw (scenes)", "cider_btw_scene", 3, "↓"),
+    ("DisWordRate (scenes)", "dis_word_rate_scene", 3, "↑"),
+)

@@ -52,7 +52,8 @@ from distinctcap.evaluate.device import (
     device_metrics,
     read_device_metrics,
 )
-from distinctcap.evaluate.headline import HEADLINE_DIVERSITY, HEADLINE_QUALITY
+from distinctcap.evaluate.distinctive import SimilarSets, distinctive_columns, similar_sets
+from distinctcap.evaluate.headline import HEADLINE_DIVERSITY, HEADLINE_FIELD, HEADLINE_QUALITY
 from distinctcap.evaluate.inputs import (
     DecodingInputs,
     EvalPaths,
@@ -109,6 +110,7 @@ def metric_columns(settings: EvalSettings) -> list[str]:
         "scene_f1",
         *[f"scene_r_at_{k}" for k in ks],
         "scene_mean_rank",
+        *distinctive_columns(),
     ]
 
 
@@ -142,7 +144,7 @@ def evaluate_decoding(
     device = device or device_metrics(paths, split, settings, inputs, loads)
     with work.counting() as counted:
         evaluation = _cpu_metrics(split, decoding, settings, tools, device, inputs, loads,
-                                  paths.features)  # fmt: skip
+                                  paths.features, paths.judge_features)  # fmt: skip
     done = Counter(device.work) + counted
     evaluation.work = {k: int(done[k]) for k in sorted(done)}
     return evaluation
@@ -157,11 +159,14 @@ def _cpu_metrics(
     inputs: DecodingInputs,
     loads: JobLoads,
     features: str,
+    judge_features: str | None = None,
 ) -> Evaluation:
     ids, n_samples = inputs.ids, inputs.n_samples
     timings: dict[str, list[float]] = {}
     with timed(timings, "load CLIP features (consensus neighbours)"):
         pooled, train_pooled, train_with_feat = loads.pooled(features, ids, inputs.train_refs)
+    with timed(timings, "similar images (CIDErBtw, DisWordRate)"):
+        similar = similar_sets(judge_features, ids, inputs.images, loads)
 
     out = MetricResult()
     with timed(timings, "text metrics (PTB, METEOR, BLEU, ROUGE-L, CIDEr-D, diversity)"):
@@ -176,6 +181,7 @@ def _cpu_metrics(
                 train_pooled,
                 settings,
                 tools,
+                similar,
             )
         )
     out.merge(device.result)
@@ -220,8 +226,10 @@ def text_metrics(
     train_pooled: np.ndarray,
     settings: EvalSettings,
     tools: CocoTools | None = None,
+    similar: SimilarSets | None = None,
 ) -> MetricResult:
-    """Quality, diversity, novelty, oracle (incl. the CIDEr-vs-n points) and consensus."""
+    """Quality, diversity, novelty, oracle (incl. the CIDEr-vs-n points), consensus and, with
+    `similar`, the field's distinctiveness columns (evaluate.distinctive)."""
     wanted = sorted(set(settings.oracle_ns) | set(settings.curve_ns))
     ns = [n for n in wanted if n <= n_samples] if n_samples > 1 else []
     neighbours = None
@@ -243,6 +251,7 @@ def text_metrics(
             oracle_ns=ns,
             neighbour_captions=neighbours,
             best_of=settings.best_of,
+            similar=similar,
             tools=tools,
         )
     finally:
@@ -316,7 +325,7 @@ def headline_line(evaluation: Evaluation) -> str:
     say so)."""
     row = evaluation.row
     parts = []
-    for header, column, digits, arrow in (*HEADLINE_QUALITY, *HEADLINE_DIVERSITY):
+    for header, column, digits, arrow in (*HEADLINE_QUALITY, *HEADLINE_FIELD, *HEADLINE_DIVERSITY):
         value = row.get(column)
         if column in evaluation.skipped or value is None or pd.isna(value):
             parts.append(f"{header} skipped")

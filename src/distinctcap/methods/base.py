@@ -24,6 +24,10 @@ know about it is a class attribute declared here with its default:
     objective_class  "module:Class" of its trainable subclass, the one with the loss;
                  the facts' registry `facts.FACTS` is the one list of methods, and
                  distinctcap.methods.METHODS is derived from it through `trainable()`
+    version      what its runs compute from the same config: raise it when a release changes
+                 that on purpose (a new option's default that changes the loss) and say so in
+                 CHANGELOG.md; its runs then retrain once, and the other methods' do not
+                 (`facts.method_version`, recorded with the run by train_run and run_card)
 
 and, per instance:
 
@@ -91,6 +95,7 @@ class Objective:
     mean_over: ClassVar[str] = "tokens"
     val_metrics: ClassVar[Mapping[str, str]] = {}
     objective_class: ClassVar[str] = ""
+    version: ClassVar[int] = 1
 
     @classmethod
     def trainable(cls) -> type[Objective]:

@@ -156,6 +156,8 @@ class SCST(Objective):
     edges = ("init",)
     options = method_options("scst")
     objective_class = "distinctcap.methods.scst:SCST"
+    # 2: the CIDEr-D reward counts the end token (cider_end_token, issue 58)
+    version = 2
     # the loss is a mean over the sampled tokens of the micro-batch's images, which a shard
     # of its captions holds in proportion to its captions (a close approximation)
     mean_over = "captions"
@@ -199,3 +201,12 @@ FACTS: dict[str, type[Objective]] = {
     "specificity": Specificity,
     "scst": SCST,
 }
+
+
+def method_version(run: Mapping) -> dict:
+    """What train_run and run_card record of a run's method version (`Objective.version`):
+    nothing at version 1, as core.params.stage_version, so introducing it retrained nothing;
+    the value names the method."""
+    method = run.get("method", "mle")
+    version = FACTS[method].version
+    return {} if version == 1 else {"method_version": f"{method} version {version}"}

@@ -9,8 +9,11 @@ Per micro-batch:
    step, the batch's caption ids), so a resumed run draws the same captions.
 2. Each caption's reward r = sum_j w_j r_j (config `rewards`), on the token ids in this process:
    CIDEr-D against the image's training captions with document frequencies of the training
-   captions (scores.cider.TokenCiderD, the evaluation's CIDEr-D on token ids), Luo et al.'s
-   -L_CON through the run's CLIP and CLIPScore (methods.rewards).
+   captions (scores.cider.TokenCiderD, the evaluation's CIDEr-D on token ids; by default,
+   `cider_end_token`, with the end token counted as the last word of captions and
+   references, as ruotianluo's rewards.py and prepro_ngrams.py count it, so a caption cut
+   before its end scores lower: docs/methods.md), Luo et al.'s -L_CON through the run's
+   CLIP and CLIPScore (methods.rewards).
 3. The baseline b: "new SCST" (default), the mean reward of the image's other K - 1 captions
    (ruotianluo/ImageCaptioning.pytorch `new_self_critical`), or Rennie et al.'s greedy caption's
    reward (eq. 9, `baseline: greedy`).
@@ -54,7 +57,7 @@ if TYPE_CHECKING:
     from distinctcap.methods.base import TrainContext
 
 
-STOPS = (PAD, EOS)  # a caption ends before its first eos or pad (the reward counts no end token)
+STOPS = (PAD, EOS)  # a caption's words end before its first eos or pad
 
 
 def scst_options(run: RunConfig) -> dict:
@@ -78,6 +81,7 @@ class SCST(facts.SCST):
         self.k, self.baseline = int(opts["k"]), opts["baseline"]
         self.weights = {name: float(w) for name, w in opts["rewards"].items()}
         self.margin = float(opts["retrieval_margin"])
+        self.end = EOS if opts["cider_end_token"] else None  # counted as a word by CIDEr-D
         self.seed, self.data = int(run.seed), ctx.train_data
         self.features = ctx.train_data.features
         self._cider: TokenCiderD | None = None
@@ -97,10 +101,11 @@ class SCST(facts.SCST):
 
     def cider(self, model: Captioner) -> TokenCiderD:
         """The CIDEr-D reward over the run's training captions, built at the first step (its
-        n-gram keys need the model's vocabulary size)."""
+        n-gram keys need the model's vocabulary size); with `cider_end_token` the eos that
+        ends a caption is its last word, in the references' document frequencies too."""
         if self._cider is None:
             refs, groups = self.data.labels.cpu().numpy(), self.data.image_rows.cpu().numpy()
-            self._cider = TokenCiderD(refs, groups, model.cfg.vocab_size, STOPS)
+            self._cider = TokenCiderD(refs, groups, model.cfg.vocab_size, STOPS, self.end)
         return self._cider
 
     @torch.no_grad()

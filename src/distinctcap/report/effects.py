@@ -1,7 +1,9 @@
 """The effects the README reports on the shapes default, and SCST's (issue 49, presets/scst.yaml),
 each judged across training seeds (issue 34, docs/seeds.md).
 
-An effect is "run's metric above that of `than`" under one decoding on the test split. Per
+Each table also has, for every method, its CIDErBtw below the reference's and its DisWordRate
+above (issue 58, `field_effects`). An effect is "run's metric above that of `than`" (below, for
+a lower-better metric: report.judged.LOWER_BETTER) under one decoding on the test split. Per
 seed, the difference is the run's value minus `than`'s of the same seed (summary.csv). An
 effect holds across seeds where every seed shows it and, for the metrics versus_reference
 compares with the reference, where its interval over seeds and images (versus.csv, the
@@ -36,6 +38,18 @@ class Effect(NamedTuple):
     than: str = "reference"
 
 
+def field_effects(runs: tuple[tuple[str, str], ...]) -> tuple[Effect, ...]:
+    """For each (run, name): its greedy CIDErBtw below the reference's and its DisWordRate
+    above (issue 58; evaluate.distinctive: the similar images by the judge CLIP)."""
+    return tuple(
+        effect for run, name in runs for effect in (
+            Effect(f"{name}: greedy CIDErBtw below the reference's", run, "cider_btw", "greedy"),
+            Effect(f"{name}: greedy DisWordRate above the reference's", run, "dis_word_rate",
+                   "greedy"),
+        )
+    )  # fmt: skip
+
+
 # The ten the README's results paragraph reports: the fine-tunes' and UNKT's gains over the
 # MLE reference (CL, SMILE and specificity: quality and distinctiveness; UNKT: also diversity)
 # and the entropy split's two teachers.
@@ -61,7 +75,9 @@ EFFECTS = (
 UNMET = Effect(
     "UNKT: oracle CIDEr-D@20 above the reference's", "unkt", "oracle_cider_20", "sample20"
 )
-README_EFFECTS = (*EFFECTS, UNMET)
+# and, for every method, the field's distinctiveness metrics
+README_EFFECTS = (*EFFECTS, UNMET, *field_effects((("cl", "CL"), ("smile", "SMILE"),
+                  ("specificity", "specificity"), ("unkt", "UNKT"))))  # fmt: skip
 # Issue 49's effects of presets/scst.yaml (make scst): SCST above its MLE init on the metric
 # every SCST paper reports, and Luo et al. 2018's retrieval reward raising R@1 over plain SCST,
 # which the judge columns read again under the independent judges (issue 45).
@@ -74,6 +90,7 @@ SCST_EFFECTS = (
         "greedy",
         "scst",
     ),  # fmt: skip
+    *field_effects((("scst", "SCST"), ("scst_retrieval", "SCST + retrieval reward"))),
 )
 COLUMNS = ["effect", "seeds", "difference per seed", "mean ± sd", "interval (seeds, images)",
            "holds", "judge CLIP per seed", "scene judge per seed", "judges"]  # fmt: skip
@@ -111,7 +128,7 @@ def judge(effect: Effect, summary: pd.DataFrame, versus: pd.DataFrame | None) ->
     diffs = seed_differences(summary, effect)
     if diffs.empty:
         return [effect.claim, 0, "", "", "", "not run", "", "", ""]
-    shown = int((diffs > 0).sum())
+    shown = int((gain(effect.metric, diffs) > 0).sum())  # lower CIDErBtw is a gain
     row = versus_row(versus, effect)
     span = "" if row is None else interval(row)
     if shown == len(diffs) and (row is None or row.verdict == "better"):

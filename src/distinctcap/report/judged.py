@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import pandas as pd
 
-from distinctcap.evaluate.headline import HEADLINE_QUALITY
+from distinctcap.evaluate.headline import FIELD_METRICS, HEADLINE_QUALITY
 from distinctcap.report.summary import JUDGE_METRICS
 
 FLAG = "gain measured mainly by the CLIP it was tuned on"
+# the mean ranks and CIDErBtw
 LOWER_BETTER = frozenset(
-    column for _, column, _, arrow, *_ in (*HEADLINE_QUALITY, *JUDGE_METRICS) if arrow == "↓"
+    column for _, column, _, arrow, *_ in (*HEADLINE_QUALITY, *JUDGE_METRICS, *FIELD_METRICS)
+    if arrow == "↓"
 )
 JUDGE_NAMES = {column: header for header, column, *_ in JUDGE_METRICS}
 

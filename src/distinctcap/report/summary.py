@@ -18,7 +18,7 @@ import pandas as pd
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import atomic_path, read_table
 from distinctcap.core.runcard import list_runs
-from distinctcap.evaluate.headline import HEADLINE_DIVERSITY, HEADLINE_QUALITY
+from distinctcap.evaluate.headline import HEADLINE_DIVERSITY, HEADLINE_FIELD, HEADLINE_QUALITY
 from distinctcap.evaluate.metrics import DIVERSITY_METRICS, QUALITY_METRICS
 from distinctcap.scores.result import KEYS
 
@@ -198,16 +198,19 @@ def headline_quality(
     summary: pd.DataFrame, split: str = "test", quality: str = "greedy"
 ) -> list[tuple[str, str, int, str]]:
     """HEADLINE_QUALITY with each of HEADLINE_JUDGES right after the trainer's CLIP column it
-    re-measures, where the summary has a value of it (split, decoding `quality`): a config
-    without a judge keeps exactly HEADLINE_QUALITY."""
+    re-measures, then HEADLINE_FIELD, each where the summary has a value of it (split,
+    decoding `quality`): a config without a judge keeps exactly HEADLINE_QUALITY."""
     rows = summary[(summary.split == split) & (summary.decoding == quality)]
-    shown = [j for j in JUDGE_METRICS if j[1] in HEADLINE_JUDGES and j[1] in rows
-             and pd.to_numeric(rows[j[1]], errors="coerce").notna().any()]  # fmt: skip
+
+    def has(column: str) -> bool:
+        return column in rows and pd.to_numeric(rows[column], errors="coerce").notna().any()
+
+    shown = [j for j in JUDGE_METRICS if j[1] in HEADLINE_JUDGES and has(j[1])]
     columns = []
     for header, column, digits, arrow in HEADLINE_QUALITY:
         columns.append((header, column, digits, arrow))
         columns += [judge[:4] for judge in shown if judge[4] == column]
-    return columns
+    return columns + [field for field in HEADLINE_FIELD if has(field[1])]
 
 
 def run_label(name: str, run: dict) -> str:

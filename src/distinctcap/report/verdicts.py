@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from distinctcap.evaluate.headline import HEADLINE_DIVERSITY, HEADLINE_QUALITY
+from distinctcap.evaluate.headline import FIELD_METRICS, HEADLINE_DIVERSITY, HEADLINE_QUALITY
 from distinctcap.report.judged import JUDGE_NAMES, judge_line
 from distinctcap.report.summary import (
     HEADLINE_JUDGES,
@@ -31,6 +31,7 @@ from distinctcap.report.summary import (
 METRIC_NAMES = {column: header for header, column, _, _ in HEADLINE_QUALITY}
 METRIC_NAMES["scene_precision"] = "scene precision"
 METRIC_NAMES |= JUDGE_NAMES
+METRIC_NAMES |= {column: header for header, column, _, _ in FIELD_METRICS}
 
 
 def is_teacher(name: str, runs: dict) -> bool:

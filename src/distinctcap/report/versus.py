@@ -21,7 +21,13 @@ same images for run and reference:
   Below the table a line per run says whether its trainer-CLIP gains survive the judges
   (report.judged);
 - scene precision and F1 (shapes world): claim and fact counts per image, the statistic is
-  the micro average over the resampled images, as in the summary.
+  the micro average over the resampled images, as in the summary;
+- the field's CIDErBtw (lower-better) and DisWordRate (distinctcap.scores.distinctive, on
+  whitespace tokens as CIDEr-D here) of each image's caption, its similar images those of the
+  evaluate stage (evaluate.distinctive: the K most similar among the images both models
+  captioned) in each image space given (`spaces`: the judge CLIP's pooled features, where the
+  rule has them) and, on the shapes world, by the scene graphs (`cider_btw_scene`,
+  `dis_word_rate_scene`); the statistic is the mean over images.
 Bootstrap (Efron & Tibshirani 1993, percentile interval): `n_boot` resamples of the images
 with replacement, the same resample for run and reference (paired), seeded. A run trained over
 several seeds (config.rungraph.seed_runs) is compared seed by seed with the reference of the same
@@ -39,10 +45,12 @@ import pandas as pd
 
 from distinctcap.core.io import atomic_path
 from distinctcap.data.scene import score_caption
-from distinctcap.evaluate.headline import HEADLINE_QUALITY
+from distinctcap.data.scene_retrieval import scene_key_matrix
+from distinctcap.evaluate.headline import FIELD_METRICS, HEADLINE_QUALITY
 from distinctcap.report.judged import LOWER_BETTER, judge_line
 from distinctcap.report.summary import JUDGE_METRICS, latex, run_order
 from distinctcap.scores.cider import CiderD
+from distinctcap.scores.distinctive import SIMILAR_K, cider_btw, dis_word_rate, similar_images
 
 COLUMNS = [
     "run", "decoding", "split", "metric", "value", "reference_value", "difference",
@@ -52,6 +60,7 @@ COLUMNS = [
 # report.summary), plus scene precision; LOWER_BETTER (report.judged): the mean ranks
 HEADERS = {column: f"{header} {arrow}"
            for header, column, _, arrow, *_ in (*HEADLINE_QUALITY, *JUDGE_METRICS)}  # fmt: skip
+HEADERS |= {column: f"{header} {arrow}" for header, column, _, arrow in FIELD_METRICS}
 HEADERS["scene_precision"] = "scene precision ↑"
 SCENE_COUNTS = ("claims", "correct", "facts", "covered")
 # metric -> (the per-image table's column, its value per image) (distinctcap.evaluate.device.
@@ -71,6 +80,8 @@ PER_IMAGE_VALUES: dict[str, tuple[str, Callable[[pd.Series], pd.Series]]] = {
 # the trainer's CLIP columns every per-image table has; a judge's metric only where both tables
 # hold its column with finite values (a config without that judge)
 ALWAYS = frozenset({"clip_rank", "clipscore"})
+# an image space of the similar images: the images' ids -> their rows (ids, D)
+Space = Callable[[list[int]], np.ndarray]
 
 
 def first_captions(generated: pd.DataFrame) -> pd.Series:
@@ -82,6 +93,34 @@ def cider_scores(texts: pd.Series, refs: dict[int, list[str]]) -> np.ndarray:
     """CIDEr-D of each image's caption (texts indexed by image id) against its references."""
     references = [refs[i] for i in texts.index]
     return CiderD(references).score_each(list(texts), references)
+
+
+def field_scores(
+    ours: pd.Series, theirs: pd.Series, refs: dict[int, list[str]], spaces: dict[str, Space]
+) -> dict[str, Scores]:
+    """cider_btw<suffix> and dis_word_rate<suffix> (module docstring) of both models' captions
+    (indexed by the same image ids) in each image space of `spaces` (column suffix -> Space)."""
+    ids = [int(i) for i in ours.index]
+    if len(ids) < 2:
+        return {}
+    split_refs = {i: refs[i] for i in ids}
+    scorer = CiderD(split_refs.values())
+    statistic = mean_statistic(len(ids))
+    out = {}
+    for suffix, space in spaces.items():
+        near = similar_images(ids, space(ids), min(SIMILAR_K, len(ids) - 1))
+        for name, metric in (("cider_btw", cider_btw), ("dis_word_rate", dis_word_rate)):
+            options = {"scorer": scorer} if name == "cider_btw" else {}
+            a, b = (metric(texts.to_dict(), split_refs, near, **options).per_image
+                    for texts in (ours, theirs))  # fmt: skip
+            out[name + suffix] = (np.array([[a[i]] for i in ids]),
+                                  np.array([[b[i]] for i in ids]), statistic)  # fmt: skip
+    return out
+
+
+def scene_space(scenes: pd.Series) -> Space:
+    """The scene graphs' image space (data.scene_retrieval.scene_key_matrix)."""
+    return lambda ids: scene_key_matrix(scenes.loc[ids].tolist())
 
 
 def scene_counts(texts: pd.Series, scenes: pd.Series) -> np.ndarray:
@@ -205,6 +244,7 @@ def compare_runs(
     seed: int = 0,
     per_image: dict[tuple[str, str, str], pd.DataFrame] | None = None,
     seed_of: dict | None = None,
+    spaces: dict[str, Space] | None = None,
 ) -> pd.DataFrame:
     """One row per (run, decoding, split, metric) against `reference` under the same split and
     decoding, runs in report order (`runs`: the config's blocks); `generated` and `per_image`
@@ -213,15 +253,17 @@ def compare_runs(
     captioned (and, for the per-image metrics, both tables hold). A run over several seeds
     (`seed_of`: model -> (run, seed)) is one row per metric: each seed against the reference
     of that seed (`seed_pairs`), its interval over seeds and images (`seed_bootstrap`), and an
-    `n_seeds` column says how many seeds."""
+    `n_seeds` column says how many seeds. `spaces`: image spaces of the similar images beside
+    the scene graphs' (column suffix -> Space; "" the judge CLIP's)."""
     per_image = per_image or {}
     refs = captions.groupby("image_id").text.agg(list).to_dict()
     scenes = images.set_index("image_id").scene if "scene" in images.columns else None
+    spaces = {**(spaces or {}), **({"_scene": scene_space(scenes)} if scenes is not None else {})}
     rows = []
     for (run, split, decoding), pairs in seed_pairs(generated, reference, seed_of or {}).items():
         scores = [
             pair_scores(generated[ours], generated[theirs], refs, scenes,
-                        per_image.get(ours), per_image.get(theirs))
+                        per_image.get(ours), per_image.get(theirs), spaces)
             for ours, theirs in pairs
         ]  # fmt: skip
         for metric in scores[0]:
@@ -272,11 +314,12 @@ def seed_pairs(keys, reference: str, seed_of: dict) -> dict[Key, list[tuple[Key,
 
 def pair_scores(
     table: pd.DataFrame, base: pd.DataFrame, refs: dict, scenes: pd.Series | None,
-    a: pd.DataFrame | None, b: pd.DataFrame | None,
+    a: pd.DataFrame | None, b: pd.DataFrame | None, spaces: dict[str, Space] | None = None,
 ) -> dict[str, Scores]:
     """metric -> (model's, reference model's per-image rows, statistic) on the images both
-    captioned: CIDEr-D, the per-image table's metrics (where both have one: `a`, `b`) and, on
-    the shapes world, scene precision and F1."""
+    captioned: CIDEr-D, the per-image table's metrics (where both have one: `a`, `b`), on
+    the shapes world scene precision and F1, and CIDErBtw and DisWordRate in each of
+    `spaces` (`field_scores`)."""
     ours, theirs = first_captions(table), first_captions(base)
     shared = ours.index.intersection(theirs.index)
     ours, theirs = ours[shared], theirs[shared]
@@ -292,7 +335,7 @@ def pair_scores(
     if scenes is not None:
         a, b = scene_counts(ours, scenes), scene_counts(theirs, scenes)
         scores |= {"scene_precision": (a, b, micro_precision), "scene_f1": (a, b, micro_f1)}
-    return scores
+    return scores | field_scores(ours, theirs, refs, spaces or {})
 
 
 def cell(row: pd.Series) -> str:

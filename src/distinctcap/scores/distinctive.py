@@ -82,6 +82,7 @@ import numpy as np
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.scores.cider import CiderD
 
+SIMILAR_K = 5  # similar images per image: the papers' default set, `method_retrieval_05`
 Captions = Mapping[Hashable, Sequence[str] | str]  # image id -> its caption(s)
 References = Mapping[Hashable, Sequence[str]]  # image id -> its ground-truth captions
 Neighbours = Mapping[Hashable, Sequence[Hashable]]  # image id -> its K most similar images

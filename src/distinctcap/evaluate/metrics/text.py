@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping, Sequence
 
 from distinctcap.core.errors import DistinctcapError
+from distinctcap.evaluate.distinctive import SimilarSets, distinctive_scores
 from distinctcap.evaluate.metrics.coco import (
     CocoTools,
     check_references,
@@ -68,6 +69,7 @@ def evaluate_captions(
     oracle_ns: Sequence[int] = (),
     neighbour_captions: Captions | None = None,
     best_of: int = 5,
+    similar: SimilarSets | None = None,
     tools: CocoTools | None = None,
 ) -> MetricResult:
     """Quality, diversity, oracle and consensus metrics of a decoding (UNKT §4.1–4.3, SMILE §4).
@@ -86,7 +88,9 @@ def evaluate_captions(
       - oracle_{metric}_{n} for each n in `oracle_ns` (Table 1);
       - with `neighbour_captions` (image id -> captions of its nearest training images):
         consensus_{quality metric} of the re-ranked best caption and consensus_{diversity
-        metric} of the best `best_of` (Table 2).
+        metric} of the best `best_of` (Table 2);
+      - with `similar` (evaluate.distinctive: each image's similar images among `samples`'
+        images): cider_btw and dis_word_rate of sample 0, per image space.
     """
     missing = [i for i in samples if not samples[i]]
     if not samples or missing:
@@ -107,6 +111,10 @@ def evaluate_captions(
         out.values["length"] = mean_length(first)
         out.values["vocab"] = vocab_size(first)
         out.values["distinct_corpus"] = distinct_share(first, scope="corpus")
+        if similar is not None:
+            split_refs = {i: gts_t[i] for i in samples_t}
+            firsts = {i: caps[0] for i, caps in first.items()}
+            out.merge(distinctive_scores(split_refs, firsts, similar, t.cider_d(split_refs)))
         if train_refs is None:
             out.skip("novelty", "novelty needs the training captions (train_refs)")
         else:

@@ -622,3 +622,23 @@ def test_a_misspelt_key_names_its_file_and_the_key_meant(workdir, capsys):
     result = snakemake(workdir, "-n", "--config", "sed=3")
     assert "config error: --config: unknown key sed; did you mean seed?" in result.stderr
 
+
+def test_show_run_prints_a_runs_settings_after_every_merge_and_default(monkeypatch, capsys):
+    """Issue 57: `distinctcap show-run` prints what run_train reads: config.yaml, then each
+    --configfile, then the schema's defaults, as YAML."""
+    import yaml
+
+    from distinctcap.config.rungraph import effective_run_config
+    from distinctcap.core.configfile import read_configs
+    from distinctcap.runs.cli import main
+
+    monkeypatch.chdir(ROOT)
+    assert main(["show-run", "smile", "--configfile", "presets/quick.yaml"]) == 0
+    shown = yaml.safe_load(capsys.readouterr().out)
+    assert shown["train"]["steps"] == 150  # quick.yaml's runs.smile.train over config.yaml's
+    assert shown["train"]["val_captions"] == 300  # quick.yaml's top-level train
+    assert shown["subset"] == "smile" and shown["mle_weight"] == 0.0  # the schema's defaults
+    config = validate(read_configs(["config.yaml", "presets/quick.yaml"]), SCHEMA)
+    assert shown == effective_run_config(config, "smile", SCHEMA)
+    assert main(["show-run", "nope"]) == 2
+    assert capsys.readouterr().err.startswith("distinctcap: no run named 'nope'; defined runs: ")

@@ -74,10 +74,11 @@ def test_a_plugin_is_taken_like_a_builtin(tmp_path):
     typo = check_config(tmp_path, {"r": {"method": "mine", "alpah": 0.2}}, site)
     assert typo.returncode == 2 and "runs.r" in typo.stderr and "alpah" in typo.stderr
     unknown = check_config(tmp_path, {"r": {"method": "nope"}}, site)
-    assert unknown.stderr.strip().endswith(
+    assert (
         "runs.r.method = 'nope' is not allowed; choose one of "
-        "['cl', 'mle', 'scst', 'smile', 'specificity', 'unkt', 'mine']"
-    )
+        "['cl', 'mle', 'scst', 'smile', 'specificity', 'unkt', 'mine'] (a plugin's method is "
+        "listed once its package is installed in this Python)"
+    ) in unknown.stderr
     code = ("import sys; from distinctcap.methods.facts import FACTS; "
             "print(FACTS['mine'].options, 'torch' in sys.modules)")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -163,6 +164,22 @@ def install_example(tmp_path: Path) -> Path:
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return site
+
+
+def test_the_try_preset_is_valid_with_the_example_installed(tmp_path):
+    """presets/try.yaml (`make try`) over the quick preset: its run is the example plugin's."""
+    site = install_example(tmp_path)
+    files = [str(ROOT / name) for name in ("config.yaml", "presets/quick.yaml", "presets/try.yaml")]
+    cmd = [sys.executable, "-m", "distinctcap", "check-config", *files]
+    result = subprocess.run(cmd, capture_output=True, text=True, env=plugin_env(site), timeout=120)
+    assert result.returncode == 0, result.stderr
+    shown = subprocess.run(
+        [sys.executable, "-m", "distinctcap", "show-run", "smoothed", "--configfile", *files[1:]],
+        capture_output=True, text=True, env=plugin_env(site), timeout=120, cwd=ROOT,
+    )
+    assert shown.returncode == 0, shown.stderr
+    run = yaml.safe_load(shown.stdout)
+    assert (run["method"], run["epsilon"], run["train"]["steps"]) == ("label_smoothing", 0.1, 600)
 
 
 def plugin_config() -> dict:

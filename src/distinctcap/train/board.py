@@ -27,7 +27,10 @@ def open_board(run_dir: Path, resumed_step: int | None) -> CurveBoard | None:
     if resumed_step is None:
         shutil.rmtree(folder, ignore_errors=True)  # a fresh run's curve only
     purge = None if resumed_step is None else resumed_step + 1
-    return CurveBoard(SummaryWriter(str(folder), purge_step=purge))
+    writer = SummaryWriter(str(folder), purge_step=purge)
+    # the job's log says where to point TensorBoard (a cluster job's folder, too)
+    log.info("live curves: tensorboard --logdir %s", folder.resolve())
+    return CurveBoard(writer)
 
 
 class CurveBoard:

@@ -35,7 +35,7 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $@
 
-.PHONY: install run plan quick quick-tail test report report-screenshot readme-table unkt-ablations unkt-ablation-table unkt-seeds unkt-seeds-table scst scst-table scst-endings seeds cleanup times timeline ship-clip ship-judge gpu-wheels gpu-rehearsal
+.PHONY: install run plan quick quick-tail try tensorboard test report report-screenshot readme-table unkt-ablations unkt-ablation-table unkt-seeds unkt-seeds-table scst scst-table scst-endings seeds cleanup times timeline ship-clip ship-judge gpu-wheels gpu-rehearsal
 install: $(VENV)/.installed
 
 # A rerun of EXP without CONFIGS uses the config files recorded in it (results/experiment.json);
@@ -61,6 +61,14 @@ quick: install
 	$(CHECK_YAML) presets/quick.yaml
 	@$(call RESUME_ON_CTRL_C,make quick) $(VENV)/bin/snakemake $(QUICK_TARGETS) --cores $(CORES) --rerun-incomplete --directory $(QUICK) --configfile presets/quick.yaml
 	@$(MAKE) --no-print-directory quick-tail
+
+# Your method beside the reference and SMILE on the quick world (docs/extending.md, "Trying
+# it"): presets/try.yaml's run, here the example plugin's (installed first), then the report and
+# each method's verdict against the reference.
+TRY := experiments/try
+try: install
+	$(PY) -m pip install --quiet --no-deps -e examples/label-smoothing
+	@$(MAKE) --no-print-directory run EXP=$(TRY) CONFIGS="presets/quick.yaml presets/try.yaml"
 
 # make quick after its jobs: also the end of the quick-path test (tests/test_quick.py)
 quick-tail:
@@ -174,6 +182,13 @@ seeds: install
 	$(SNAKEMAKE) --configfile config.yaml presets/seeds.yaml
 	$(PY) -m distinctcap.report.summary $(EXP)/results/metrics/summary.csv config.yaml presets/seeds.yaml
 	$(PY) -m distinctcap.report.effects $(EXP)/results/metrics/summary.csv $(EXP)/results/report/versus.csv
+
+# Live training curves (docs/methods.md, "Watching training"): TensorBoard over every run of an
+# experiment folder (EXPERIMENT, or EXP; default here) at http://localhost:$(TB_PORT)
+EXPERIMENT ?= $(EXP)
+TB_PORT ?= 6006
+tensorboard: install
+	$(VENV)/bin/tensorboard --logdir $(EXPERIMENT)/results/runs --port $(TB_PORT)
 
 # Delete the downloaded COCO zips (~38 GB) whose extraction finished; others are kept.
 COCO_DIR ?= resources/coco

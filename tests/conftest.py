@@ -42,7 +42,7 @@ SHARED_RUN_FIXTURES = {"tiny_dag", "tiny_report"}
 # The longest groups (the last serial CI's durations: SLURM ~17 min, the shared tiny run and
 # its readers ~13 min, the source DAGs ~6 min) go first, so that the workers end together.
 LONGEST_GROUPS_FIRST = ("slurm", "tiny_dag", "test_sources", "test_hf_pipeline", "test_rehearsal",
-                        "test_scaling")
+                        "test_scaling", "test_plugins")
 
 
 def module_group(module: str) -> str:

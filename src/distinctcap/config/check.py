@@ -3,10 +3,12 @@ schema cannot express: the run graph (distinctcap.config.rungraph), outputs that
 would share, and the checks that read other stages' facts.
 
 `validate(config, schema)` fills defaults from the schema (`load_schema`) and raises one
-DistinctcapError that names the key and what is allowed: a wrong type, an unknown key, an
-unknown run method, an option of another method than the run's, a run naming a missing
-`init`/`teacher`/`reference`, a cycle among runs, a number that is NaN or infinite, a run or
-decoding name outside the schema's name rule, or two names whose outputs are one path.
+DistinctcapError that names the key and what is allowed: a method registration missing a part
+(its facts, objective or options schema; a plugin's included), a wrong type, an unknown key, an
+unknown run method, an option of another method than the run's, a `train.select_metric` the
+run's method cannot compute, a run naming a missing `init`/`teacher`/`reference`, a cycle
+among runs, a run an overlay adds that `only_runs` drops, a number that is NaN or infinite, a
+run or decoding name outside the schema's name rule, or two names whose outputs are one path.
 
 What a method requires beyond its options (its edges, its option conflicts) is read from its
 facts class (distinctcap.methods.facts). Nothing here imports torch: the workflow calls this
@@ -18,7 +20,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Sequence
 
-from distinctcap.config.rungraph import check_runs, seeded_runs
+from distinctcap.config.rungraph import check_dropped_runs, check_runs, seeded_runs
 from distinctcap.core.configfile import read_yaml
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.hub import pretrained_type
@@ -27,8 +29,8 @@ from distinctcap.core.schema import SCHEMA_PATH
 from distinctcap.core.schema import load_schema as merged_schema
 from distinctcap.core.settings import JudgeSettings
 from distinctcap.core.validation import schema_checked
-from distinctcap.methods.facts import FACTS
-from distinctcap.train.select_metrics import all_select_metrics
+from distinctcap.methods.facts import FACTS, check_registry
+from distinctcap.train.select_metrics import all_select_metrics, select_metrics_of
 
 
 def load_schema(path: str | os.PathLike = SCHEMA_PATH) -> dict:
@@ -48,10 +50,12 @@ def validate(config: dict, schema: dict, sources: Sequence[tuple[str, dict]] = (
     """Return a copy of `config` with defaults filled; raise DistinctcapError if it is invalid.
     `sources` are the (file name, content) pairs `config` was merged from, in order: a schema
     error then starts with the name of the last one that sets the key (`config_sources`)."""
+    check_registry()
     config = schema_checked(config, schema, sources)
     check_runs(config.get("runs", {}))
     check_outputs({**config, "runs": seeded_runs(config)})
     check_values(config)
+    check_dropped_runs(config, sources)
     return config
 
 
@@ -88,6 +92,7 @@ def check_values(config: dict) -> None:
     check_captioner(config.get("captioner", {}), config.get("runs", {}))
     check_data_source(config.get("data", {}))
     check_run_options(config.get("runs", {}))
+    check_select_metrics(config)
     check_judge(config)
     fraction = config.get("entropy", {}).get("fraction")
     if fraction is not None and not 0 < fraction < 1:
@@ -129,6 +134,22 @@ def check_run_options(runs: dict) -> None:
         facts = FACTS.get(run.get("method"))
         if facts:
             facts.refuse_conflicts(name, run)
+
+
+def check_select_metrics(config: dict) -> None:
+    """Each run selects on a metric its method computes (distinctcap.train.select_metrics):
+    every method's, or its own `val_metrics` (SMILE's clip_self_retrieval, specificity's
+    mean_rank); the schema's enum allows any method's."""
+    top = config.get("train", {}).get("select_metric")
+    for name, run in config.get("runs", {}).items():
+        select = (run.get("train") or {}).get("select_metric", top)
+        allowed = select_metrics_of(run.get("method"))
+        if select is not None and select not in allowed:
+            where = f"runs.{name}.train" if "select_metric" in (run.get("train") or {}) else "train"
+            raise DistinctcapError(
+                f"{where}.select_metric = {select!r}: run {name!r} (method "
+                f"{run.get('method')!r}) can select on {', '.join(sorted(allowed))}"
+            )
 
 
 def check_judge(config: dict) -> None:

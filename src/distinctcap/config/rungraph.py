@@ -10,7 +10,7 @@ Nothing here imports torch: the workflow calls it while Snakemake parses.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from distinctcap.core.errors import DistinctcapError
@@ -178,6 +178,28 @@ def selected_runs(config: dict) -> dict:
             keep.add(name)
             wanted.extend(run_dependencies(runs[name]))
     return {name: block for name, block in runs.items() if name in keep}
+
+
+def check_dropped_runs(config: dict, sources: Sequence[tuple[str, dict]]) -> None:
+    """No run that a source (a config file, or --config) adds after the last source that sets
+    `only_runs` is dropped by it: such a run would be silently neither built nor reported
+    (a new run in an overlay over presets/quick.yaml). Runs defined before, or in the file that
+    sets `only_runs` itself, are left out on purpose; to leave out a new run, set `only_runs`
+    in its own file."""
+    wanted = config.get("only_runs") or []
+    setters = [k for k, (_, content) in enumerate(sources) if "only_runs" in (content or {})]
+    if not wanted or not setters:
+        return
+    kept, seen = selected_runs(config), set()
+    for k, (source, content) in enumerate(sources):
+        for name in (content or {}).get("runs") or {}:
+            if k > setters[-1] and name not in seen and name not in kept:
+                raise DistinctcapError(
+                    f"runs.{name} (added by {source}) is dropped by only_runs = {wanted} "
+                    f"(set in {sources[setters[-1]][0]}): name it in only_runs in {source}, "
+                    f"e.g. only_runs: [{', '.join([*wanted, name])}]"
+                )
+            seen.add(name)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,8 +6,10 @@ merged into one JSON schema, and the defaults they declare, from which the setti
 Files: config.schema.yaml (top-level keys), sections/<name>.yaml (top-level section <name>),
 methods/<method>.yaml (the options of the runs with `method: <method>`). They ship inside the
 package (src/distinctcap/schemas/, package data), so an installed distinctcap finds them;
-workflow/schemas is a link to that folder, which the workflow reads. Imports no torch: the
-workflow reads it while Snakemake parses.
+workflow/schemas is a link to that folder, which the workflow reads. A method plugin's options
+schema (distinctcap.core.plugins) joins them like a built-in's; a plugin whose name is a
+built-in's, or without its file, is left out here and named by distinctcap.methods.facts'
+registry check. Imports no torch: the workflow reads it while Snakemake parses.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from types import MappingProxyType
 import yaml
 
 from distinctcap.core.errors import DistinctcapError
+from distinctcap.core.plugins import MethodPlugin, method_plugins
 
 # The package's schema (package data; workflow/schemas links to its folder)
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "config.schema.yaml"
@@ -87,7 +90,8 @@ def method_options(method: str) -> Mapping[str, object]:
 
 
 def method_names() -> list[str]:
-    """The methods with an options schema (workflow/schemas/methods/<method>.yaml), sorted."""
+    """The methods with an options schema (workflow/schemas/methods/<method>.yaml, sorted, then
+    the plugins' in name order)."""
     return list(_repo_methods())
 
 
@@ -97,7 +101,28 @@ def _repo_methods() -> dict[str, dict]:
 
 
 def _methods(folder: Path) -> dict[str, dict]:
-    return {f.stem: _read(f) for f in sorted((folder / "methods").glob("*.yaml"))}
+    """The built-in methods' options schemas in `folder`/methods, then the usable plugins'."""
+    methods = {f.stem: _read(f) for f in sorted((folder / "methods").glob("*.yaml"))}
+    for plugin in usable_plugins(builtin_method_names()):
+        methods[plugin.name] = _read(plugin.schema_file())
+    return methods
+
+
+@functools.cache
+def builtin_method_names() -> tuple[str, ...]:
+    """The methods whose options schema ships in this package, sorted."""
+    return tuple(f.stem for f in sorted((SCHEMA_PATH.parent / "methods").glob("*.yaml")))
+
+
+def usable_plugins(builtins: tuple[str, ...]) -> list[MethodPlugin]:
+    """The plugins whose name no built-in and no other plugin has, with their schema file."""
+    plugins = method_plugins()
+    names = [plugin.name for plugin in plugins]
+    return [
+        plugin for plugin in plugins
+        if plugin.name not in builtins and names.count(plugin.name) == 1
+        and (plugin.schema_file() or Path()).is_file()
+    ]  # fmt: skip
 
 
 def _read(path: Path) -> dict:

@@ -113,7 +113,10 @@ def describe(error: jsonschema.ValidationError) -> str:
         foreign = _foreign_option(key, extra[0], error.instance) if in_run else None
         return foreign or unknown_key(key if error.absolute_path else "", extra, allowed)
     if error.validator == "enum":
-        return f"{key} = {error.instance!r} is not allowed; choose one of {schema['enum']}"
+        text = f"{key} = {error.instance!r} is not allowed; choose one of {schema['enum']}"
+        run_method = list(error.absolute_path)[::2] == ["runs", "method"]
+        plugin = " (a plugin's method is listed once its package is installed in this Python)"
+        return text + (plugin if run_method else "")
     if error.validator == "type":
         return f"{key} = {error.instance!r} has the wrong type; expected {schema['type']}"
     if "propertyNames" in error.schema_path:

@@ -16,14 +16,30 @@ while Snakemake parses the workflow (config.check.validate, config.rungraph.effe
 workflow/rules/common.smk), which must stay light (a torch import costs seconds per dry run).
 Importing this module imports no torch; `FACTS` maps each run `method` to its class, and
 distinctcap.methods.METHODS, derived from it, to the trainable subclass.
+
+`FACTS` holds the built-ins (`BUILTIN_FACTS`) and the installed method plugins
+(distinctcap.core.plugins), built on first access (PEP 562 module `__getattr__`), so a
+plugin's facts module may import this one. A registration missing one of its three parts is
+left out of `FACTS` and named, one line, by `check_registry` (config.check.validate, before any
+job runs).
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
+import importlib.util
 from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from distinctcap.core.schema import method_options
+from distinctcap.core.errors import DistinctcapError
+from distinctcap.core.plugins import MethodPlugin, method_plugins
+from distinctcap.core.schema import builtin_method_names, method_options, usable_plugins
 from distinctcap.methods.base import Objective
+
+if TYPE_CHECKING:
+    FACTS: dict[str, type[Objective]]
 
 
 class MLE(Objective):
@@ -193,7 +209,7 @@ class SCST(Objective):
         return 1.5
 
 
-FACTS: dict[str, type[Objective]] = {
+BUILTIN_FACTS: dict[str, type[Objective]] = {
     "mle": MLE,
     "unkt": UNKT,
     "cl": CL,
@@ -203,10 +219,107 @@ FACTS: dict[str, type[Objective]] = {
 }
 
 
+@dataclass(frozen=True)
+class Registry:
+    """The registered methods (`facts`) and, one line each, the registrations left out."""
+
+    facts: dict[str, type[Objective]]
+    problems: tuple[str, ...]
+
+
+def __getattr__(name: str) -> dict[str, type[Objective]]:
+    if name != "FACTS":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    facts = registry().facts
+    globals()["FACTS"] = facts  # later lookups find the dict itself
+    return facts
+
+
+@functools.cache
+def registry() -> Registry:
+    """The built-in methods and the usable plugins, with what is wrong with the others."""
+    facts, problems = {}, []
+    builtins = builtin_method_names()
+    for name in builtins:
+        if name not in BUILTIN_FACTS:
+            problems.append(
+                f"method {name!r} has an options schema (schemas/methods/{name}.yaml) but no "
+                "facts class: register it in distinctcap.methods.facts.BUILTIN_FACTS"
+            )
+    for name, cls in BUILTIN_FACTS.items():
+        problem = objective_problem(f"method {name!r}", cls)
+        if problem:
+            problems.append(problem)
+        else:
+            facts[name] = cls
+    usable = usable_plugins(builtins)
+    for plugin in method_plugins():
+        if plugin in usable:
+            cls, problem = load_plugin(plugin)
+        else:
+            cls, problem = None, plugin_problem(plugin, builtins)
+        if problem:
+            problems.append(problem)
+        else:
+            facts[plugin.name] = cls
+    return Registry(facts, tuple(problems))
+
+
+def check_registry() -> None:
+    """Raise the first registration that misses a part, in one line naming it."""
+    problems = registry().problems
+    if problems:
+        raise DistinctcapError(problems[0])
+
+
+def plugin_problem(plugin: MethodPlugin, builtins: tuple[str, ...]) -> str:
+    """Why `plugin` is not among the usable plugins: its name or its schema file."""
+    if plugin.name in builtins:
+        return (f"{plugin.label}: its name is a built-in method's; rename its entry point in "
+                "group distinctcap.methods")  # fmt: skip
+    others = [p.dist for p in method_plugins() if p.name == plugin.name and p != plugin]
+    if others:
+        return f"{plugin.label}: package {others[0]} registers the same method name"
+    where = plugin.schema_file()
+    if where is None:
+        return f"{plugin.label}: its package {plugin.package!r} is not importable"
+    return (f"{plugin.label} has no options schema: ship {where} as package data (an empty "
+            "method: `type: object` and `properties: {}`)")  # fmt: skip
+
+
+def load_plugin(plugin: MethodPlugin) -> tuple[type[Objective] | None, str | None]:
+    """(its facts class, None), or (None, what is missing)."""
+    module, _, name = plugin.value.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except Exception as error:  # noqa: BLE001 - any failure of a third-party import is named
+        return None, f"{plugin.label}: its facts {plugin.value} do not load: {error!r}"
+    if not (isinstance(cls, type) and issubclass(cls, Objective)):
+        return None, (f"{plugin.label}: its facts {plugin.value} are not a subclass of "
+                      "distinctcap.methods.base.Objective")  # fmt: skip
+    return cls, objective_problem(plugin.label, cls)
+
+
+def objective_problem(label: str, cls: type[Objective]) -> str | None:
+    """What is wrong with the objective the facts `cls` name, found without importing it (its
+    module imports torch): no `objective_class`, or a module that is not installed."""
+    module, _, name = cls.objective_class.partition(":")
+    if not module or not name:
+        return (f"{label} has no objective: set {cls.__name__}.objective_class to the "
+                '"module:Class" of its loss')  # fmt: skip
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except ImportError:
+        found = False
+    if not found:
+        return f"{label}: its objective_class {cls.objective_class!r} names no installed module"
+    return None
+
+
 def method_version(run: Mapping) -> dict:
     """What train_run and run_card record of a run's method version (`Objective.version`):
     nothing at version 1, as core.params.stage_version, so introducing it retrained nothing;
     the value names the method."""
     method = run.get("method", "mle")
-    version = FACTS[method].version
+    version = registry().facts[method].version
     return {} if version == 1 else {"method_version": f"{method} version {version}"}

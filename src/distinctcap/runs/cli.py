@@ -12,6 +12,10 @@
                                                --offline say what is missing
     distinctcap check-config FILE... [--syntax] the config files merged as --configfile merges
                                                them, checked; a YAML error names file and line
+    distinctcap show-run NAME [--configfile FILE...]
+                                               run NAME's effective settings (YAML) after
+                                               config.yaml, each --configfile and the schema's
+                                               defaults: what its training reads
     distinctcap evaluate RESULTS.json... --data results/data [--versus BASELINE.json]
                          [--out scores.csv] [--split test] [--configfile config.yaml]
                                                score any captioner's results file (COCO caption
@@ -55,6 +59,7 @@ EXAMPLES = {
     "compare": "distinctcap compare --results results",
     "fetch": "distinctcap fetch --configfile config.coco.yaml --offline",
     "check-config": "distinctcap check-config config.yaml presets/quick.yaml",
+    "show-run": "distinctcap show-run smile --configfile presets/quick.yaml",
     "evaluate": "distinctcap evaluate my_results.json --data experiments/quick/results/data",
     "plan": "distinctcap plan -- --directory experiments/quick --configfile presets/quick.yaml",
 }
@@ -93,6 +98,11 @@ def parser() -> argparse.ArgumentParser:
     check = commands.add_parser("check-config", help="check config files before snakemake")
     check.add_argument("files", nargs="+", help="config.yaml and presets, in --configfile order")
     check.add_argument("--syntax", action="store_true", help="check only that each is YAML")
+    show = commands.add_parser("show-run", help="a run's settings after every merge and default")
+    show.add_argument("name", help="a run of the config (or a seed's model, <run>_s<seed>)")
+    show.add_argument("--configfile", nargs="+", default=[],
+                      help="the overlays, in snakemake's --configfile order (config.yaml "
+                      "here is read first)")  # fmt: skip
     evaluate_parser(commands)
     plan = commands.add_parser("plan", help="what a snakemake run would redo, and why")
     plan.add_argument("--adopt", action="store_true", help="when only the records' form "
@@ -214,6 +224,25 @@ def check_config(args) -> int:
     return 0
 
 
+def show_run(args) -> int:
+    import yaml
+
+    from distinctcap.config.check import load_schema, validate
+    from distinctcap.config.rungraph import effective_run_config, seeded_runs
+    from distinctcap.core.configfile import config_sources, read_configs
+
+    files = [*(["config.yaml"] if Path("config.yaml").is_file() else []), *args.configfile]
+    files = list(dict.fromkeys(files))  # config.yaml given again is read once, first
+    schema = load_schema()
+    config = validate(read_configs(files), schema, config_sources(files))
+    config = {**config, "runs": seeded_runs(config)}
+    run = effective_run_config(config, args.name, schema)
+    print(f"# run {args.name}: {', '.join(files) or 'the schema defaults'}, merged, defaults "
+          "filled (its training's settings; a rule param)")  # fmt: skip
+    print(yaml.safe_dump(run, sort_keys=False, default_flow_style=False), end="")
+    return 0
+
+
 def evaluate(args) -> int:
     from distinctcap.config.check import load
     from distinctcap.core.schema import SCHEMA_PATH
@@ -259,6 +288,7 @@ COMMANDS = {
     "compare": compare,
     "fetch": fetch,
     "check-config": check_config,
+    "show-run": show_run,
     "evaluate": evaluate,
     "plan": plan,
 }

@@ -64,6 +64,7 @@ from distinctcap.data.tokenizer import PAD
 from distinctcap.features.batches import Batch, BatchOrder
 from distinctcap.methods import METHODS
 from distinctcap.methods.base import TrainContext
+from distinctcap.train.board import CurveBoard, open_board
 from distinctcap.train.checkpoints import Checkpoints, fingerprint, run_checkpoint, seed_everything
 from distinctcap.train.compiling import compile_run, compile_wanted
 from distinctcap.train.data import (
@@ -148,6 +149,7 @@ class Trainer:
         self.window_start: float | None = None
         self.train_seconds, self.total_tokens = 0.0, 0
         self.work_done = WorkDone()  # what the run computed (core.work); checkpointed
+        self.board: CurveBoard | None = None  # opened by run()
         if compile_wanted(self.tc.compile, self.device):
             compile_run(self.model, self.ctx.frozen, self._first_batch, self.autocast, self.device)
 
@@ -291,8 +293,14 @@ class Trainer:
 
     def run(self) -> TrainResult:
         resumed = self.try_resume()  # replaces self.state
-        with work.counting(self.work_done.counts):
-            return self._loop(resumed)
+        if self.out_dir and self.dist.is_main:  # live curves beside curve.csv (train.board)
+            self.board = open_board(self.out_dir, resumed)
+        try:
+            with work.counting(self.work_done.counts):
+                return self._loop(resumed)
+        finally:
+            if self.board:
+                self.board.close()
 
     def _loop(self, resumed: int | None) -> TrainResult:
         tc, s = self.tc, self.state
@@ -362,6 +370,8 @@ class Trainer:
             shown = {k: round(v, 4) for k, v in row.items() if k.startswith("val") or k == "loss"}
             log.info("step %d: %s", s.step, shown)
         s.curve.append(row)
+        if self.board:
+            self.board.add(row)
 
     def _finish(self, resumed: int | None) -> TrainResult:
         """The selected weights in the model, the result, and the run folder's outputs."""

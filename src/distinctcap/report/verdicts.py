@@ -32,7 +32,6 @@ METRIC_NAMES = {column: header for header, column, _, _ in HEADLINE_QUALITY}
 METRIC_NAMES["scene_precision"] = "scene precision"
 METRIC_NAMES |= JUDGE_NAMES
 METRIC_NAMES |= {column: header for header, column, _, _ in FIELD_METRICS}
-FIELD_COLUMNS = tuple(column for _, column, _, _ in FIELD_METRICS)
 
 
 def is_teacher(name: str, runs: dict) -> bool:
@@ -100,9 +99,9 @@ def front_table(
     for name, row in zip(names, ordered, strict=True):
         cells = [(row[0], "", False)]
         for i, (column, _) in enumerate(columns):
-            # the judges' and the field's intervals are in the verdict lines and versus.md:
-            # beside every number they would push the forest plot below a 1000 px window
-            interval = i < len(shown) and column not in (*HEADLINE_JUDGES, *FIELD_COLUMNS)
+            # the judges' intervals are in the verdict lines and versus.md: beside every
+            # number they would push the forest plot below a 1000 px window
+            interval = i < len(shown) and column not in HEADLINE_JUDGES
             said = _interval_of(versus, name, column, quality) if interval else ""
             cells.append((row[i + 1], said, row[i + 1] in best[i]))
         out.append(cells)

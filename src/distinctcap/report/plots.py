@@ -195,7 +195,8 @@ FOREST_COLOURS = {"better": "tab:green", "worse": "tab:red"}  # others grey
 
 
 FOREST_TICKS = 3  # x ticks per panel at most: a 2.3-inch panel has room for 3 labels
-FOREST_COLUMNS = 6  # panels a row: 2.3 inches each, a row about as wide as the front page
+FOREST_COLUMNS = 8  # panels a row: one row keeps the plot under the headline in 1000 px
+FOREST_WIDTH = 13.8  # inches a row, about as wide as the front page: 6 panels of 2.3 inches
 
 
 def plot_forest(
@@ -216,12 +217,14 @@ def forest_figure(versus: pd.DataFrame, order: Sequence[str], decoding: str, hea
     at = versus[(versus.decoding == decoding) & (versus.split == "test")]
     runs = [r for r in order if (at.run == r).any()]
     metrics = list(dict.fromkeys(at.metric))
-    # at most FOREST_COLUMNS panels a row: the judges' metrics (issue 45) made one row so wide
-    # that it was shown 70 px high
+    # at most FOREST_COLUMNS panels a row, in a row no wider than FOREST_WIDTH: the judges'
+    # metrics (issue 45) made one row so wide that it was shown 70 px high, and the field's
+    # (issue 58) a second row that pushed the plot below the window
     cols = min(FOREST_COLUMNS, max(1, len(metrics)))
     rows = math.ceil(max(1, len(metrics)) / cols)
+    width = min(2.3 * cols, FOREST_WIDTH)
     fig, axes = plt.subplots(rows, cols, squeeze=False,
-                             figsize=(2.3 * cols, rows * (0.35 + 0.14 * max(4, len(runs))) + 0.25))
+                             figsize=(width, rows * (0.35 + 0.14 * max(4, len(runs))) + 0.25))
     y = np.arange(len(runs))[::-1]
     for ax, metric in zip(axes.flat, metrics, strict=False):
         rows = at[at.metric == metric].set_index("run")

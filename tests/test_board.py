@@ -4,8 +4,10 @@ beside it, `<run folder>/tensorboard/` (distinctcap.train.board), and nothing el
 import pandas as pd
 import pytest
 import torch
-from test_train import tiny_cfg, tiny_data
+from test_train import Counting, tiny_cfg, tiny_data
 from train_job import fit
+
+from distinctcap.methods import METHODS
 
 pytest.importorskip("tensorboard")
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
@@ -42,3 +44,21 @@ def test_a_fresh_run_replaces_the_old_events(tmp_path):
     fit(tiny_cfg(tmp_path, steps=6, val_every=0, checkpoint_every=0), tiny_data())
     steps = [step for step, _ in scalars(tmp_path / "tensorboard")["loss"]]
     assert steps == sorted(set(steps)) and steps[-1] == 6
+
+
+def test_a_resumed_run_shows_each_step_once_with_the_curves_values(tmp_path, monkeypatch):
+    """A crash after step 6 leaves events of steps 5-6 beyond the checkpoint of step 4; the
+    resumed run rewrites them, and TensorBoard shows each step once, as curve.csv has it."""
+    monkeypatch.setitem(METHODS, "counting", Counting)
+    cfg = {**tiny_cfg(tmp_path, log_every=1, checkpoint_every=4), "method": "counting"}
+    monkeypatch.setattr(Counting, "crash_at", 6)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        fit(cfg, tiny_data())
+    assert [step for step, _ in scalars(tmp_path / "tensorboard")["count"]] == [1, 2, 3, 4, 5, 6]
+    monkeypatch.setattr(Counting, "crash_at", None)
+    assert fit(cfg, tiny_data()).resumed_from == 4
+    curve = pd.read_csv(tmp_path / "curve.csv")
+    board = scalars(tmp_path / "tensorboard")
+    for name in ("count", "loss"):
+        assert [step for step, _ in board[name]] == curve.step.tolist()
+        assert [value for _, value in board[name]] == pytest.approx(curve[name].tolist(), rel=1e-6)

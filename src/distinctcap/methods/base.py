@@ -9,7 +9,9 @@ know about it is a class attribute declared here with its default:
                  "reference" (config.rungraph.check_runs); e.g. cl: ("init", "reference")
     needs        the edges whose final models the trainer loads frozen into ctx.frozen
     options      its own run options -> their defaults, read from its own schema
-                 (workflow/schemas/methods/<method>.yaml), which refuses other options
+                 (<top-level package>/schemas/methods/<method>.yaml: distinctcap's own in
+                 src/distinctcap/schemas/methods/, a plugin's in its package), which refuses
+                 other options
     mean_over    "tokens" | "captions": what its loss averages over, so multi-GPU shards are
                  weighted right (distinctcap.core.distributed.shard_weight); an instance sets its
                  own where a run option changes it (unkt token_reduction: sum)

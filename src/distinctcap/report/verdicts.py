@@ -155,5 +155,6 @@ def compare_text(results: Path) -> str:
     decoding = versus_decoding(versus, quality)
     lines = verdict_lines(versus, summary_runs(results, summary), decoding)
     head = (f"\nAgainst the reference ({decoding}, test split; difference [95 % paired "
-            "bootstrap interval]; won or lost only where the interval excludes 0):")
+            "bootstrap interval]; won or lost only where the interval excludes 0; metrics "
+            "beyond the table's: docs/report.md):")
     return "\n".join([text + head, *(f"- {line}" for line in lines)]) + "\n"

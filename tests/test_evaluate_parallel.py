@@ -87,7 +87,7 @@ def test_document_frequencies_count_each_images_ngrams_once():
     expected = Counter()
     for doc in docs:
         expected.update({gram for caption in doc for gram in ngram_counts(caption)})
-    assert CiderD(iter(docs)).df == expected
+    assert CiderD(iter(docs)).df.as_counter() == expected
 
 
 def test_consensus_and_oracle_cider_are_the_per_pair_scores():

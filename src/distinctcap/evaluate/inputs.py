@@ -95,16 +95,36 @@ class DecodingInputs:
         return cls(run, samples, gts, train_refs, loads.table(paths.images))
 
 
-def nearest(query: np.ndarray, pool: np.ndarray, k: int, chunk: int = 2048) -> np.ndarray:
-    """Rows of the k most cosine-similar `pool` rows for each `query` row -> (Nq, k)."""
+def nearest(
+    query: np.ndarray, pool: np.ndarray, k: int, chunk: int = 2048, pool_chunk: int = 16_384
+) -> np.ndarray:
+    """Rows of the k most cosine-similar `pool` rows for each `query` row -> (Nq, k), most
+    similar first (equal similarities by lower row). Memory is bounded by the chunks, not by
+    the pool: 118,287 COCO training images would need a 1,000 x 118,287 matrix and its sort
+    keys at once; here each query chunk keeps its best k while the pool passes by."""
     k = min(k, len(pool))
     out = np.empty((len(query), k), dtype=np.int64)
     for s in range(0, len(query), chunk):
-        sims = query[s : s + chunk] @ pool.T
-        top = np.argpartition(-sims, k - 1, axis=1)[:, :k]
-        order = np.take_along_axis(-sims, top, axis=1).argsort(axis=1, kind="stable")
-        out[s : s + chunk] = np.take_along_axis(top, order, axis=1)
+        q = query[s : s + chunk]
+        best_sims = np.empty((len(q), 0), np.result_type(q, pool))
+        best_rows = np.empty((len(q), 0), np.int64)
+        for p in range(0, len(pool), pool_chunk):
+            sims, rows = block_top_k(q @ pool[p : p + pool_chunk].T, k)
+            sims, rows = np.hstack([best_sims, sims]), np.hstack([best_rows, p + rows])
+            order = np.lexsort((rows, -sims), axis=1)[:, :k]
+            best_sims = np.take_along_axis(sims, order, axis=1)
+            best_rows = np.take_along_axis(rows, order, axis=1)
+        out[s : s + chunk] = best_rows
     return out
+
+
+def block_top_k(sims: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(similarities, columns) of each row's k highest `sims` (all of them when k or fewer),
+    unordered."""
+    if sims.shape[1] <= k:
+        return sims, np.broadcast_to(np.arange(sims.shape[1]), sims.shape)
+    top = np.argpartition(-sims, k - 1, axis=1)[:, :k]
+    return np.take_along_axis(sims, top, axis=1), top
 
 
 def warn_if_capped(key: str, value: int, limit: int, what: str) -> None:

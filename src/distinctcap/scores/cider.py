@@ -43,6 +43,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from distinctcap.core.errors import DistinctcapError
+from distinctcap.scores.frequencies import (
+    DocumentFrequencies,
+    distinct_sorted,
+    starts,
+)
 
 ORDERS = 4  # n = 1..4 (pycocoevalcap's n)
 SIGMA = 6.0  # the length penalty's sigma (CIDEr-D, §3.4)
@@ -156,17 +161,6 @@ def ngram_counts(sentence: str, n: int = ORDERS) -> Counter[tuple[str, ...]]:
     )
 
 
-def document_ngrams(captions: Sequence[str], n: int = ORDERS) -> set[tuple[str, ...]]:
-    """The set of 1..n-grams of a document's (an image's) captions: what its document
-    frequency counts once."""
-    grams: set[tuple[str, ...]] = set()
-    for sentence in captions:
-        words = sentence.split()
-        for k in range(1, n + 1):
-            grams.update(zip(*(words[i:] for i in range(k)), strict=False))  # shifted views
-    return grams
-
-
 class _Keys(dict):
     """n-gram -> its key: the next integer for an n-gram not seen before."""
 
@@ -187,8 +181,7 @@ class CiderD(CiderDCore):
     def __init__(self, documents: Iterable[Sequence[str]], n: int = ORDERS, sigma: float = SIGMA):
         documents = list(documents)
         super().__init__(len(documents), n, sigma)
-        grams = itertools.chain.from_iterable(document_ngrams(doc, n) for doc in documents)
-        self.df: Counter[tuple[str, ...]] = Counter(grams)  # counted in C
+        self.df = DocumentFrequencies(documents, n)
         self._keys = _Keys()  # n-gram -> its key in every `Grams`
         self._cache: dict[str, tuple[np.ndarray, ...]] = {}  # sentence -> its vector's parts
 
@@ -261,7 +254,7 @@ class CiderD(CiderDCore):
         keys = ints(map(self._keys.__getitem__, grams))
         order = ints(map(len, grams)) - 1
         tf = ints(itertools.chain.from_iterable(c.values() for c in counts))
-        df = ints(map(self.df.get, grams, itertools.repeat(0)))
+        df = self.df.of(grams)
         bigrams = np.array([max(len(s.split()) - 1, 0) for s in sentences], np.int64)
         row = np.repeat(np.arange(len(sentences)), sizes)
         vec = self.vectors(Grams(row, keys, order, tf, bigrams, len(self._keys)), df)
@@ -350,8 +343,8 @@ class TokenCiderD(CiderDCore):
             row, key, _ = ngram_keys(self.refs, self.ref_lengths, self.base, k, k)
             by_gram = np.argsort(key, kind="stable")  # each n-gram's occurrences by image
             key, image = key[by_gram], groups[row[by_gram]]
-            first = _starts(key) | _starts(image)  # of a run of one (n-gram, image)
-            grams, df = _distinct(key[first], counts=True)
+            first = starts(key) | starts(image)  # of a run of one (n-gram, image)
+            grams, df = distinct_sorted(key[first], counts=True)
             keys.append(grams)
             counts.append(df)
         keys_all, counts_all = np.concatenate(keys), np.concatenate(counts)
@@ -368,7 +361,7 @@ class TokenCiderD(CiderDCore):
         row, key, order = ngram_keys(ids, lengths, self.base, self.n)
         distinct, dense = _dense(key)
         size = max(len(distinct), 1)
-        entry, tf = _distinct(row * size + dense, counts=True)
+        entry, tf = distinct_sorted(row * size + dense, counts=True)
         gram_order = np.zeros(len(distinct), np.int64)
         gram_order[dense] = order
         key_e = entry % size
@@ -403,24 +396,9 @@ class TokenCiderD(CiderDCore):
 # ------------------------------------------------------------------ index helpers
 
 
-def _distinct(x: np.ndarray, counts: bool = False):
-    """The sorted distinct values of an int array (and the count of each): by np.sort, where
-    np.unique hashes (numpy 2.4), many times slower on millions of n-grams."""
-    x = np.sort(x)
-    start = np.flatnonzero(_starts(x))
-    return (x[start], np.diff(np.append(start, len(x)))) if counts else x[start]
-
-
-def _starts(x: np.ndarray) -> np.ndarray:
-    """Where a run of equal values of x begins (bool)."""
-    start = np.ones(len(x), dtype=bool)
-    start[1:] = x[1:] != x[:-1]
-    return start
-
-
 def _dense(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The sorted distinct values of an int array and the index of each element's among them."""
-    values = _distinct(x)
+    values = distinct_sorted(x)
     return values, np.searchsorted(values, x)
 
 

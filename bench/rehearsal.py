@@ -114,6 +114,24 @@ def make_mirror(work: Path, n_images: int, workers: int, cocos_val: bool = False
     return made
 
 
+def mirror_server(mirror: Path):
+    """The mirror's server on the port its first run used (`port.json`), so that a resumed
+    rehearsal gives prepare_data the same `data.coco.base_url`: a new port is a changed param,
+    and Snakemake would redo the data stage and every stage after it. A port taken since then:
+    a new one, with a warning."""
+    from distinctcap.data.mirror import MirrorServer
+
+    recorded = mirror / "port.json"
+    port = json.loads(recorded.read_text())["port"] if recorded.is_file() else 0
+    try:
+        server = MirrorServer(mirror, port)
+    except OSError as error:
+        print(f"rehearsal: the mirror's port {port} is taken ({error}); the data stage reruns")
+        server = MirrorServer(mirror)
+    recorded.write_text(json.dumps({"port": int(server.url.rsplit(":", 1)[1])}))
+    return server
+
+
 def make_random_clip(hub: Path, arch: str = ARCH, tag: str = TAG, half: bool = False) -> Path:
     """A random `arch` (QuickGELU where `tag` uses it) as the `tag` weights in hub cache `hub`;
     `half`: stored in float16 (the judge's ViT-L-14: 0.9 GB instead of 1.7)."""
@@ -558,7 +576,6 @@ def print_rows(result: dict) -> None:
 
 
 def main() -> None:
-    from distinctcap.data.mirror import MirrorServer
     from distinctcap.data.synthcoco import COCO_IMAGES
     from distinctcap.report.times import read_usages
 
@@ -604,7 +621,7 @@ def main() -> None:
     models = small_models(work, config) if args.small_models else make_random_clips(hub, config)
     rc, seconds, plan = None, None, None  # --no-run: the run's own are not known
     if not args.no_run:
-        with MirrorServer(work / "mirror") as server:
+        with mirror_server(work / "mirror") as server:
             overlay_file = run_dir / "rehearsal.yaml"
             extra = overlay(config, server.url, mirror, steps, args.device, work)
             if args.small_models:

@@ -283,3 +283,15 @@ def test_a_killed_rehearsals_lock_is_lifted_before_it_resumes(tmp_path, capsys):
     rehearsal.unlock_after_a_kill(command, tmp_path, env)
     assert not locks.is_dir() or not any(locks.iterdir())
     assert "locked by a run that was killed" in capsys.readouterr().out
+
+
+def test_a_resumed_rehearsal_serves_its_mirror_on_the_same_port(tmp_path):
+    """The port is part of data.coco.base_url, a param of prepare_data: a new one on resume
+    made Snakemake redo the data stage and everything after it (seen at 123,287 images)."""
+    with rehearsal.mirror_server(tmp_path) as first:
+        url = first.url
+    with rehearsal.mirror_server(tmp_path) as second:
+        assert second.url == url
+        with rehearsal.mirror_server(tmp_path) as third:  # the port is taken: another one
+            assert third.url != url
+    assert json.loads((tmp_path / "port.json").read_text())["port"] == int(third.url.split(":")[-1])

@@ -128,7 +128,7 @@ class _Server(ThreadingHTTPServer):
 
 
 class MirrorServer:
-    """Serve `directory` on 127.0.0.1 (ephemeral port) from a background thread.
+    """Serve `directory` on 127.0.0.1 from a background thread, on `port` (0: an ephemeral one).
 
     `requests`: [{"path", "range", "status"}] of the GETs; `heads`: the paths asked by HEAD;
     `drop_after[path] = n`: the next GET of path sends n body bytes and then closes the
@@ -136,8 +136,8 @@ class MirrorServer:
     `ignore_range = True`: answer 200 with the whole file to Range requests.
     """
 
-    def __init__(self, directory: str | Path):
-        self._httpd = _Server(("127.0.0.1", 0), _Handler)
+    def __init__(self, directory: str | Path, port: int = 0):
+        self._httpd = _Server(("127.0.0.1", port), _Handler)
         self._httpd.state = self.state = _State(Path(directory))
         self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)

@@ -5,7 +5,7 @@ Vedantam et al. 2015, eq. 2; pycocoevalcap's `CiderScorer.compute_doc_freq`). An
 corpus is the training captions: 591,753 of them for COCO, some millions of distinct 1-4-grams.
 A Counter of word tuples holds each in ~140 bytes (440 MB for 175,000 COCO-like captions); here
 each n-gram is one int64 key (its words' ids packed base `base`, every id >= 1, so n-grams of
-different lengths never share a key) in a sorted array beside its count: 16 bytes. Counting
+different lengths never share a key) in a sorted array beside its count: 12 bytes. Counting
 goes a chunk of documents at a time, so the transient arrays are bounded by the chunk. The
 counts are exact either way; a vocabulary too large for n ids in 63 bits keeps the Counter.
 """
@@ -37,7 +37,7 @@ class DocumentFrequencies:
             self.counter = Counter(grams)
             return
         self.keys = np.zeros(0, np.int64)
-        self.counts = np.zeros(0, np.int64)
+        self.counts = np.zeros(0, np.int32)  # at most the documents
         for start in range(0, len(documents), CHUNK_DOCUMENTS):
             keys, counts = self._count(documents[start : start + CHUNK_DOCUMENTS])
             self.keys, self.counts = merge_counts(self.keys, self.counts, keys, counts)
@@ -75,7 +75,7 @@ class DocumentFrequencies:
         keys = np.fromiter(map(self._key, grams), np.int64, len(grams))
         pos = np.minimum(np.searchsorted(self.keys, keys), max(len(self.keys) - 1, 0))
         found = (self.keys[pos] == keys) if len(self.keys) else np.zeros(len(keys), bool)
-        return np.where(found, self.counts[pos] if len(self.keys) else 0, 0)
+        return np.where(found, self.counts[pos] if len(self.keys) else 0, 0).astype(np.int64)
 
     def _key(self, gram: tuple[str, ...]) -> int:
         """The n-gram's key, -1 (no key) where a word is not in the corpus."""
@@ -114,14 +114,16 @@ def document_ngrams(captions: Sequence[str], n: int) -> set[tuple[str, ...]]:
 
 
 def merge_counts(
-    keys_a: np.ndarray, counts_a: np.ndarray, keys_b: np.ndarray, counts_b: np.ndarray
+    keys: np.ndarray, counts: np.ndarray, new_keys: np.ndarray, new_counts: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Two sorted (keys, counts) tables as one, the counts of a key in both added."""
-    keys, counts = np.concatenate([keys_a, keys_b]), np.concatenate([counts_a, counts_b])
-    order = np.argsort(keys, kind="stable")
-    keys, counts = keys[order], counts[order]
-    first = np.flatnonzero(starts(keys))
-    return keys[first], np.add.reduceat(counts, first) if len(keys) else counts
+    """Sorted (keys, counts) with a sorted chunk's added: a key already there gains its count,
+    a new one is inserted in place (one copy of the table, never a sort of it)."""
+    pos = np.searchsorted(keys, new_keys)
+    found = pos < len(keys)
+    found[found] = keys[pos[found]] == new_keys[found]
+    counts[pos[found]] += new_counts[found]
+    new = ~found
+    return np.insert(keys, pos[new], new_keys[new]), np.insert(counts, pos[new], new_counts[new])
 
 
 def distinct_sorted(x: np.ndarray, counts: bool = False):

@@ -44,7 +44,9 @@ import numpy as np
 
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.scores.frequencies import (
+    NEVER,
     DocumentFrequencies,
+    counts_of,
     distinct_sorted,
     starts,
 )
@@ -52,7 +54,6 @@ from distinctcap.scores.frequencies import (
 ORDERS = 4  # n = 1..4 (pycocoevalcap's n)
 SIGMA = 6.0  # the length penalty's sigma (CIDEr-D, §3.4)
 BLOCK_TERMS = 1 << 22  # clipped-overlap terms one numpy block holds at most (~32 MB an array)
-_NEVER = np.iinfo(np.int64).max  # a lookup key no query reaches: ends every sorted table
 
 
 @dataclass
@@ -132,7 +133,7 @@ class CiderDCore:
         grams = vec.grams
         lookup = grams.row * grams.size + grams.key
         sort = np.argsort(lookup, kind="stable")
-        table = np.append(lookup[sort], _NEVER)
+        table = np.append(lookup[sort], NEVER)
         table_weight = np.append(vec.weight[sort], 0.0)
         count = np.bincount(grams.row, minlength=len(grams.bigrams))
         start = np.cumsum(count) - count
@@ -335,7 +336,7 @@ class TokenCiderD(CiderDCore):
         self.df_keys, self.df_counts = self._document_frequencies(groups[order])
 
     def _document_frequencies(self, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Sorted n-gram keys (ending in `_NEVER`) and the number of images whose references
+        """Sorted n-gram keys (ending in `NEVER`) and the number of images whose references
         hold each, one order at a time (keys of different orders are disjoint) to bound the
         memory."""
         keys, counts = [], []
@@ -349,12 +350,11 @@ class TokenCiderD(CiderDCore):
             counts.append(df)
         keys_all, counts_all = np.concatenate(keys), np.concatenate(counts)
         order = np.argsort(keys_all)
-        return np.append(keys_all[order], _NEVER), np.append(counts_all[order], 0)
+        return np.append(keys_all[order], NEVER), np.append(counts_all[order], 0)
 
     def document_frequency(self, keys: np.ndarray) -> np.ndarray:
         """df of n-gram keys (G,), 0 for one no reference holds."""
-        pos = np.searchsorted(self.df_keys, keys)
-        return np.where(self.df_keys[pos] == keys, self.df_counts[pos], 0)
+        return counts_of(self.df_keys, self.df_counts, keys)
 
     def grams(self, ids: np.ndarray, lengths: np.ndarray) -> tuple[Grams, np.ndarray]:
         """The n-grams of rows ids (R, T), in key order, and the key of each of `Grams.key`."""

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 
 CHUNK_DOCUMENTS = 8192  # documents counted at a time
+NEVER = np.iinfo(np.int64).max  # a lookup key no query reaches: ends every sorted table
 
 
 class DocumentFrequencies:
@@ -41,6 +42,7 @@ class DocumentFrequencies:
         for start in range(0, len(documents), CHUNK_DOCUMENTS):
             keys, counts = self._count(documents[start : start + CHUNK_DOCUMENTS])
             self.keys, self.counts = merge_counts(self.keys, self.counts, keys, counts)
+        self.keys, self.counts = np.append(self.keys, NEVER), np.append(self.counts, 0)
 
     def _count(self, documents: Sequence[Sequence[str]]) -> tuple[np.ndarray, np.ndarray]:
         """Sorted keys of the chunk's n-grams and how many of its documents hold each."""
@@ -73,9 +75,7 @@ class DocumentFrequencies:
             return np.fromiter(map(self.counter.get, grams, itertools.repeat(0)), np.int64,
                                len(grams))  # fmt: skip
         keys = np.fromiter(map(self._key, grams), np.int64, len(grams))
-        pos = np.minimum(np.searchsorted(self.keys, keys), max(len(self.keys) - 1, 0))
-        found = (self.keys[pos] == keys) if len(self.keys) else np.zeros(len(keys), bool)
-        return np.where(found, self.counts[pos] if len(self.keys) else 0, 0).astype(np.int64)
+        return counts_of(self.keys, self.counts, keys).astype(np.int64)
 
     def _key(self, gram: tuple[str, ...]) -> int:
         """The n-gram's key, -1 (no key) where a word is not in the corpus."""
@@ -93,7 +93,7 @@ class DocumentFrequencies:
             return Counter(self.counter)
         names = {i: w for w, i in self.words.items()}
         out: Counter[tuple[str, ...]] = Counter()
-        for key, count in zip(self.keys.tolist(), self.counts.tolist(), strict=True):
+        for key, count in zip(self.keys[:-1].tolist(), self.counts[:-1].tolist(), strict=True):
             words = []
             while key:
                 key, index = divmod(key, self.base)
@@ -124,6 +124,12 @@ def merge_counts(
     counts[pos[found]] += new_counts[found]
     new = ~found
     return np.insert(keys, pos[new], new_keys[new]), np.insert(counts, pos[new], new_counts[new])
+
+
+def counts_of(table_keys: np.ndarray, table_counts: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """The count of each of `keys` in a sorted table ending in NEVER, 0 for one not in it."""
+    pos = np.searchsorted(table_keys, keys)
+    return np.where(table_keys[pos] == keys, table_counts[pos], 0)
 
 
 def distinct_sorted(x: np.ndarray, counts: bool = False):

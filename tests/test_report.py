@@ -120,6 +120,10 @@ def test_summary_has_one_row_per_key_and_exactly_the_named_columns(metrics, tmp_
     expected = [
         *SUMMARY_BASE,
         *judges,  # the tiny config's judge CLIP, after refclipscore
+        "cider_btw",  # the field's, by the judge CLIP's similar images, then the scenes'
+        "dis_word_rate",
+        "cider_btw_scene",
+        "dis_word_rate_scene",
         *oracle,
         *consensus,
         "ppl",

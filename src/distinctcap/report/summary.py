@@ -18,7 +18,12 @@ import pandas as pd
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import atomic_path, read_table
 from distinctcap.core.runcard import list_runs
-from distinctcap.evaluate.headline import HEADLINE_DIVERSITY, HEADLINE_FIELD, HEADLINE_QUALITY
+from distinctcap.evaluate.headline import (
+    FIELD_METRICS,
+    HEADLINE_DIVERSITY,
+    HEADLINE_FIELD,
+    HEADLINE_QUALITY,
+)
 from distinctcap.evaluate.metrics import DIVERSITY_METRICS, QUALITY_METRICS
 from distinctcap.scores.result import KEYS
 
@@ -77,12 +82,14 @@ SCENE_JUDGE_COLUMN = re.compile(r"scene_(r_at_\d+|mean_rank)")
 
 
 def summary_columns(metrics: pd.DataFrame) -> list[str]:
-    """The summary's columns: the issue's named ones, the judge CLIP's present, the oracle
-    columns present, consensus, ppl, scene precision/recall/F1 and the scene judge's present."""
+    """The summary's columns: the issue's named ones, the judge CLIP's present, the field's
+    distinctiveness metrics present (CIDErBtw, DisWordRate), the oracle columns present,
+    consensus, ppl, scene precision/recall/F1 and the scene judge's present."""
     oracle = [c for c in metrics.columns if c.startswith("oracle_")]
     judge = [c for c in metrics.columns if JUDGE_CLIP_COLUMN.fullmatch(c)]
+    field = [column for _, column, _, _ in FIELD_METRICS if column in metrics.columns]
     scene = [c for c in metrics.columns if SCENE_JUDGE_COLUMN.fullmatch(c)]
-    columns = [*SUMMARY_BASE, *judge, *oracle, *CONSENSUS, *SUMMARY_TAIL, *scene]
+    columns = [*SUMMARY_BASE, *judge, *field, *oracle, *CONSENSUS, *SUMMARY_TAIL, *scene]
     return list(dict.fromkeys(columns))  # once, should SUMMARY_BASE name a judge's column
 
 

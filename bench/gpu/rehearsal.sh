@@ -4,7 +4,8 @@
 # (bench/gpu/torch.txt; requirements.txt pins the others), none of the carried ones; the carried
 # wheels (bench/gpu/carried.txt) downloaded for this Python and installed as on the node (pip
 # --no-index --no-deps --target, by gpu_check.sh); then `gpu_check.sh --cpu` with no package
-# index. Its exit status is gpu_check's: 0 only if every part ran and printed a number.
+# index; then the compile tests (tests/test_device_path.py), which count graph breaks. Its exit
+# status is 0 only if every part ran and printed a number and every test passed.
 #
 #   bash bench/gpu/rehearsal.sh [gpu_check.sh arguments, e.g. --parts a,b]
 # Environment: REHEARSAL (default .gpu-rehearsal: the venv, the wheels and OUT), OUT.
@@ -42,4 +43,12 @@ bash "$ROOT/bench/gpu/wheels.sh" --python-version "$PYVER" --dest "$HERE/whl" \
 export PIP_NO_INDEX=1 OUT=${OUT:-$HERE/out}
 rm -rf "$OUT"
 echo "rehearsal: bench/gpu_check.sh --cpu $* with $VENV/bin/python, wheels from $HERE/whl"
-PYTHON=$VENV/bin/python WHEELS=$HERE/whl bash "$ROOT/bench/gpu_check.sh" --cpu "$@"
+PYTHON=$VENV/bin/python WHEELS=$HERE/whl bash "$ROOT/bench/gpu_check.sh" --cpu "$@" || checked=$?
+# gpu_check does not count graph breaks: the compile tests do, under the same torch and wheels
+SITE=$HERE/site
+rm -rf "$SITE"
+"$VENV/bin/python" -m pip install -q --no-deps --no-compile --target "$SITE" "$HERE"/whl/*.whl
+echo "rehearsal: tests/test_device_path.py (compiled = eager, no graph break) under that torch"
+PYTHONPATH="$ROOT/src:$SITE" HF_HUB_OFFLINE=1 MPLBACKEND=Agg "$VENV/bin/python" -m pytest -q \
+    -p no:cacheprovider "$ROOT/tests/test_device_path.py" || tested=$?
+exit $(( ${checked:-0} || ${tested:-0} ))

@@ -519,6 +519,25 @@ def test_the_front_table_has_methods_before_teachers_intervals_and_the_best_mark
     assert "<strong>1.200</strong> [+0.100,+0.300]" in html["body"]
 
 
+def test_the_front_table_shows_the_field_metrics_bare(versus):
+    """CIDErBtw and DisWordRate are in the front table where measured, lowest CIDErBtw best,
+    without the interval of their difference: with it the tiny run's table overran the
+    1400 px window (their intervals are in versus.md and the verdict lines)."""
+    from distinctcap.report.verdicts import front_table
+
+    summary = front_summary().assign(cider_btw=[0.7, 0.8, 0.6], dis_word_rate=[0.01, 0.0, 0.02])
+    field = [{"run": "smile", "decoding": "greedy", "split": "test", "metric": metric,
+              "value": 1.0, "reference_value": 1.0, "difference": -0.1, "ci_low": -0.2,
+              "ci_high": -0.05, "verdict": "better"}
+             for metric in ("cider_btw", "dis_word_rate")]  # fmt: skip
+    headers, rows = front_table(summary, pd.concat([versus, pd.DataFrame(field)]), FRONT_RUNS,
+                                "greedy", "greedy")  # fmt: skip
+    assert headers.index("CIDErBtw ↓") < headers.index("DisWordRate ↑")
+    assert rows[1][headers.index("CIDErBtw ↓")] == ("0.600", "", True)
+    assert rows[1][headers.index("DisWordRate ↑")] == ("0.020", "", True)
+    assert rows[1][headers.index("CIDEr ↑")][1] == "[+0.100,+0.300]"  # the others keep theirs
+
+
 def test_the_forest_plot_and_the_bars_with_intervals_are_written(versus, tmp_path):
     from distinctcap.report.plots import interval_errors, plot_forest
     from distinctcap.report.versus import HEADERS

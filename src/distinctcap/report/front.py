@@ -282,8 +282,8 @@ TOP_ALIGNED = """\
    #app div.flex.gap-3.items-start:has(#rulegraph) {flex-wrap: wrap}
    #app div.py-2:has(> .prose.max-w-lg) {flex: 1 1 100%}
    #app .prose.max-w-lg {max-width: 72rem; width: 100%; min-width: min-content}
-   #app .prose table {font-size: 0.75rem; line-height: 1.25}
-   #app .prose :is(td, th) {padding: 0.2rem 0.3rem}</style>
+   #app .prose table {font-size: 0.7rem; line-height: 1.25}
+   #app .prose :is(td, th) {padding: 0.2rem 0.2rem}</style>
 """
 
 

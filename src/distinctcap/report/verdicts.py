@@ -14,7 +14,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from distinctcap.evaluate.headline import FIELD_METRICS, HEADLINE_DIVERSITY, HEADLINE_QUALITY
+from distinctcap.evaluate.headline import (
+    FIELD_METRICS,
+    HEADLINE_DIVERSITY,
+    HEADLINE_FIELD,
+    HEADLINE_QUALITY,
+)
 from distinctcap.report.judged import JUDGE_NAMES, judge_line
 from distinctcap.report.summary import (
     HEADLINE_JUDGES,
@@ -82,6 +87,10 @@ def versus_decoding(versus: pd.DataFrame, quality: str) -> str:
     return quality if quality in names or not names else names[0]
 
 
+# the front table's columns shown without the interval of their difference from the reference
+BARE_ON_FRONT = {*HEADLINE_JUDGES, *(column for _, column, _, _ in HEADLINE_FIELD)}
+
+
 def front_table(
     summary: pd.DataFrame, versus: pd.DataFrame | None, runs: dict, quality: str, diversity: str
 ) -> tuple[list[str], list[list[tuple[str, str, bool]]]]:
@@ -99,9 +108,10 @@ def front_table(
     for name, row in zip(names, ordered, strict=True):
         cells = [(row[0], "", False)]
         for i, (column, _) in enumerate(columns):
-            # the judges' intervals are in the verdict lines and versus.md: beside every
-            # number they would push the forest plot below a 1000 px window
-            interval = i < len(shown) and column not in HEADLINE_JUDGES
+            # the judges' and the field metrics' intervals are in the verdict lines and
+            # versus.md: beside every number they would push the table past a 1400 px window
+            # and the forest plot below a 1000 px one
+            interval = i < len(shown) and column not in BARE_ON_FRONT
             said = _interval_of(versus, name, column, quality) if interval else ""
             cells.append((row[i + 1], said, row[i + 1] in best[i]))
         out.append(cells)

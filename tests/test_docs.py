@@ -127,6 +127,23 @@ FACTS = {  # name: {file: pattern whose group 1 is the number}
         "README.md": r"the reference (\d\.\d+ ± \d\.\d+)\)",
         "docs/unkt-sampled-captions.md": r"against the reference's (\d\.\d+ ± \d\.\d+) \(gold",
     },
+    # Issue 59: "Supported torch versions" names each version as the file that pins it
+    "the pinned torch, CI's": {
+        "README.md": r"torch ([\d.]+) and torchvision [\d.]+ \(requirements\.txt's pins",
+        "requirements.txt": r"(?m)^torch==([\d.]+)$",
+    },
+    "the pinned torchvision, CI's": {
+        "README.md": r"torch [\d.]+ and torchvision ([\d.]+) \(requirements\.txt's pins",
+        "requirements.txt": r"(?m)^torchvision==([\d.]+)$",
+    },
+    "the lent GPU machine's torch, the rehearsal's": {
+        "README.md": r"torch ([\d.]+) and torchvision [\d.]+ \(the lent GPU machine's",
+        "bench/gpu/torch.txt": r"(?m)^torch==([\d.]+)$",
+    },
+    "the lent GPU machine's torchvision, the rehearsal's": {
+        "README.md": r"torch [\d.]+ and torchvision ([\d.]+) \(the lent GPU machine's",
+        "bench/gpu/torch.txt": r"(?m)^torchvision==([\d.]+)$",
+    },
 }
 
 

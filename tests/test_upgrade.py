@@ -53,6 +53,7 @@ def test_canonical_params_drop_defaults_and_order():
 def test_stage_version_enters_params_only_past_one(monkeypatch):
     assert all(stage_version(s) == {} for s, v in STAGE_VERSIONS.items() if v == 1)
     assert stage_version("evaluate") == {"stage_version": "evaluate version 3"}  # CIDErBtw
+    assert stage_version("summarize") == {"stage_version": "summarize version 2"}  # its columns
     monkeypatch.setitem(STAGE_VERSIONS, "train_run", 2)
     assert stage_version("train_run") == {"stage_version": "train_run version 2"}
 

@@ -291,6 +291,8 @@ def test_nearest_is_the_same_in_pool_chunks_and_breaks_ties_by_lower_row():
     for k in (1, 5, 300):
         for pool_chunk in (7, 64, 1000):
             assert (nearest(query, pool, k, pool_chunk=pool_chunk) == whole[:, :k]).all()
+        for chunk in (1, 7, 2048):  # query rows a block: a row's neighbours are its own
+            assert (nearest(query, pool, k, chunk=chunk, pool_chunk=64) == whole[:, :k]).all()
     twins = np.repeat(pool[:20], 3, axis=0)  # rows 3j, 3j+1, 3j+2 are equal
     near = nearest(query, twins, 6, pool_chunk=4)
     assert (near[:, 0::3] + 1 == near[:, 1::3]).all() and (near[:, 0::3] % 3 == 0).all()

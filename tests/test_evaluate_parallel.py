@@ -14,7 +14,13 @@ import pytest
 from pycocoevalcap.bleu.bleu import Bleu
 from pycocoevalcap.rouge.rouge import Rouge
 
-from distinctcap.evaluate.metrics import CocoTools, consensus_rerank, evaluate_captions, mbleu
+from distinctcap.evaluate.metrics import (
+    CocoTools,
+    consensus_rerank,
+    evaluate_captions,
+    mbleu,
+    novelty,
+)
 from distinctcap.evaluate.metrics import coco as coco_module
 from distinctcap.evaluate.metrics import meteor as meteor_module
 from distinctcap.evaluate.metrics import ptb as ptb_module
@@ -155,10 +161,11 @@ def test_a_parallel_job_gives_the_serial_numbers_and_reuses_reference_tokens(
     monkeypatch.setattr(meteor_module, "METEOR_PAIRS_PER_SERVER", 10)
     with CocoTools(workers=1, cache_dir=tmp_path) as job:  # one session: METEOR starts twice
         expected = evaluate_captions(**case, tools=job)
-        assert job.launches["meteor"] == 1 and job.launches["ptb"] == 1
+        # the decoding's captions, then the training captions streamed (here in one part)
+        assert job.launches["meteor"] == 1 and job.launches["ptb"] == 2
         job.workers = 4  # two METEOR servers: half the cores
         assert same(evaluate_captions(**case, tools=job).values, expected.values)
-        assert job.launches["meteor"] == 2 and job.launches["ptb"] == 4  # the samples cut in 3
+        assert job.launches["meteor"] == 2 and job.launches["ptb"] == 5  # the samples cut in 3
     assert len(list(tmp_path.glob("ptb-*.txt.gz"))) == 2  # gts and the training captions
     with CocoTools(workers=2, cache_dir=tmp_path) as later:  # the next job or run
         groups = (case["gts"], case["samples"], case["neighbour_captions"], case["train_refs"])
@@ -209,6 +216,60 @@ def test_document_frequencies_are_counted_once_per_job(case):
         assert tools.cider_d(train) is tools.cider_d(dict(train))
         again = tools.tokenize_groups(case["train_refs"], keep=(0,))[0]
         assert again == train and tools.launches["ptb"] == 1
+        corpus = tools.training(case["train_refs"])
+        assert tools.training(dict(case["train_refs"])) is corpus
+        assert tools.launches["ptb"] == 2
+
+
+def tricky_training_captions(rng: random.Random) -> dict[int, list[str]]:
+    """Training captions whose tokens depend on the line after them: "A dog with a." ends the
+    first part of 4 captions and is tokenised "a dog with a" before the capitalised line that
+    starts the next; the file's last line keeps its "a." (tokenize's test below). An image
+    without captions and a repeated caption too."""
+    train = {100 + i: [sentence(rng, True), sentence(rng, True)] for i in range(10)}
+    train[101] = ["A man.", "A dog with a."]
+    train[102][0] = "A cat on a."
+    train[105] = []
+    train[107] = [train[103][1], "A man."]
+    train[109][1] = "Two dogs and a."
+    return train
+
+
+@pytest.mark.parametrize("lines", [1, 10_000])
+def test_streamed_training_captions_give_the_whole_files_frequencies_and_novelty(
+    lines, case, tmp_path, monkeypatch
+):
+    """The streamed path (CocoTools.training, parts of `lines` captions and the worker
+    count's floor of 4) against the computation it replaced: the training captions
+    tokenised as the last group of the decoding's one file, CIDEr-D on their document list,
+    novelty against their set; and the decoding's own groups tokenised before the training
+    captions' first line, as they were in that file."""
+    monkeypatch.setattr(ptb_module, "STREAM_LINES_PER_WORKER", lines)
+    train = tricky_training_captions(random.Random(lines))
+    groups = ({i: case["gts"][i] for i in case["samples"]}, case["samples"], {0: ["A dog on a."]})
+    with CocoTools(cache_dir=tmp_path) as old:
+        *old_groups, train_t = old.tokenize_groups(*groups, train, keep=(0, 3))
+    old_captions = [c for caps in train_t.values() for c in caps]
+    old_cider = CiderD(train_t.values())
+    assert old_captions[3] == "a dog with a" and old_captions[-1] == "two dogs and a."
+    first = {i: caps[:1] for i, caps in old_groups[1].items()}
+    first[0] = [old_captions[0]]  # one first caption is a training caption
+    for cache in (None, tmp_path):  # tokenised here, then read from the old job's file
+        with CocoTools(cache_dir=cache) as new:
+            then = next(c for caps in train.values() for c in caps)
+            assert new.tokenize_groups(*groups, keep=(0,), then=then) == old_groups
+            corpus = new.training(train)
+            parts = len(ptb_module._image_parts(train, 4 * lines))  # none read from a file
+            assert new.launches["ptb"] == 1 + (0 if cache else parts)
+            assert (parts > 1) == (lines == 1)
+        assert corpus.cider.df.as_counter() == old_cider.df.as_counter()
+        assert corpus.cider.log_docs == old_cider.log_docs
+        assert all(c in corpus.captions for c in old_captions)
+        assert len(corpus.captions) == len(set(old_captions))
+        assert novelty(first, corpus.captions) == novelty(first, old_captions) < 1
+        cands = [c for caps in old_groups[1].values() for c in caps] + old_captions[:3]
+        assert (corpus.cider.pair_matrix(cands, old_captions)
+                == old_cider.pair_matrix(cands, old_captions)).all()  # fmt: skip
 
 
 def test_spice_gets_threads_and_a_cache_in_the_results_folder(tmp_path):

@@ -3,6 +3,7 @@ metric) and token ids (the SCST reward), is pycocoevalcap's per-pair loop to the
 the reward equals the metric on the same captions, and both agree with pycocoevalcap's own
 Cider."""
 
+import itertools
 import math
 import random
 from collections import Counter
@@ -213,6 +214,31 @@ def test_packed_document_frequencies_are_the_counter_of_word_tuples(chunk, monke
     wide = DocumentFrequencies(docs, 20)
     assert wide.counter is not None
     assert wide.of(grams).tolist() == [wide.counter.get(g, 0) for g in grams]
+
+
+def test_document_frequencies_streamed_in_parts_are_those_of_the_whole_corpus():
+    """The training captions stream in a part at a time (evaluate.metrics.training): each
+    part's new words never re-key the table, a part that takes the vocabulary past the packed
+    base turns it into the Counter, and a scorer on the streamed counts scores as one built on
+    the whole list."""
+    docs = [["dog dog", "dog"]] + corpus(60, seed=4) + [[]]
+    whole, wide_whole = DocumentFrequencies(docs, 4), DocumentFrequencies(docs, 20)
+    streamed, wide = DocumentFrequencies(n=4), DocumentFrequencies(n=20)
+    bounds = [0, 1, 8, 30, 61, len(docs)]  # uneven parts, the last with the empty document
+    for a, b in itertools.pairwise(bounds):
+        for df in (streamed, wide):
+            df.add(docs[a:b])
+        assert (wide.counter is None) == (b == 1)  # packed until the words pass base 8
+    assert wide.counter is not None and wide.counter == wide_whole.counter
+    assert streamed.counter is None and streamed.documents == len(docs) == whole.documents
+    assert streamed.keys.tolist() == whole.keys.tolist()
+    assert streamed.counts.tolist() == whole.counts.tolist()
+    assert streamed.base == frequencies.packable_base(4) and streamed.base**4 < 2**63
+    assert (streamed.base + 1) ** 4 >= 2**63
+    cands, images = candidates(docs[1:-1])
+    refs = [docs[1 + i] for i in images]
+    expected = CiderD(docs).score_each(cands, refs).tolist()
+    assert CiderD(streamed).score_each(cands, refs).tolist() == expected
 
 
 def test_document_frequencies_take_16_bytes_an_ngram():

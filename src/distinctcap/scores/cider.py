@@ -174,15 +174,22 @@ class CiderD(CiderDCore):
     """CIDEr-D of whitespace-tokenised sentences (module doc).
 
     `documents` is the document-frequency corpus: one document per image, the set of its
-    captions (pycocoevalcap uses the references of the scored images). An n-gram found in
-    every document weighs 0. `score` is pycocoevalcap's `Cider` (sigma = 6) with the same
-    document frequencies, to rounding.
+    captions (pycocoevalcap uses the references of the scored images), or its frequencies
+    already counted (a `DocumentFrequencies`, e.g. of documents that streamed by, whose `n` is
+    then the scorer's). An n-gram found in every document weighs 0. `score` is pycocoevalcap's
+    `Cider` (sigma = 6) with the same document frequencies, to rounding.
     """
 
-    def __init__(self, documents: Iterable[Sequence[str]], n: int = ORDERS, sigma: float = SIGMA):
-        documents = list(documents)
-        super().__init__(len(documents), n, sigma)
-        self.df = DocumentFrequencies(documents, n)
+    def __init__(
+        self,
+        documents: Iterable[Sequence[str]] | DocumentFrequencies,
+        n: int = ORDERS,
+        sigma: float = SIGMA,
+    ):
+        if not isinstance(documents, DocumentFrequencies):
+            documents = DocumentFrequencies(list(documents), n)
+        super().__init__(documents.documents, documents.n, sigma)
+        self.df = documents
         self._keys = _Keys()  # n-gram -> its key in every `Grams`
         self._cache: dict[str, tuple[np.ndarray, ...]] = {}  # sentence -> its vector's parts
 

@@ -6,8 +6,12 @@ corpus is the training captions: 591,753 of them for COCO, some millions of dist
 A Counter of word tuples holds each in ~140 bytes (440 MB for 175,000 COCO-like captions); here
 each n-gram is one int64 key (its words' ids packed base `base`, every id >= 1, so n-grams of
 different lengths never share a key) in a sorted array beside its count: 12 bytes. Counting
-goes a chunk of documents at a time, so the transient arrays are bounded by the chunk. The
-counts are exact either way; a vocabulary too large for n ids in 63 bits keeps the Counter.
+goes a chunk of documents at a time (`add`), so the transient arrays are bounded by the chunk
+and the documents themselves can stream in (evaluate.metrics.training: the training captions
+are tokenised a part at a time, never held whole). The base is the largest whose n-th power
+fits 63 bits, fixed before the first word is seen, so a chunk's new words never re-key the
+table. The counts are exact either way; a vocabulary too large for n ids in 63 bits (a word id
+reaching the base) turns the table into the Counter and goes on there.
 """
 
 from __future__ import annotations
@@ -23,26 +27,37 @@ NEVER = np.iinfo(np.int64).max  # a lookup key no query reaches: ends every sort
 
 
 class DocumentFrequencies:
-    """df of every 1..n-gram of `documents` (each a sequence of sentences); `of(grams)`."""
+    """df of every 1..n-gram of `documents` (each a sequence of sentences) and of those
+    `add`ed after; `of(grams)`; `documents`: how many were counted."""
 
-    def __init__(self, documents: Sequence[Sequence[str]], n: int):
+    def __init__(self, documents: Sequence[Sequence[str]] = (), n: int = 4):
         self.n = n
-        self.words: dict[str, int] = {}
+        self.words: dict[str, int] = {}  # word -> its id, in order of first appearance
+        self.base = packable_base(n)
+        self.counter: Counter[tuple[str, ...]] | None = None
+        self.documents = 0
+        self.keys = np.array([NEVER], np.int64)  # sorted, always ending in NEVER
+        self.counts = np.zeros(1, np.int32)  # at most the documents
+        for start in range(0, len(documents), CHUNK_DOCUMENTS):
+            self.add(documents[start : start + CHUNK_DOCUMENTS])
+
+    def add(self, documents: Sequence[Sequence[str]]) -> None:
+        """Count a chunk of documents: the counts are those of all documents counted at once
+        (each n-gram once per document, whatever the chunks)."""
+        self.documents += len(documents)
         for sentence in itertools.chain.from_iterable(documents):
             for word in sentence.split():
                 self.words.setdefault(word, len(self.words) + 1)
-        self.base = len(self.words) + 1
-        self.counter: Counter[tuple[str, ...]] | None = None
-        if self.base**n >= 2**63:  # too many words to pack: the plain Counter
-            grams = itertools.chain.from_iterable(document_ngrams(d, n) for d in documents)
-            self.counter = Counter(grams)
+        if self.counter is None and len(self.words) >= self.base:  # an id no longer packs
+            self.counter = self.as_counter()
+            self.keys, self.counts = self.keys[-1:], self.counts[-1:]
+        if self.counter is not None:
+            for document in documents:
+                self.counter.update(document_ngrams(document, self.n))
             return
-        self.keys = np.zeros(0, np.int64)
-        self.counts = np.zeros(0, np.int32)  # at most the documents
         for start in range(0, len(documents), CHUNK_DOCUMENTS):
             keys, counts = self._count(documents[start : start + CHUNK_DOCUMENTS])
             self.keys, self.counts = merge_counts(self.keys, self.counts, keys, counts)
-        self.keys, self.counts = np.append(self.keys, NEVER), np.append(self.counts, 0)
 
     def _count(self, documents: Sequence[Sequence[str]]) -> tuple[np.ndarray, np.ndarray]:
         """Sorted keys of the chunk's n-grams and how many of its documents hold each."""
@@ -78,7 +93,10 @@ class DocumentFrequencies:
         return counts_of(self.keys, self.counts, keys).astype(np.int64)
 
     def _key(self, gram: tuple[str, ...]) -> int:
-        """The n-gram's key, -1 (no key) where a word is not in the corpus."""
+        """The n-gram's key, -1 (no key) where a word is not in the corpus or the gram is
+        longer than n (its key would not fit 63 bits)."""
+        if len(gram) > self.n:
+            return -1
         key = 0
         for word in gram:
             index = self.words.get(word)
@@ -100,6 +118,16 @@ class DocumentFrequencies:
                 words.append(names[index])
             out[tuple(reversed(words))] = count
         return out
+
+
+def packable_base(n: int) -> int:
+    """The largest base b with b**n < 2**63: n ids below it pack into one int64 key."""
+    base = round(2 ** (63 / n))
+    while base**n >= 2**63:
+        base -= 1
+    while (base + 1) ** n < 2**63:
+        base += 1
+    return base
 
 
 def document_ngrams(captions: Sequence[str], n: int) -> set[tuple[str, ...]]:

@@ -9,8 +9,9 @@ session (started on first use; per-pair scores of many pairs go over `workers` s
 SPICE (`metrics.spice`) runs once over a batch of (candidate, refs) pairs with `-threads` and
 a `-cache`; `metrics.java` finds the `java` they run on. A session is one evaluate job: it
 tokenises a reference set once (and, with a `cache_dir`, once for every later job and run:
-the tokens are stored by content hash) and builds CIDEr-D's document frequencies of a
-corpus once (`cider_d`).
+the tokens are stored by content hash), builds CIDEr-D's document frequencies of a
+corpus once (`cider_d`) and streams the training captions through their document
+frequencies and caption set once (`training`).
 BLEU, ROUGE-L and CIDEr-D are pycocoevalcap's pure-Python scorers, here over the session's
 forked workers.
 """
@@ -41,6 +42,7 @@ from distinctcap.evaluate.metrics.parallel import (
     fork_map_beside,
 )
 from distinctcap.evaluate.metrics.spice import SpiceScores, spice_unavailable_reason
+from distinctcap.evaluate.metrics.training import TrainingCorpus, training_corpus
 from distinctcap.scores.cider import CiderD
 from distinctcap.scores.result import MetricResult
 
@@ -78,6 +80,7 @@ class CocoTools:
         self._spice = SpiceScores(spice_memory, self.cache_dir, self.launches)
         self._tokens = ptb.TokenCache(self.cache_dir)  # this job's sets, and the cache's
         self._scorers: dict[str, CiderD] = {}  # content hash of a corpus -> its CIDEr-D
+        self._training: dict[str, TrainingCorpus] = {}  # ptb.stream_key -> its corpus
 
     @property
     def java(self) -> str:
@@ -99,13 +102,26 @@ class CocoTools:
         return ptb.tokenize(texts, self.workers, self.launches, then)
 
     def tokenize_groups(
-        self, *groups: Captions, keep: Collection[int] = ()
+        self, *groups: Captions, keep: Collection[int] = (), then: str | None = None
     ) -> list[dict[Hashable, list[str]]]:
         """Tokenise several {id: captions} mappings as one file of all their captions in
-        order (the tokens a single tokenizer launch gives). The groups at the positions in
-        `keep` (reference sets) are tokenised once per session and, with a `cache_dir`, found
-        there by content hash (with the line that follows them) by later sessions."""
-        return ptb.tokenize_groups(groups, keep, self.tokenize, self._tokens)
+        order (the tokens a single tokenizer launch gives), followed by the line `then` (None:
+        the file's end). The groups at the positions in `keep` (reference sets) are tokenised
+        once per session and, with a `cache_dir`, found there by content hash (with the line
+        that follows them) by later sessions."""
+        return ptb.tokenize_groups(groups, keep, self.tokenize, self._tokens, then)
+
+    def training(self, train_refs: Captions) -> TrainingCorpus:
+        """The training captions' CIDEr-D and caption set (metrics.training), from their tokens
+        streamed a part at a time (`ptb.stream_tokens`: found in or written to the cache
+        folder like a reference set's): counted once per session for the same captions, and
+        their tokens never held whole."""
+        key = ptb.stream_key(train_refs)
+        if key not in self._training:
+            lines = ptb.STREAM_LINES_PER_WORKER * max(self.workers, 4)
+            parts = ptb.stream_tokens(train_refs, self.tokenize, self._tokens, lines, key)
+            self._training[key] = training_corpus(parts)
+        return self._training[key]
 
     def cider_d(self, documents: Captions) -> CiderD:
         """CIDEr-D with the document frequencies of `documents` (tokenised, one caption

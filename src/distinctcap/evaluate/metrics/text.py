@@ -76,10 +76,11 @@ def evaluate_captions(
 
     gts: image id -> reference captions. samples: image id -> decoded captions in decoder
     order (sample 0 = the caption a one-caption evaluation uses, e.g. the best beam). Raw
-    texts; everything is PTB-tokenised in one tokenizer launch (the references and
-    `train_refs` once per `tools` session, see CocoTools.tokenize_groups), CIDEr-D's document
-    frequencies of `train_refs` are counted once per session, the n-gram metrics use the
-    session's `workers`, and METEOR and SPICE start at most once (per worker). Columns:
+    texts; everything is PTB-tokenised in one tokenizer launch (the references once per
+    `tools` session, see CocoTools.tokenize_groups), but for `train_refs`, whose tokens
+    stream a part at a time through CIDEr-D's document frequencies and the novelty set once
+    per session (CocoTools.training: the same tokens, never held whole); the n-gram metrics
+    use the session's `workers`, and METEOR and SPICE start at most once (per worker). Columns:
       - bleu1..bleu4, meteor, rouge_l, cider, spice of sample 0 (`quality_scores`);
       - length, vocab, distinct_corpus (share of distinct sample-0 captions over the set) and
         novelty (needs `train_refs`: image id -> training captions) of sample 0;
@@ -96,12 +97,15 @@ def evaluate_captions(
     if not samples or missing:
         raise DistinctcapError(f"every image needs at least one sample; empty: {missing[:5]}")
     check_references(gts, list(samples))
-    groups = [{i: gts[i] for i in samples}, samples, neighbour_captions or {}, train_refs or {}]
+    groups = [{i: gts[i] for i in samples}, samples, neighbour_captions or {}]
+    then = next((c for caps in (train_refs or {}).values() for c in caps), None)
     out = MetricResult()
     with coco_session(tools) as t:
         t.start_meteor()
-        gts_t, samples_t, neigh_t, train_t = t.tokenize_groups(*groups, keep=(0, 3))
-        train_cider = t.cider_d(train_t) if train_refs else None
+        # the training captions follow these groups in the one file a serial run tokenises
+        gts_t, samples_t, neigh_t = t.tokenize_groups(*groups, keep=(0,), then=then)
+        training = t.training(train_refs) if train_refs else None
+        train_cider = training.cider if training else None
         ranked = None
         if neighbour_captions is not None:
             ranked = consensus_rerank(samples_t, neigh_t, scorer=train_cider, workers=t.workers)
@@ -118,7 +122,7 @@ def evaluate_captions(
         if train_refs is None:
             out.skip("novelty", "novelty needs the training captions (train_refs)")
         else:
-            out.values["novelty"] = novelty(first, (c for caps in train_t.values() for c in caps))
+            out.values["novelty"] = novelty(first, training.captions if training else ())
         out.merge(diversity_scores(samples_t, scorer=train_cider, workers=t.workers))
         if oracle_ns:
             table, skipped = sample_score_table(

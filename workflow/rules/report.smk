@@ -39,10 +39,10 @@ rule summarize:
     conda:
         "../../envs/eval.yaml"
     params:
+        **stage_version("summarize"),
         runs=unrecorded(config["runs"]),  # the configured runs; their models' seeds pooled (SEED_OF)
         runs_recorded=RUNS_RECORD,
         seed_of=SEED_OF,
-        **stage_version("summarize"),
     script:
         "../scripts/summarize.py"
 

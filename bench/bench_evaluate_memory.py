@@ -5,17 +5,18 @@
 The evaluate stage's work is per test image, but its text metrics read the training captions:
 CIDEr-D's document frequencies (SelfCIDEr's idf, the consensus re-ranking's scorer), novelty,
 and the consensus neighbours' captions among the training images nearest by pooled CLIP
-features. This bench holds COCO's 1,000 test images (greedy, and 5 samples an image) and grows
-only the training set, as the rehearsal's sizes do (10,000 / 40,000 / 123,287 images keep
-4,000 val and 1,000 test images: 5,000 / 35,000 / 118,287 training images). Captions are
-bench/coco_evaluate.py's COCO-like ones (Zipf words over 10,000, shared phrases per image),
-the pooled features random unit vectors of width 512.
+features, found as the job finds them: the training features a block at a time
+(evaluate.nearest). This bench holds COCO's 1,000 test images (greedy, and 5 samples an
+image) and grows only the training set, as the rehearsal's sizes do (10,000 / 40,000 /
+123,287 images keep 4,000 val and 1,000 test images: 5,000 / 35,000 / 118,287 training
+images). Captions are bench/coco_evaluate.py's COCO-like ones (Zipf words over 10,000, shared
+phrases per image), the pooled features random unit vectors of width 512.
 
-Each size runs in a fresh process: it builds its inputs, then runs the stage's `text_metrics`
-for both decodings in one COCO tools session, as a job does, while a thread samples the RSS
-of the process and its children (the Java tools) every 0.1 s. It prints per size the RSS once
-the inputs are built, the peak during the metrics (own + children), the growth the metrics add,
-and each size's peak against the smallest's.
+Each size runs in a fresh process: it builds its inputs, then finds the consensus neighbours
+and runs the stage's `text_metrics` for both decodings in one COCO tools session, as a job
+does, while a thread samples the RSS of the process and its children (the Java tools) every
+0.1 s. It prints per size the RSS once the inputs are built, the peak during the metrics
+(own + children), the growth the metrics add, and each size's peak against the smallest's.
 """
 
 from __future__ import annotations
@@ -74,8 +75,24 @@ class PeakSampler:
         return max(self.peak, tree_rss_mb(self.process))
 
 
+def unit_rows(rng: np.random.Generator, n: int) -> np.ndarray:
+    """n random unit vectors of POOLED_WIDTH, float32 (stand-ins for pooled CLIP features)."""
+    rows = rng.standard_normal((n, POOLED_WIDTH)).astype(np.float32)
+    return rows / np.linalg.norm(rows, axis=1, keepdims=True)
+
+
+def training_blocks(n_train: int, seed: int = 1):
+    """The training images' pooled features, a store block at a time, as the job reads them."""
+    from distinctcap.evaluate.nearest import POOL_BLOCK
+
+    rng = np.random.default_rng(seed)
+    for s in range(0, n_train, POOL_BLOCK):
+        yield unit_rows(rng, min(POOL_BLOCK, n_train - s))
+
+
 def inputs(n_train: int, seed: int = 0) -> dict:
-    """gts and samples of N_TEST images, the training references of n_train, pooled vectors."""
+    """gts and samples of N_TEST images, the training references of n_train, pooled vectors
+    of the test images."""
     rng = np.random.default_rng(seed)
     names = [f"w{i}" for i in range(VOCAB)]
     names[:6] = ["a", "on", "of", "the", "in", "with"]
@@ -84,14 +101,11 @@ def inputs(n_train: int, seed: int = 0) -> dict:
         return {i: [_caption(rng, _phrases(i), names) for _ in range(per_image)] for i in ids}
 
     test = range(N_TEST)
-    pooled = rng.standard_normal((N_TEST + n_train, POOLED_WIDTH)).astype(np.float32)
-    pooled /= np.linalg.norm(pooled, axis=1, keepdims=True)
     return {
         "gts": image_captions(test, 5),
         "samples": {name: image_captions(test, n) for name, n in DECODINGS.items()},
         "train_refs": image_captions(range(10_000_000, 10_000_000 + n_train), 5),
-        "pooled": pooled[:N_TEST],
-        "train_pooled": pooled[N_TEST:],
+        "pooled": unit_rows(rng, N_TEST),
     }
 
 
@@ -99,6 +113,7 @@ def child(n_train: int) -> dict:
     """One size, in this process: the RSS with the inputs built and the peak of the metrics."""
     from distinctcap.core.settings import EvalSettings
     from distinctcap.evaluate.metrics import CocoTools
+    from distinctcap.evaluate.nearest import nearest_in_blocks
     from distinctcap.evaluate.stage import text_metrics
 
     sampler = PeakSampler()
@@ -106,11 +121,16 @@ def child(n_train: int) -> dict:
     base = sampler.reset()
     wall = time.perf_counter()
     settings = EvalSettings(seed=0, device="cpu", spice=False)
+    train = data["train_refs"]
+    near = nearest_in_blocks(data["pooled"], training_blocks(n_train),
+                             settings.consensus_neighbours)  # fmt: skip
+    train_ids = list(train)
+    neighbours = {i: [c for r in near[n] for c in train[train_ids[r]]] for n, i in enumerate(
+        data["gts"])}  # fmt: skip
     with CocoTools(spice=False, meteor_memory=settings.meteor_memory) as tools:
         for name, n in DECODINGS.items():
-            train = data["train_refs"]
-            text_metrics(data["gts"], data["samples"][name], n, train, list(train),
-                         data["pooled"], data["train_pooled"], settings, tools)  # fmt: skip
+            text_metrics(data["gts"], data["samples"][name], n, train, neighbours, settings,
+                         tools)  # fmt: skip
     peak = sampler.stop()
     return {"train": n_train, "inputs_mb": base, "peak_mb": peak,
             "wall_s": time.perf_counter() - wall}  # fmt: skip

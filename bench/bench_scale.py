@@ -15,8 +15,8 @@ process (`--stage`) and reads that child's peak RSS from os.wait4:
     decode      decode.decode_run: greedy, the 1,000 test images, a random-init COCO-size
                 captioner (config.coco.yaml's `captioner`) saved with Captioner.save
     evaluate    the feature-dependent path of evaluate_decoding on 1,000 images x 5 samples:
-                read_generated, the captions by image, evaluate.loaded.load_pooled (pooled of the
-                test and train images), the consensus neighbours (evaluate.inputs.nearest) and
+                read_generated, the captions by image, the consensus neighbours (evaluate.loaded
+                JobLoads.training_neighbours: the training features a block at a time) and
                 evaluate.device.model_metrics (self-retrieval: ImageFeatures.load of the 1,000
                 images; pool 2, since its compute does not depend on N). The text, CLIP and GPT-2
                 metrics need Java, a real CLIP and GPT-2 weights and read no image features.
@@ -107,8 +107,8 @@ def stage_evaluate(store: Path, work: Path) -> None:
     from distinctcap.core.io import read_table, write_table
     from distinctcap.core.settings import EvalSettings
     from distinctcap.evaluate.device import model_metrics
-    from distinctcap.evaluate.inputs import EvalPaths, nearest, read_generated
-    from distinctcap.evaluate.loaded import captions_by_image, load_pooled
+    from distinctcap.evaluate.inputs import EvalPaths, read_generated
+    from distinctcap.evaluate.loaded import JobLoads, captions_by_image
 
     generated = work / "generated5.parquet"
     if not generated.is_file():  # 5 samples per test image (the decode stage wrote 1)
@@ -132,8 +132,7 @@ def stage_evaluate(store: Path, work: Path) -> None:
     captions_by_image(captions[captions.split == "test"], ids)
     train_ids = images[images.split == "train"].image_id.astype(int).tolist()
     train_refs = captions_by_image(captions[captions.split == "train"], train_ids)
-    pooled, train_pooled, _ = load_pooled(paths.features, ids, train_refs)
-    nearest(pooled, train_pooled, settings.consensus_neighbours)
+    JobLoads().training_neighbours(paths.features, ids, train_refs, settings.consensus_neighbours)
     model_metrics(paths, ids, [samples[i][0] for i in ids], settings)
 
 

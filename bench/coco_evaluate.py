@@ -158,6 +158,16 @@ def _instrument(timings: dict[str, list[float]]) -> None:
         setattr(owner, name, wrapper)
 
 
+def consensus_neighbours(data: dict, k: int) -> dict[int, list[str]]:
+    """Each test image's consensus references (evaluate.stage.consensus_captions's captions)."""
+    from distinctcap.evaluate.nearest import nearest
+
+    train_ids = list(data["train_refs"])
+    near = nearest(data["pooled"], data["train_pooled"], k)
+    return {i: [c for r in near[n] for c in data["train_refs"][train_ids[r]]]
+            for n, i in enumerate(data["gts"])}  # fmt: skip
+
+
 def child(data_path: str, workers: int, out_path: str) -> None:
     from distinctcap.core.settings import EvalSettings
     from distinctcap.evaluate.metrics import CocoTools
@@ -174,18 +184,14 @@ def child(data_path: str, workers: int, out_path: str) -> None:
     train_refs = data["train_refs"]
     values = {}
     wall0, cpu0 = time.perf_counter(), _cpu()
+    if "neighbours" in inspect.signature(text_metrics).parameters:  # the caller finds them
+        consensus = (consensus_neighbours(data, settings.consensus_neighbours),)
+    else:  # before issue 55's evaluate memory fix, text_metrics found them
+        consensus = (list(train_refs), data["pooled"], data["train_pooled"])
     with CocoTools(**options) as tools:
         for name, samples in data["samples"].items():
             out = text_metrics(
-                data["gts"],
-                samples,
-                DECODINGS[name],
-                train_refs,
-                list(train_refs),
-                data["pooled"],
-                data["train_pooled"],
-                settings,
-                tools,
+                data["gts"], samples, DECODINGS[name], train_refs, *consensus, settings, tools
             )
             values[name] = out.values
         close = time.perf_counter(), _cpu()

@@ -21,9 +21,10 @@ from distinctcap.evaluate.device import (
     model_metrics,
     retrieval_blocks,
 )
-from distinctcap.evaluate.inputs import EvalPaths, nearest
+from distinctcap.evaluate.inputs import EvalPaths
 from distinctcap.evaluate.loaded import JobLoads
 from distinctcap.evaluate.metrics import CocoTools, spice_unavailable_reason
+from distinctcap.evaluate.nearest import nearest
 from distinctcap.evaluate.stage import (
     evaluate_decoding,
     evaluate_stage,
@@ -358,6 +359,9 @@ def test_a_jobs_decodings_share_one_read_of_each_model_and_feature_file(results,
         assert part.result.values.items() <= want.row.items()
         assert part.work == {k: want.work[k] for k in part.work} and part.work["clip_encoded"] > 0
     # both tables once, the captioner and its image rows once (greedy only: the sampling
-    # decoding skips self-retrieval by default), one CLIP, one pooled read for the split
-    assert loads.loads == {"table": 2, "train_refs": 1, "pooled": 1, "manifest": 1, "clip": 1,
-                           "image_features": 1, "captioner": 1}  # fmt: skip
+    # decoding skips self-retrieval by default), one CLIP, one pooled read for the split and
+    # one for its hard pool's training images, found once (the training features a block at a
+    # time: evaluate.nearest)
+    assert loads.loads == {"table": 2, "train_refs": 1, "pooled": 2, "manifest": 1, "clip": 1,
+                           "image_features": 1, "captioner": 1, "train_with_features": 1,
+                           "training_neighbours": 1}  # fmt: skip

@@ -40,7 +40,6 @@ from distinctcap.evaluate.inputs import (
     DecodingInputs,
     EvalPaths,
     log_timings,
-    nearest,
     stage_paths,
     timed,
     warn_if_capped,
@@ -105,7 +104,9 @@ def _device_metrics(
     timings: dict[str, list[float]] = {}
     ids, first = inputs.ids, inputs.first
     with timed(timings, "load CLIP features"):
-        pooled, train_pooled, _ = loads.pooled(paths.features, ids, inputs.train_refs)
+        pooled = loads.pooled(paths.features, ids)
+    with timed(timings, "hard pool (nearest training images)"):
+        hard_extra = hard_pool_images(paths.features, inputs, settings, loads)
     out = MetricResult()
     with timed(timings, "CLIP retrieval and CLIPScore"):
         clip_out, per_caption = clip_metrics(
@@ -113,7 +114,7 @@ def _device_metrics(
             first,
             [inputs.gts[i] for i in ids],
             pooled,
-            train_pooled,
+            hard_extra,
             settings,
         )
         out.merge(clip_out)
@@ -140,6 +141,20 @@ def _device_metrics(
     return DeviceMetrics(out, per_image, timings)
 
 
+def hard_pool_images(
+    features: str, inputs: DecodingInputs, settings: EvalSettings, loads: JobLoads
+) -> np.ndarray:
+    """Pooled features of the hard pool's training images: the union of each split image's
+    `hard_pool` nearest training images (0 rows when hard_pool is 0 or none has features)."""
+    if settings.hard_pool <= 0:
+        return np.zeros((0, 0), np.float32)
+    near, train = loads.training_neighbours(features, inputs.ids, inputs.train_refs,
+                                            settings.hard_pool)  # fmt: skip
+    if train:
+        warn_if_capped("hard_pool", settings.hard_pool, len(train), "training images")
+    return loads.pooled(features, [train[r] for r in np.unique(near)])
+
+
 def encode_texts(clip, texts: Sequence[str], batch_size: int = 256) -> np.ndarray:
     """CLIP text embeddings (N, D), L2-normalised, float32."""
     device = next(clip.model.parameters()).device
@@ -157,11 +172,11 @@ def clip_metrics(
     texts: Sequence[str],
     references: Sequence[Sequence[str]],
     pooled: np.ndarray,
-    train_pooled: np.ndarray,
+    hard_extra: np.ndarray,
     settings: EvalSettings,
 ) -> tuple[MetricResult, dict[str, np.ndarray]]:
     """Self-retrieval of caption i's image (row i of `pooled`) among the split's images, the
-    hard pool (plus each image's `hard_pool` nearest training images), CLIPScore and
+    hard pool (plus the training images `hard_extra`, `hard_pool_images`), CLIPScore and
     RefCLIPScore (`references[i]`: image i's references); and caption i's own values
     (`PER_IMAGE`): clip_rank, its 1-based rank among the split's images, and clipscore.
     r_at_k is the share of clip_rank <= k, mean_rank and clipscore the means of the
@@ -178,13 +193,11 @@ def clip_metrics(
     out.values["refclipscore"] = float(np.mean(refscores))
     per_caption = {"clip_rank": ranks, "clipscore": scores}
     hard = [f"hard_r_at_{k}" for k in ks] + ["hard_mean_rank"]
-    if settings.hard_pool <= 0 or len(train_pooled) == 0:
+    if settings.hard_pool <= 0 or len(hard_extra) == 0:
         for name in hard:
             out.skip(name, "no hard retrieval pool (evaluate.hard_pool = 0)")
         return out, per_caption
-    warn_if_capped("hard_pool", settings.hard_pool, len(train_pooled), "training images")
-    extra = np.unique(nearest(pooled, train_pooled, settings.hard_pool))
-    pool = np.concatenate([pooled, train_pooled[extra]])
+    pool = np.concatenate([pooled, hard_extra])
     out.merge(retrieval_scores(emb, pool, target, ks), prefix="hard_")
     return out, per_caption
 

@@ -4,8 +4,7 @@ The evaluate stage's two parts, the torch part (evaluate.device: CLIP, the judge
 captioner, GPT-2) and the CPU part (evaluate.stage: the text metrics), read the same inputs:
 the rule's paths (`EvalPaths`, `stage_paths`), a run's generated captions and the split's
 and the training images' references (`DecodingInputs`; the tables through the job's
-evaluate.loaded.JobLoads), and find cosine nearest neighbours of pooled CLIP features
-(`nearest`); and time their parts alike (`timed`, `log_timings`).
+evaluate.loaded.JobLoads); and time their parts alike (`timed`, `log_timings`).
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from distinctcap.core import logs
@@ -93,42 +91,6 @@ class DecodingInputs:
             )
         train_refs = loads.train_refs(paths.images, paths.captions)
         return cls(run, samples, gts, train_refs, loads.table(paths.images))
-
-
-def nearest(
-    query: np.ndarray, pool: np.ndarray, k: int, chunk: int = 256, pool_chunk: int = 16_384
-) -> np.ndarray:
-    """Rows of the k most cosine-similar `pool` rows for each `query` row -> (Nq, k), most
-    similar first (equal similarities by lower row). Memory is bounded by the chunks, not by
-    the pool: 118,287 COCO training images would need a 1,000 x 118,287 matrix and its sort
-    keys at once; here each query chunk keeps its best k while the pool passes by. A block
-    of 256 x 16,384 similarities takes ~80 MB with its negation and argpartition's int64
-    rows (2,048 query rows took ~260 MB for COCO's 1,000 test images, once the pool passed
-    16,384 rows: the evaluate job's peak grew with the training set); a row's neighbours
-    depend on its own similarities only, so the query chunk changes none."""
-    k = min(k, len(pool))
-    out = np.empty((len(query), k), dtype=np.int64)
-    for s in range(0, len(query), chunk):
-        q = query[s : s + chunk]
-        best_sims = np.empty((len(q), 0), np.result_type(q, pool))
-        best_rows = np.empty((len(q), 0), np.int64)
-        for p in range(0, len(pool), pool_chunk):
-            sims, rows = block_top_k(q @ pool[p : p + pool_chunk].T, k)
-            sims, rows = np.hstack([best_sims, sims]), np.hstack([best_rows, p + rows])
-            order = np.lexsort((rows, -sims), axis=1)[:, :k]
-            best_sims = np.take_along_axis(sims, order, axis=1)
-            best_rows = np.take_along_axis(rows, order, axis=1)
-        out[s : s + chunk] = best_rows
-    return out
-
-
-def block_top_k(sims: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """(similarities, columns) of each row's k highest `sims` (all of them when k or fewer),
-    unordered."""
-    if sims.shape[1] <= k:
-        return sims, np.broadcast_to(np.arange(sims.shape[1]), sims.shape)
-    top = np.argpartition(-sims, k - 1, axis=1)[:, :k]
-    return np.take_along_axis(sims, top, axis=1), top
 
 
 def warn_if_capped(key: str, value: int, limit: int, what: str) -> None:

@@ -34,8 +34,8 @@ PREFIX = "judge_"
 OFF = "no judge CLIP configured (evaluate.judge)"
 PER_IMAGE = ("judge_rank", "judge_clipscore")
 
-# the scoring of evaluate.device.clip_metrics: (clip, texts, references, pooled, training pooled,
-# settings) -> (metrics, per-caption clip_rank and clipscore)
+# the scoring of evaluate.device.clip_metrics: (clip, texts, references, pooled, hard pool's
+# training images, settings) -> (metrics, per-caption clip_rank and clipscore)
 Score = Callable[..., tuple[MetricResult, dict[str, np.ndarray]]]
 
 

@@ -2,12 +2,13 @@
 
 An evaluate or evaluate_gpu job covers every (split, decoding) of a run; each evaluation needs
 the same models and the same rows of the same files: the trainer's CLIP and the judge CLIP,
-the captioner and its tokenizer, GPT-2, the pooled CLIP features of the split and of the
-training images, the judge's pooled features, the captioner's image features of the split,
-the images table and the training references. `JobLoads` reads each once (per key: path,
-device, image ids) and hands the same object to every later evaluation. One is made per job
-(`evaluate_stage`, `evaluate_device_stage`) and dropped with it, never a module-level cache,
-so a test or a long process never sees another job's files. Nothing here counts work
+the captioner and its tokenizer, GPT-2, the pooled CLIP features of the split and of its
+nearest training images (the training features pass a block at a time), the judge's pooled
+features, the captioner's image features of the split, the images table and the training
+references. `JobLoads` reads each once (per key: path, device, image ids) and hands the same
+object to every later evaluation. One is made per job (`evaluate_stage`,
+`evaluate_device_stage`) and dropped with it, never a module-level cache, so a test or a long
+process never sees another job's files. Nothing here counts work
 (distinctcap.core.work): the counters sit in the scorers, which run once per evaluation as
 before.
 
@@ -18,7 +19,7 @@ feature arrays and tables are only read.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -26,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from distinctcap.core.io import read_json, read_table
+from distinctcap.evaluate.nearest import POOL_BLOCK, nearest_in_blocks
 from distinctcap.features.read import feature_ids, load_image_features
 
 T = TypeVar("T")
@@ -37,15 +39,24 @@ def captions_by_image(captions: pd.DataFrame, image_ids: Sequence[int]) -> dict[
     return {int(i): list(groups[i]) for i in image_ids if i in groups.index}
 
 
-def load_pooled(
-    features: str | Path, ids: Sequence[int], train_ids: Iterable[int]
-) -> tuple[np.ndarray, np.ndarray, list[int]]:
-    """(pooled of `ids`, pooled of the training images that have features, those ids): only
-    these rows of the pooled column are read, never the grid."""
+def load_pooled(features: str | Path, ids: Sequence[int]) -> np.ndarray:
+    """Pooled features of `ids` (L2-normalised, in that order): only these rows of the pooled
+    column are read, never the grid."""
+    return load_image_features(features, grid=False, image_ids=list(ids))[1]
+
+
+def training_with_features(features: str | Path, train_ids: Iterable[int]) -> list[int]:
+    """The training images that have features, in `train_ids`' order."""
     have = set(feature_ids(features).tolist())
-    train_with_feat = [i for i in train_ids if i in have]
-    _, both, _ = load_image_features(features, grid=False, image_ids=list(ids) + train_with_feat)
-    return both[: len(ids)], both[len(ids) :], train_with_feat
+    return [i for i in train_ids if i in have]
+
+
+def pooled_blocks(
+    features: str | Path, ids: Sequence[int], block: int = POOL_BLOCK
+) -> Iterator[np.ndarray]:
+    """`load_pooled` of `ids`, `block` rows at a time: one block is held, not all of them."""
+    for s in range(0, len(ids), block):
+        yield load_pooled(features, ids[s : s + block])
 
 
 class JobLoads:
@@ -75,13 +86,27 @@ class JobLoads:
 
         return self._once("train_refs", (str(images), str(captions)), load)
 
-    def pooled(
-        self, features: str | Path, ids: Sequence[int], train_ids: Iterable[int]
-    ) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    def pooled(self, features: str | Path, ids: Sequence[int]) -> np.ndarray:
         """`load_pooled` of these ids, read once."""
-        train = tuple(train_ids)
-        key = (str(features), tuple(ids), train)
-        return self._once("pooled", key, lambda: load_pooled(features, ids, train))
+        key = (str(features), tuple(ids))
+        return self._once("pooled", key, lambda: load_pooled(features, ids))
+
+    def training_neighbours(
+        self, features: str | Path, ids: Sequence[int], train_ids: Iterable[int], k: int
+    ) -> tuple[np.ndarray, list[int]]:
+        """(rows of the k nearest training images of each of `ids` by pooled features, the
+        training images with features that the rows index), found once per k. The training
+        features pass a block at a time (evaluate.nearest): the job never holds them all,
+        242 MB for COCO's 118,287 training images."""
+        train_key = (str(features), tuple(train_ids))
+        train = self._once("train_with_features", train_key,
+                           lambda: training_with_features(features, train_key[1]))  # fmt: skip
+
+        def find() -> np.ndarray:
+            query = self.pooled(features, ids)
+            return nearest_in_blocks(query, pooled_blocks(features, train), k)
+
+        return self._once("training_neighbours", (*train_key, tuple(ids), k), find), train
 
     def clip(self, arch: str, pretrained: str, device: str, tag: str | None = None):
         """A CLIP (distinctcap.clip.load.load_clip) in eval mode on `device`."""

@@ -36,7 +36,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import torch
 
@@ -58,7 +57,6 @@ from distinctcap.evaluate.inputs import (
     DecodingInputs,
     EvalPaths,
     log_timings,
-    nearest,
     stage_paths,
     timed,
     warn_if_capped,
@@ -163,8 +161,8 @@ def _cpu_metrics(
 ) -> Evaluation:
     ids, n_samples = inputs.ids, inputs.n_samples
     timings: dict[str, list[float]] = {}
-    with timed(timings, "load CLIP features (consensus neighbours)"):
-        pooled, train_pooled, train_with_feat = loads.pooled(features, ids, inputs.train_refs)
+    with timed(timings, "consensus neighbours (nearest training images)"):
+        neighbours = consensus_captions(features, inputs, settings, loads)
     with timed(timings, "similar images (CIDErBtw, DisWordRate)"):
         similar = similar_sets(judge_features, ids, inputs.images, loads)
 
@@ -176,9 +174,7 @@ def _cpu_metrics(
                 inputs.samples,
                 n_samples,
                 inputs.train_refs,
-                train_with_feat,
-                pooled,
-                train_pooled,
+                neighbours,
                 settings,
                 tools,
                 similar,
@@ -216,31 +212,39 @@ def _cpu_metrics(
     return Evaluation(row, skipped, curve, timings, device.per_image)
 
 
+def consensus_captions(
+    features: str, inputs: DecodingInputs, settings: EvalSettings, loads: JobLoads
+) -> dict[int, list[str]] | None:
+    """Each image's consensus references: the captions of its `consensus_neighbours` nearest
+    training images by pooled CLIP features; None for a one-sample decoding (nothing to
+    re-rank) or when no training image has features."""
+    if inputs.n_samples < 2:
+        return None
+    k = settings.consensus_neighbours
+    near, train = loads.training_neighbours(features, inputs.ids, inputs.train_refs, k)
+    if not train:
+        return None
+    warn_if_capped("consensus_neighbours", k, len(train), "training images")
+    refs = inputs.train_refs
+    return {i: [c for r in near[n] for c in refs[train[r]]] for n, i in enumerate(inputs.ids)}
+
+
 def text_metrics(
     gts: dict[int, list[str]],
     samples: dict[int, list[str]],
     n_samples: int,
     train_refs: dict[int, list[str]],
-    train_with_feat: list[int],
-    pooled: np.ndarray,
-    train_pooled: np.ndarray,
+    neighbours: dict[int, list[str]] | None,
     settings: EvalSettings,
     tools: CocoTools | None = None,
     similar: SimilarSets | None = None,
 ) -> MetricResult:
-    """Quality, diversity, novelty, oracle (incl. the CIDEr-vs-n points), consensus and, with
-    `similar`, the field's distinctiveness columns (evaluate.distinctive)."""
+    """Quality, diversity, novelty, oracle (incl. the CIDEr-vs-n points), consensus (with
+    `neighbours`, `consensus_captions`) and, with `similar`, the field's distinctiveness
+    columns (evaluate.distinctive)."""
     wanted = sorted(set(settings.oracle_ns) | set(settings.curve_ns))
     ns = [n for n in wanted if n <= n_samples] if n_samples > 1 else []
-    neighbours = None
-    if n_samples > 1 and train_with_feat:
-        warn_if_capped("consensus_neighbours", settings.consensus_neighbours,
-                       len(train_pooled), "training images")  # fmt: skip
-        near = nearest(pooled, train_pooled, settings.consensus_neighbours)
-        neighbours = {
-            i: [c for r in near[k] for c in train_refs[train_with_feat[r]]]
-            for k, i in enumerate(samples)
-        }
+    neighbours = neighbours if n_samples > 1 else None
     own = tools is None
     tools = tools or CocoTools(spice=settings.spice, meteor_memory=settings.meteor_memory)
     try:

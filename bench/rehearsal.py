@@ -55,6 +55,7 @@ import json
 import math
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -83,6 +84,9 @@ SCALING = {  # rule -> what its work grows with
 }
 GPU_RULES = ("extract_features", "retrieval_entropy", "train_run", "decode", "evaluate_gpu")
 TAG, ARCH = "openai", "ViT-B-32"
+# what a job logs when it reuses a killed run's work (features.extract's shards, data.coco's
+# extracted archives): its usage line then counts that last run, not the stage's whole cost
+RESUMED = re.compile(r"[1-9][0-9]* reused, [0-9]+ to compute|not downloading it again")
 REPORT_S = 15  # of --budget kept for the report after Snakemake (a job start is measured)
 
 
@@ -327,6 +331,23 @@ def run_snakemake(
         os.killpg(process.pid, 15)
         rc = process.wait()
     return rc, time.perf_counter() - start
+
+
+def resumed(log_file: Path) -> bool:
+    """Whether the job's last run (its log after the previous `usage:` line: the logs
+    append) reused a killed run's work (`RESUMED`)."""
+    from distinctcap.core.usage import MARK
+
+    runs = log_file.read_text(encoding="utf-8", errors="replace").split(MARK)
+    return bool(RESUMED.search(runs[-2] if len(runs) > 1 else runs[-1]))
+
+
+def usages(logs: Path) -> list[dict]:
+    """Each job's `usage:` line (report.times.read_usages) and whether it was `resumed`."""
+    from distinctcap.report.times import read_usages
+
+    rows = read_usages(logs).to_dict("records")
+    return [{**row, "resumed": resumed(logs / f"{row['log']}.log")} for row in rows]
 
 
 def unlock_after_a_kill(command: list[str], run_dir: Path, env: dict) -> None:
@@ -577,7 +598,6 @@ def print_rows(result: dict) -> None:
 
 def main() -> None:
     from distinctcap.data.synthcoco import COCO_IMAGES
-    from distinctcap.report.times import read_usages
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--images", type=int, default=COCO_IMAGES)
@@ -672,7 +692,7 @@ def main() -> None:
         "targets": args.target,
         "stages": rows,
         "totals": totals(rows, config, args.gpus),
-        "usage": read_usages(run_dir / "logs").to_dict("records"),
+        "usage": usages(run_dir / "logs"),
         "data": data_report(run_dir, args.images),
         "disk": disk_used(plan, work, run_dir),
         "kept_images": kept,

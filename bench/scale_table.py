@@ -12,7 +12,7 @@ seconds and bytes. Goals (issue 55): train, decode, evaluate, summary and report
 RSS within 1.25x of the smallest size's; the data, feature and entropy stages grow no faster than
 linearly (CPU seconds at most 1.1x the image ratio) with their RSS bounded by a chunk (within
 1.25x); the disk used is within 10 % of preflight's estimate. With --write the tables replace
-what lies between the markers in the file; else they are printed.
+what lies between the --block's markers in the file; else they are printed.
 """
 
 from __future__ import annotations
@@ -25,15 +25,30 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from coco_table import write_between_markers  # noqa: E402  (bench/ is scripts, not a package)
 
-BEGIN, END = "<!-- scale-table:begin -->", "<!-- scale-table:end -->"
 DOCS = Path(__file__).resolve().parents[1] / "docs"
-# the rehearsals the docs table renders (tests/test_rehearsal.py holds the two equal): the
-# diagnostic 10k and 40k runs until the 123,287-image run of one commit has finished
-DOCS_INPUTS = [
-    DOCS / "rehearsal/scale/diagnostic-f9b9c2d-10000.json",
-    DOCS / "rehearsal/scale/diagnostic-f9b9c2d-40000.json",
-]
+# the rehearsals each docs block renders (tests/test_rehearsal.py holds them equal): the
+# diagnostic 10k and 40k runs, and the first 123,287-image run (its stages ran on several
+# commits and sessions) until the three sizes have run on one commit
+DOCS_BLOCKS = {
+    "scale-table": [
+        DOCS / "rehearsal/scale/diagnostic-f9b9c2d-10000.json",
+        DOCS / "rehearsal/scale/diagnostic-f9b9c2d-40000.json",
+    ],
+    "scale-full": [DOCS / "rehearsal/scale/first-full-123287.json"],
+}
+
+
+def markers(block: str) -> tuple[str, str]:
+    """The docs markers around a block's tables."""
+    return f"<!-- {block}:begin -->", f"<!-- {block}:end -->"
+
+
 RSS_GOAL = 1.25
+RESUMED_MARK = "†"
+RESUMED_NOTE = (
+    f"{RESUMED_MARK} resumed: the job's last run reused a killed run's work (feature shards, "
+    "an extracted archive), so its numbers are that run's, not the stage's whole cost."
+)
 LINEAR_SLACK = 1.1  # time may grow 10 % faster than the images: 13.5x from 10k to 123k
 PER_RUN = {"train": "train", "decode": "decode", "evaluate": "evaluate"}
 UPSTREAM = {  # log -> (stage, goal)
@@ -89,16 +104,19 @@ def stage_of(log: str) -> str | None:
 
 def stages(result: dict) -> dict[str, dict]:
     """Per stage: jobs, wall_s, cpu_s and written_mb summed over its jobs, peak_rss_mb the
-    largest of each job's own and its children's peak."""
+    largest of each job's own and its children's peak, resumed whether a job's last run reused
+    a killed run's work (bench/rehearsal.py `resumed`)."""
     out: dict[str, dict] = {}
     for job in result["usage"]:
         name = stage_of(job["log"])
         if name is None:
             continue
         row = out.setdefault(
-            name, {"jobs": 0, "wall_s": 0.0, "cpu_s": 0.0, "written_mb": 0.0, "peak_rss_mb": 0.0}
-        )
+            name, {"jobs": 0, "wall_s": 0.0, "cpu_s": 0.0, "written_mb": 0.0, "peak_rss_mb": 0.0,
+                   "resumed": False},
+        )  # fmt: skip
         row["jobs"] += 1
+        row["resumed"] |= bool(job.get("resumed"))
         for key in ("wall_s", "cpu_s"):
             row[key] += job[key]
         row["written_mb"] += job["written_mb"] or 0.0
@@ -108,7 +126,10 @@ def stages(result: dict) -> dict[str, dict]:
 
 
 def verdict(goal: str | None, small: dict, large: dict, image_ratio: float) -> str:
-    """The goal and whether the largest size meets it against the smallest."""
+    """The goal and whether the largest size meets it against the smallest (none where a size
+    was resumed: its numbers are not the stage's whole cost)."""
+    if small["resumed"] or large["resumed"]:
+        return f"resumed{RESUMED_MARK}: not judged"
     rss = large["peak_rss_mb"] / small["peak_rss_mb"]
     if goal == "rss":
         return f"RSS x{rss:.2f} {'met' if rss <= RSS_GOAL else 'MISSED'}"
@@ -122,7 +143,10 @@ def verdict(goal: str | None, small: dict, large: dict, image_ratio: float) -> s
 
 
 def cell(rows: list[dict | None], key: str, fmt: str) -> str:
-    return " / ".join("-" if r is None else format(r[key], fmt) for r in rows)
+    return " / ".join(
+        "-" if r is None else format(r[key], fmt) + (RESUMED_MARK if r["resumed"] else "")
+        for r in rows
+    )
 
 
 def stage_table(results: list[dict]) -> str:
@@ -140,16 +164,19 @@ def stage_table(results: list[dict]) -> str:
         if all(r is None for r in rows):
             continue
         jobs = max(r["jobs"] for r in rows if r)
-        goal = (
-            verdict(GOALS.get(name), rows[0], rows[-1], ratio)
-            if rows[0] and rows[-1]
-            else "not run at every size"
-        )
+        if len(rows) == 1:
+            goal = "one size"
+        elif rows[0] and rows[-1]:
+            goal = verdict(GOALS.get(name), rows[0], rows[-1], ratio)
+        else:
+            goal = "not run at every size"
         lines.append(
             f"| {name} ({jobs}) | {cell(rows, 'wall_s', ',.0f')} | {cell(rows, 'cpu_s', ',.0f')} "
             f"| {cell(rows, 'peak_rss_mb', ',.0f')} | {cell(rows, 'written_mb', ',.0f')} "
             f"| {goal} |"
         )
+    if any(row["resumed"] for size in per_size for row in size.values()):
+        lines += ["", RESUMED_NOTE]
     return "\n".join(lines) + "\n"
 
 
@@ -215,10 +242,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("inputs", nargs="+", type=Path, help="rehearsal.json files")
     parser.add_argument("--write", type=Path, help="the Markdown file with the markers")
+    parser.add_argument("--block", default="scale-table", help="whose markers (DOCS_BLOCKS)")
     args = parser.parse_args()
     text = tables([json.loads(p.read_text()) for p in args.inputs])
     if args.write:
-        write_between_markers(args.write, text, BEGIN, END)
+        write_between_markers(args.write, text, *markers(args.block))
     else:
         sys.stdout.write(text)
 

@@ -261,13 +261,44 @@ def test_the_docs_coco_table_is_the_scripts_output():
 
 def test_the_docs_scale_table_is_the_scripts_output():
     """docs/performance.md's "COCO's shape on a CPU" tables are bench/scale_table.py's rendering
-    of the rehearsal JSONs it names (regenerate: scale_table.py FILE ... --write), never typed."""
+    of the rehearsal JSONs it names (regenerate: scale_table.py FILE ... --write --block NAME),
+    never typed."""
     import scale_table
 
-    results = [json.loads(path.read_text()) for path in scale_table.DOCS_INPUTS]
     doc = (REPO / "docs/performance.md").read_text()
-    block = doc.split(scale_table.BEGIN + "\n")[1].split(scale_table.END)[0]
-    assert block == scale_table.tables(results)
+    for name, paths in scale_table.DOCS_BLOCKS.items():
+        begin, end = scale_table.markers(name)
+        block = doc.split(begin + "\n")[1].split(end)[0]
+        assert block == scale_table.tables([json.loads(p.read_text()) for p in paths]), name
+
+
+def test_a_resumed_jobs_numbers_are_marked_and_not_judged(tmp_path):
+    """A job that reused a killed run's shards logs it; the table marks its cells and judges no
+    goal on them (the 123,287-image run's features were computed over two sessions)."""
+    import scale_table
+
+    from distinctcap.core.usage import MARK
+
+    usage = MARK + '{"wall_s": 1}\n'
+    logs = {"first": "image shards: 0 reused, 9 to compute\n" + usage,
+            "again": usage + "image shards: 121 reused, 0 to compute\n" + usage,
+            "fresh": "image shards: 3 reused, 0 to compute\n" + usage
+                     + "image shards: 0 reused, 9 to compute\n" + usage}  # fmt: skip
+    for name, text in logs.items():
+        (tmp_path / f"{name}.log").write_text(text)
+    assert {n: rehearsal.resumed(tmp_path / f"{n}.log") for n in logs} == {
+        "first": False, "again": True, "fresh": False}  # fmt: skip
+
+    def result(images: int, was_resumed: bool) -> dict:
+        job = {"log": "features/extract_features", "wall_s": 10.0, "cpu_s": 9.0,
+               "peak_rss_mb": 100.0, "children_peak_rss_mb": 0.0, "written_mb": 5.0,
+               "resumed": was_resumed}  # fmt: skip
+        return {"images": images, "usage": [job]}
+
+    table = scale_table.stage_table([result(10, False), result(40, True)])
+    assert "| extract_features (1) | 10 / 10† |" in table
+    assert "resumed†: not judged" in table and scale_table.RESUMED_NOTE in table
+    assert "one size" in scale_table.stage_table([result(40, False)])
 
 
 def test_a_killed_rehearsals_lock_is_lifted_before_it_resumes(tmp_path, capsys):

@@ -358,10 +358,12 @@ def test_a_jobs_decodings_share_one_read_of_each_model_and_feature_file(results,
         pd.testing.assert_frame_equal(part.per_image, want.per_image, check_exact=True)
         assert part.result.values.items() <= want.row.items()
         assert part.work == {k: want.work[k] for k in part.work} and part.work["clip_encoded"] > 0
-    # both tables once, the captioner and its image rows once (greedy only: the sampling
-    # decoding skips self-retrieval by default), one CLIP, one pooled read for the split and
-    # one for its hard pool's training images, found once (the training features a block at a
-    # time: evaluate.nearest)
-    assert loads.loads == {"table": 2, "train_refs": 1, "pooled": 2, "manifest": 1, "clip": 1,
-                           "image_features": 1, "captioner": 1, "train_with_features": 1,
-                           "training_neighbours": 1}  # fmt: skip
+    # the images table once, the captions once as the split's rows and once as the training
+    # references (never held whole), the captioner and its image rows once (greedy only: the
+    # sampling decoding skips self-retrieval by default), one CLIP, one pooled read for the
+    # split and one for its hard pool's training images, found once (the training features a
+    # block at a time: evaluate.nearest)
+    assert loads.loads == {"table": 1, "split_captions": 1, "train_refs": 1, "pooled": 2,
+                           "manifest": 1, "clip": 1, "image_features": 1, "captioner": 1,
+                           "train_with_features": 1, "training_neighbours": 1}  # fmt: skip
+    assert list(loads.split_captions(world.captions, "test").columns) == ["image_id", "text"]

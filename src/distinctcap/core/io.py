@@ -126,6 +126,13 @@ def write_table(df: pd.DataFrame, path: str | os.PathLike, table: str | None = N
         pq.write_table(arrow, tmp)
 
 
+def release_arrow_memory() -> None:
+    """Hand the freed buffers of a read back to the OS. Arrow's allocator (mimalloc or
+    jemalloc) keeps them for reuse otherwise, so a read of shard after shard grew the RSS by
+    about a shard each (measured: 1,000 images' rows peaked at 1.3 GB over a 10k store)."""
+    pa.default_memory_pool().release_unused()
+
+
 def read_table(
     path: str | os.PathLike, table: str | None = None, columns: list[str] | None = None
 ) -> pd.DataFrame:

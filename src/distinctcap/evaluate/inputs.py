@@ -81,9 +81,8 @@ class DecodingInputs:
         from the job's `loads` (read once per job), else read here."""
         loads = loads or JobLoads()
         run, samples = read_generated(paths.generated)
-        captions = loads.table(paths.captions)
         ids = list(samples)
-        gts = captions_by_image(captions[captions.split == split], ids)
+        gts = captions_by_image(loads.split_captions(paths.captions, split), ids)
         if len(gts) != len(ids):
             missing = sorted(set(ids) - set(gts))[:5]
             raise DistinctcapError(

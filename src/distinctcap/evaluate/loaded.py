@@ -26,17 +26,27 @@ from typing import Any, TypeVar
 import numpy as np
 import pandas as pd
 
-from distinctcap.core.io import read_json, read_table
+from distinctcap.core.io import read_json, read_table, release_arrow_memory
 from distinctcap.evaluate.nearest import POOL_BLOCK, nearest_in_blocks
 from distinctcap.features.read import feature_ids, load_image_features
 
 T = TypeVar("T")
+CAPTION_COLUMNS = ["image_id", "split", "text"]  # what the metrics read of the captions
 
 
 def captions_by_image(captions: pd.DataFrame, image_ids: Sequence[int]) -> dict[int, list[str]]:
     """image id -> its reference texts, for the given ids (in that order)."""
     groups = captions[captions.image_id.isin(image_ids)].groupby("image_id").text.agg(list)
     return {int(i): list(groups[i]) for i in image_ids if i in groups.index}
+
+
+def read_split_captions(captions: str | Path, split: str) -> pd.DataFrame:
+    """The image_id and text of the split's rows of a captions table."""
+    table = read_table(captions, "captions", columns=CAPTION_COLUMNS)
+    rows = table[table.split == split].drop(columns="split").reset_index(drop=True)
+    del table
+    release_arrow_memory()  # the whole table's buffers: 100 MB at COCO's size
+    return rows
 
 
 def load_pooled(features: str | Path, ids: Sequence[int]) -> np.ndarray:
@@ -73,16 +83,24 @@ class JobLoads:
         return self._kept[what, key]
 
     def table(self, path: str | Path) -> pd.DataFrame:
-        """A data table (images, captions), read once."""
+        """A data table (the images), read once."""
         return self._once("table", (str(path),), lambda: read_table(path))
+
+    def split_captions(self, captions: str | Path, split: str) -> pd.DataFrame:
+        """The split's rows of the captions table (image_id, text), read once. The job keeps
+        these and the training references (`train_refs`), never the whole table: at COCO's
+        size it held 238 MB, most of it the training captions' token ids, which no metric
+        reads (issue 55)."""
+        return self._once("split_captions", (str(captions), split),
+                          lambda: read_split_captions(captions, split))  # fmt: skip
 
     def train_refs(self, images: str | Path, captions: str | Path) -> dict[int, list[str]]:
         """Training image id -> its captions (the novelty and consensus references)."""
 
         def load() -> dict[int, list[str]]:
-            table, refs = self.table(images), self.table(captions)
+            table = self.table(images)
             train_ids = table[table.split == "train"].image_id.astype(int).tolist()
-            return captions_by_image(refs[refs.split == "train"], train_ids)
+            return captions_by_image(read_split_captions(captions, "train"), train_ids)
 
         return self._once("train_refs", (str(images), str(captions)), load)
 

@@ -511,3 +511,27 @@ def test_resumed_mid_run_ends_with_the_uninterrupted_weights(trained_reference):
     assert resumed.resumed_from == 3
     after = resumed.model.state_dict()
     assert all(torch.equal(v, after[k]) for k, v in whole.model.state_dict().items())
+
+
+def test_loading_a_neighbour_table_holds_its_int32_rows_and_one_row_group(tmp_path):
+    """Issue 55: at 123,287 images the specificity job read the 140 million neighbours whole
+    as int64 ids, then mapped them to rows (peak 6.2 GB for a 0.56 GB table). Now one row group
+    at a time: the same table, and numpy's peak within 1.5x of the table's own bytes (the whole
+    read peaked at ~3x)."""
+    import tracemalloc
+
+    ids = np.arange(4000, dtype=np.int64) * 3 + 1
+    emb = torch.nn.functional.normalize(
+        torch.randn(4000, 16, generator=torch.Generator().manual_seed(0))
+    )
+    path = tmp_path / "train_top10pct.parquet"
+    write_neighbours(ids, emb, path, fraction=0.1, chunk=256)
+    feature_ids = np.concatenate([ids[::-1], [0]])
+    tracemalloc.start()
+    table = NeighbourTable.load(path, feature_ids)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    whole = NeighbourTable(*read_neighbours(path), feature_ids)
+    assert torch.equal(table.neighbours, whole.neighbours) and torch.equal(table.slot, whole.slot)
+    assert table.neighbours.dtype == torch.int32 and table.k == 400
+    assert peak <= 1.5 * table.neighbours.numel() * 4, peak

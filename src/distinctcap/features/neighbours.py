@@ -111,18 +111,59 @@ def write_neighbours(
     return k
 
 
-def read_neighbours(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
-    """-> image ids (N,) and neighbour ids (N, k), both int64."""
-    table = pq.read_table(path)
-    if table.schema.names != SCHEMA.names:
+def rows_of(index: pd.Index, image_ids: np.ndarray) -> np.ndarray:
+    """The feature rows (int32, `image_ids`' shape) of image ids that must all have features."""
+    rows = index.get_indexer(image_ids.reshape(-1).astype(np.int64, copy=False))
+    if (rows < 0).any():
+        missing = image_ids.reshape(-1)[rows < 0]
         raise DistinctcapError(
-            f"{path}: neighbour table needs columns {SCHEMA.names}, has {table.schema.names}"
+            f"neighbour table names image ids without features: {missing[:10].tolist()}"
         )
-    ids = table.column("image_id").to_numpy()
-    lists = table.column("neighbours").combine_chunks()
+    return rows.astype(np.int32).reshape(image_ids.shape)
+
+
+def read_neighbour_rows(path: str | os.PathLike, index: pd.Index) -> tuple[np.ndarray, np.ndarray]:
+    """-> image ids (N,) int64 and their neighbours' feature rows in `index` (N, k) int32,
+    read a row group at a time."""
+    file = pq.ParquetFile(path)
+    check_columns(file.schema_arrow, path)
+    n = file.metadata.num_rows
+    ids, rows, at = np.empty(n, np.int64), None, 0
+    for g in range(file.num_row_groups):
+        group = file.read_row_group(g)
+        lists = group.column("neighbours").combine_chunks()
+        k = neighbours_per_row(lists, path)
+        rows = np.empty((n, k), np.int32) if rows is None else rows
+        if k != rows.shape[1]:
+            raise DistinctcapError(f"{path}: rows have different numbers of neighbours")
+        ids[at : at + len(group)] = group.column("image_id").to_numpy()
+        rows[at : at + len(group)] = rows_of(index, lists.flatten().to_numpy().reshape(-1, k))
+        at += len(group)
+    return ids, rows if rows is not None else np.empty((0, 0), np.int32)
+
+
+def check_columns(schema: pa.Schema, path: str | os.PathLike) -> None:
+    if schema.names != SCHEMA.names:
+        raise DistinctcapError(
+            f"{path}: neighbour table needs columns {SCHEMA.names}, has {schema.names}"
+        )
+
+
+def neighbours_per_row(lists: pa.ListArray, path: str | os.PathLike) -> int:
+    """k, the neighbours of every row of `lists` (a DistinctcapError if rows differ)."""
     k = len(lists[0]) if len(lists) else 0
     if len(lists) and lists.value_lengths().to_numpy().min() != k:
         raise DistinctcapError(f"{path}: rows have different numbers of neighbours")
+    return k
+
+
+def read_neighbours(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
+    """-> image ids (N,) and neighbour ids (N, k), both int64."""
+    table = pq.read_table(path)
+    check_columns(table.schema, path)
+    ids = table.column("image_id").to_numpy()
+    lists = table.column("neighbours").combine_chunks()
+    k = neighbours_per_row(lists, path)
     return ids, lists.flatten().to_numpy().reshape(len(ids), k)
 
 
@@ -133,24 +174,28 @@ class NeighbourTable:
         """`feature_ids` (F,) are the image ids of the feature rows used in training; every
         image of the table and every neighbour must be among them."""
         index = pd.Index(np.asarray(feature_ids, dtype=np.int64))
-        rows = index.get_indexer(np.asarray(image_ids, dtype=np.int64))
-        neigh = index.get_indexer(np.asarray(neighbour_ids, dtype=np.int64).reshape(-1))
-        if (rows < 0).any() or (neigh < 0).any():
-            missing = np.concatenate(
-                [np.asarray(image_ids)[rows < 0], np.asarray(neighbour_ids).reshape(-1)[neigh < 0]]
-            )
-            raise DistinctcapError(
-                f"neighbour table names image ids without features: {missing[:10].tolist()}"
-            )
-        self.k = neighbour_ids.shape[1]
-        # (N, k) feature rows; int32 halves the table (COCO: 118k x 1183 neighbours = 0.56 GB)
-        self.neighbours = torch.as_tensor(neigh.reshape(-1, self.k).astype(np.int32))
-        self.slot = torch.full((len(index),), -1, dtype=torch.long)  # feature row -> table row
-        self.slot[torch.as_tensor(rows)] = torch.arange(len(rows))
+        self._fill(index, image_ids, rows_of(index, np.asarray(neighbour_ids)))
 
     @classmethod
     def load(cls, path: str | os.PathLike, feature_ids: np.ndarray) -> NeighbourTable:
-        return cls(*read_neighbours(path), feature_ids)
+        """The table at `path` (`write_neighbours`), read a row group at a time into its
+        int32 feature rows: never the whole table as int64 ids. At COCO's size it has 140
+        million neighbours; reading them whole peaked at 6.2 GB in the 123,287-image
+        rehearsal's specificity job, for a table that holds 0.56 GB (issue 55)."""
+        index = pd.Index(np.asarray(feature_ids, dtype=np.int64))
+        table = cls.__new__(cls)
+        table._fill(index, *read_neighbour_rows(path, index))
+        return table
+
+    def _fill(self, index: pd.Index, image_ids: np.ndarray, neighbour_rows: np.ndarray) -> None:
+        """The (N, k) int32 feature rows of each image's neighbours, and each feature row's
+        slot in them."""
+        rows = rows_of(index, np.asarray(image_ids))
+        self.k = neighbour_rows.shape[1]
+        # (N, k) feature rows; int32 halves the table (COCO: 118k x 1183 neighbours = 0.56 GB)
+        self.neighbours = torch.as_tensor(neighbour_rows)
+        self.slot = torch.full((len(index),), -1, dtype=torch.long)  # feature row -> table row
+        self.slot[torch.as_tensor(rows, dtype=torch.long)] = torch.arange(len(rows))
 
     def draw(self, feature_rows: Tensor, generator: torch.Generator) -> Tensor:
         """One neighbour, uniformly among the k, for each image (B,) -> feature rows (B,)."""

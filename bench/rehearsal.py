@@ -390,6 +390,16 @@ def planned_disk(overlay_file: Path) -> list[dict]:
     return [{"part": p.name, "bytes": p.bytes, "how": p.how} for p in parts]
 
 
+def first_plan(run_dir: Path, make) -> list[dict]:
+    """preflight's disk plan as the rehearsal's first run made it (`make()`, kept in
+    disk_plan.json): a resumed run's preflight plans only what is left, 0 bytes to download
+    once the archives were extracted, which is not the estimate the disk is compared with."""
+    kept = run_dir / "disk_plan.json"
+    if not kept.is_file():
+        kept.write_text(json.dumps(make()))
+    return json.loads(kept.read_text())
+
+
 def plan_at(plan: list[dict], overlay_file: Path, images: int) -> list[dict]:
     """`plan` with its per-image parts (features, runs) estimated for `images` images instead
     of the count preflight infers from the archives' bytes (exact for COCO's JPEGs, low for
@@ -652,8 +662,7 @@ def main() -> None:
                 features = extra.setdefault("clip", {}).setdefault("features", {})
                 features["batch_size"] = args.feature_batch
             overlay_file.write_text(yaml.safe_dump(extra))
-            plan = planned_disk(overlay_file)
-            (run_dir / "disk_plan.json").write_text(json.dumps(plan))
+            plan = first_plan(run_dir, lambda: planned_disk(overlay_file))
             rc, seconds = run_snakemake(
                 run_dir,
                 overlay_file,

@@ -326,3 +326,12 @@ def test_a_resumed_rehearsal_serves_its_mirror_on_the_same_port(tmp_path):
         with rehearsal.mirror_server(tmp_path) as third:  # the port is taken: another one
             assert third.url != url
     assert json.loads((tmp_path / "port.json").read_text())["port"] == int(third.url.split(":")[-1])
+
+
+def test_a_resumed_rehearsal_keeps_its_first_disk_plan(tmp_path):
+    """Resumed after its archives were extracted, preflight plans 0 bytes to download: the
+    disk is compared with the first run's plan (the 123,287-image run's table showed 0 GB)."""
+    first = [{"part": "download", "bytes": 9_890_000_000, "how": "the mirror's sizes"}]
+    assert rehearsal.first_plan(tmp_path, lambda: first) == first
+    again = [{"part": "download", "bytes": 0, "how": "extracted sizes"}]
+    assert rehearsal.first_plan(tmp_path, lambda: again) == first

@@ -89,8 +89,7 @@ class JobLoads:
     def split_captions(self, captions: str | Path, split: str) -> pd.DataFrame:
         """The split's rows of the captions table (image_id, text), read once. The job keeps
         these and the training references (`train_refs`), never the whole table: at COCO's
-        size it held 238 MB, most of it the training captions' token ids, which no metric
-        reads (issue 55)."""
+        size it held 238 MB of RSS, with the token ids that no metric reads (issue 55)."""
         return self._once("split_captions", (str(captions), split),
                           lambda: read_split_captions(captions, split))  # fmt: skip
 

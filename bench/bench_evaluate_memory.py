@@ -114,7 +114,7 @@ def child(n_train: int) -> dict:
     from distinctcap.core.settings import EvalSettings
     from distinctcap.evaluate.metrics import CocoTools
     from distinctcap.evaluate.nearest import nearest_in_blocks
-    from distinctcap.evaluate.stage import text_metrics
+    from distinctcap.evaluate.stage import neighbour_captions, text_metrics
 
     sampler = PeakSampler()
     data = inputs(n_train)
@@ -124,9 +124,7 @@ def child(n_train: int) -> dict:
     train = data["train_refs"]
     near = nearest_in_blocks(data["pooled"], training_blocks(n_train),
                              settings.consensus_neighbours)  # fmt: skip
-    train_ids = list(train)
-    neighbours = {i: [c for r in near[n] for c in train[train_ids[r]]] for n, i in enumerate(
-        data["gts"])}  # fmt: skip
+    neighbours = neighbour_captions(list(data["gts"]), near, list(train), train)
     with CocoTools(spice=False, meteor_memory=settings.meteor_memory) as tools:
         for name, n in DECODINGS.items():
             text_metrics(data["gts"], data["samples"][name], n, train, neighbours, settings,

@@ -161,11 +161,11 @@ def _instrument(timings: dict[str, list[float]]) -> None:
 def consensus_neighbours(data: dict, k: int) -> dict[int, list[str]]:
     """Each test image's consensus references (evaluate.stage.consensus_captions's captions)."""
     from distinctcap.evaluate.nearest import nearest
+    from distinctcap.evaluate.stage import neighbour_captions
 
-    train_ids = list(data["train_refs"])
     near = nearest(data["pooled"], data["train_pooled"], k)
-    return {i: [c for r in near[n] for c in data["train_refs"][train_ids[r]]]
-            for n, i in enumerate(data["gts"])}  # fmt: skip
+    refs = data["train_refs"]
+    return neighbour_captions(list(data["gts"]), near, list(refs), refs)
 
 
 def child(data_path: str, workers: int, out_path: str) -> None:

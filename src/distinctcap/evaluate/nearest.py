@@ -24,17 +24,16 @@ def nearest(
     similar first (equal similarities by lower row): `nearest_in_blocks` over `pool` cut into
     blocks of `pool_chunk` rows."""
     blocks = (pool[p : p + pool_chunk] for p in range(0, len(pool), pool_chunk))
-    return nearest_in_blocks(query, blocks, k, chunk, width=min(k, len(pool)))
+    return nearest_in_blocks(query, blocks, k, chunk)
 
 
 def nearest_in_blocks(
-    query: np.ndarray, blocks: Iterable[np.ndarray], k: int, chunk: int = 256, width: int = 0
+    query: np.ndarray, blocks: Iterable[np.ndarray], k: int, chunk: int = 256
 ) -> np.ndarray:
     """`nearest` with the pool given as consecutive blocks (rows numbered across them), each
     seen once. Memory is bounded by one block and a `chunk` of query rows: each query chunk
     keeps its best k while the blocks pass by. A row's neighbours depend on its own
-    similarities only, so neither the chunk nor the block size changes them; `width` is the
-    answer's columns when there are no blocks."""
+    similarities only, so neither the chunk nor the block size changes them."""
     starts = range(0, len(query), chunk)
     best: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(starts)
     offset = 0
@@ -44,7 +43,7 @@ def nearest_in_blocks(
             best[c] = merge_top_k(best[c], sims, offset + rows, k)
         offset += len(block)
     if not best or best[0] is None:  # no query rows, or no blocks
-        return np.empty((len(query), width), np.int64)
+        return np.empty((len(query), min(k, offset)), np.int64)
     return np.vstack([rows for _, rows in best])
 
 

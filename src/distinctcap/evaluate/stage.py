@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -225,8 +226,18 @@ def consensus_captions(
     if not train:
         return None
     warn_if_capped("consensus_neighbours", k, len(train), "training images")
-    refs = inputs.train_refs
-    return {i: [c for r in near[n] for c in refs[train[r]]] for n, i in enumerate(inputs.ids)}
+    return neighbour_captions(inputs.ids, near, train, inputs.train_refs)
+
+
+def neighbour_captions(
+    ids: Sequence[int],
+    near: np.ndarray,
+    train: Sequence[int],
+    train_refs: dict[int, list[str]],
+) -> dict[int, list[str]]:
+    """Image ids[n] -> the captions of its nearest training images, train[r] for each row r
+    of near[n] (evaluate.nearest)."""
+    return {i: [c for r in near[n] for c in train_refs[train[r]]] for n, i in enumerate(ids)}
 
 
 def text_metrics(

@@ -1,6 +1,6 @@
 """What the COCO caption metrics' Java tools share (the PTB tokenizer, METEOR and SPICE): a
-`java` that starts, the folder of pycocoevalcap's jars, and a caption as the one line each
-tool reads.
+`java` that starts, the JVM's own warnings kept off the tools' output, the folder of
+pycocoevalcap's jars, and a caption as the one line each tool reads.
 """
 
 from __future__ import annotations
@@ -19,28 +19,38 @@ PYCOCOEVALCAP = Path(ptbtokenizer.__file__).resolve().parents[1]
 JAVA_INSTALL = "install Java 17, e.g. `apt-get install openjdk-17-jre-headless`"
 
 Pair = tuple[str, Sequence[str]]  # (candidate, references)
+# The JVM writes its own warnings (unified logging, Java 9+) to stdout by default, where PTB
+# and METEOR write their answers: one such line under load gave a tokenizer 242 lines for 241
+# captions. These options send them to stderr; `check_java` tries them.
+JVM_WARNINGS_TO_STDERR = ("-Xlog:disable", "-Xlog:all=warning:stderr")
 
 
 def java_executable() -> str:
-    """Path of `java`; the COCO tools need a JRE (8 or newer)."""
+    """Path of `java`; the COCO tools need a JRE (9 or newer: JVM_WARNINGS_TO_STDERR)."""
     java = shutil.which("java")
     if java is None:
         raise DistinctcapError(
-            f"the COCO caption metrics need `java` on PATH (a JRE 8 or newer); {JAVA_INSTALL}"
+            f"the COCO caption metrics need `java` on PATH (a JRE 9 or newer); {JAVA_INSTALL}"
         )
     return java
 
 
 def check_java() -> str:
-    """Path of a `java` that starts (`java -version`), else a DistinctcapError saying how to
-    install one; the workflow calls it before any job when the run evaluates captions."""
+    """Path of a `java` that starts with the tools' options (`java <options> -version`), else a
+    DistinctcapError saying how to install one; the workflow calls it before any job when the
+    run evaluates captions."""
     java = java_executable()
     try:
-        subprocess.run([java, "-version"], capture_output=True, check=True, timeout=120)
+        subprocess.run(
+            [java, *JVM_WARNINGS_TO_STDERR, "-version"],
+            capture_output=True,
+            check=True,
+            timeout=120,
+        )
     except (OSError, subprocess.SubprocessError) as error:
         raise DistinctcapError(
             f"`{java} -version` fails ({error}); the COCO caption metrics need a working "
-            f"JRE 8 or newer: {JAVA_INSTALL}"
+            f"JRE 9 or newer: {JAVA_INSTALL}"
         ) from error
     return java
 

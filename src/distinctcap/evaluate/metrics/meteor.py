@@ -13,7 +13,13 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from distinctcap.core.errors import DistinctcapError
-from distinctcap.evaluate.metrics.java import PYCOCOEVALCAP, Pair, java_executable, one_line
+from distinctcap.evaluate.metrics.java import (
+    JVM_WARNINGS_TO_STDERR,
+    PYCOCOEVALCAP,
+    Pair,
+    java_executable,
+    one_line,
+)
 from distinctcap.evaluate.metrics.parallel import chunk_bounds
 
 METEOR_JAR = PYCOCOEVALCAP / "meteor" / "meteor-1.5.jar"
@@ -42,6 +48,7 @@ class MeteorServer:
         self._stderr = tempfile.TemporaryFile()
         cmd = [  # pycocoevalcap's command
             java,
+            *JVM_WARNINGS_TO_STDERR,
             *jvm_options,
             f"-Xmx{memory}",
             "-jar",

@@ -26,7 +26,12 @@ from pycocoevalcap.tokenizer import ptbtokenizer
 
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import atomic_path
-from distinctcap.evaluate.metrics.java import PYCOCOEVALCAP, java_executable, one_line
+from distinctcap.evaluate.metrics.java import (
+    JVM_WARNINGS_TO_STDERR,
+    PYCOCOEVALCAP,
+    java_executable,
+    one_line,
+)
 from distinctcap.evaluate.metrics.parallel import chunk_bounds
 
 Captions = Mapping[Hashable, Sequence[str]]
@@ -79,6 +84,7 @@ def run_ptb(lines: Sequence[str], then: str | None) -> list[str]:
         path.write_text("\n".join(text) + "\n", encoding="utf-8")
         cmd = [
             java_executable(),
+            *JVM_WARNINGS_TO_STDERR,
             *PTB_JIT_OPTIONS,
             "-cp",
             str(PTB_JAR),
@@ -94,7 +100,8 @@ def run_ptb(lines: Sequence[str], then: str | None) -> list[str]:
     if proc.returncode != 0 or len(out) != len(text) + 1:
         raise DistinctcapError(
             f"PTB tokenizer failed (exit {proc.returncode}, {len(out) - 1} lines for "
-            f"{len(text)} captions): {proc.stderr.decode(errors='replace')[-2000:]}"
+            f"{len(text)} captions; output begins {out[0][:200]!r}): "
+            f"{proc.stderr.decode(errors='replace')[-2000:]}"
         )
     return [" ".join(w for w in line.split() if w not in _PUNCT) for line in out[: len(lines)]]
 

@@ -1,6 +1,7 @@
 """Shared test setup: offline hub, headless plots, and helpers to run the real pipeline small."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -112,12 +113,24 @@ def snakemake(
     return subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, env=env)
 
 
+def failed_job_logs(workdir: Path, snakemake_output: str, chars: int = 3000) -> str:
+    """The tails of the logs of the jobs snakemake's output says failed ("Error in rule"),
+    so a failed run in CI shows the job's own traceback, not only snakemake's."""
+    tails = []
+    for block in snakemake_output.split("Error in rule")[1:]:
+        named = re.search(r"^\s*log: ([^,\s]+)", block, re.MULTILINE)
+        if named and (workdir / named.group(1)).is_file():
+            text = (workdir / named.group(1)).read_text(errors="replace")
+            tails.append(f"--- {named.group(1)}:\n{text[-chars:]}")
+    return "\n".join(tails)
+
+
 def run_tiny_dag(workdir: Path) -> tuple[Path, dict]:
     """The whole tiny DAG in a fresh copy of the workflow at `workdir`."""
     copy_workflow(workdir)
     config = tiny_config()
     result = snakemake(workdir, config=config, timeout=1500)
-    assert result.returncode == 0, result.stderr[-5000:]
+    assert result.returncode == 0, result.stderr[-5000:] + failed_job_logs(workdir, result.stderr)
     return workdir, config
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from conftest import ROOT, SNAKEMAKE, slurm, slurm_env, tiny_config
+from conftest import ROOT, SNAKEMAKE, failed_job_logs, slurm, slurm_env, tiny_config
 
 from distinctcap.captioner.model import Captioner
 
@@ -236,6 +236,12 @@ def run_uuid(log: str) -> str:
     return match.group(1)
 
 
+def failure(proc: subprocess.Popen, text: str, workdir: Path) -> str:
+    """What a failed snakemake said, with the failed jobs' own logs."""
+    logs = failed_job_logs(workdir, text)
+    return f"snakemake failed ({proc.returncode}):\n{text[-6000:]}\n{logs}"
+
+
 def sacct_time() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 60))
 
@@ -250,7 +256,7 @@ def pipeline(cluster: None, tmp_path_factory) -> PipelineRun:
     wait_or_cancel(proc, log)
     seconds = time.monotonic() - t0
     text = log.read_text()
-    assert proc.returncode == 0, f"snakemake failed ({proc.returncode}):\n{text[-6000:]}"
+    assert proc.returncode == 0, failure(proc, text, workdir)
     jobs = accounted_jobs(run_uuid(text), since)
     print(f"\nSLURM pipeline: {len(jobs)} jobs in {seconds:.0f} s")
     return PipelineRun(workdir, config, since, proc.returncode, text, seconds, jobs)
@@ -378,7 +384,7 @@ def test_requeued_two_gpu_training_job_resumes_from_its_checkpoint(pipeline: Pip
     finally:
         wait_or_cancel(proc, log)
     text = log.read_text()
-    assert proc.returncode == 0, f"snakemake failed ({proc.returncode}):\n{text[-6000:]}"
+    assert proc.returncode == 0, failure(proc, text, workdir)
     print(f"\nrequeue: job {job_id} completed {time.monotonic() - requeued_at:.0f} s after it")
 
     # SLURM: the job ran twice (sacct -D lists the requeued record), the second time completed.
@@ -460,7 +466,7 @@ def test_jobs_over_memory_or_time_end_so_and_their_retry_completes(pipeline: Pip
     proc = start_snakemake(workdir, log, *targets, timeout=1200, profile=profile)
     wait_or_cancel(proc, log)
     text = log.read_text()
-    assert proc.returncode == 0, f"snakemake failed ({proc.returncode}):\n{text[-6000:]}"
+    assert proc.returncode == 0, failure(proc, text, workdir)
     print(f"\nlimits: {time.monotonic() - t0:.0f} s")
     jobs = accounted_jobs(run_uuid(text), pipeline.since)
 

@@ -4,9 +4,12 @@ import copy
 import math
 import re
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 import torch
 import torch.nn.functional as F
@@ -16,11 +19,11 @@ from conftest import ROOT, snakemake
 from distinctcap.config.check import load_schema, validate
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import read_table
-from distinctcap.features.entropy import (
+from distinctcap.features.entropy import retrieval_entropy
+from distinctcap.features.subsets import (
     extremes_markdown,
     plot_histogram,
     read_subset,
-    retrieval_entropy,
     split_subsets,
     threshold,
     write_subsets,
@@ -127,7 +130,7 @@ def test_subset_shards_roundtrip_and_report(tmp_path):
     )
     table = split_subsets(scores, 0.4)
     dirs = {"D-": tmp_path / "D-", "D+": tmp_path / "D+"}
-    counts = write_subsets(table, captions, dirs, shard_size=5)
+    counts = write_subsets(table, pa.Table.from_pandas(captions), dirs, shard_size=5)
     assert counts == {"D-": 12, "D+": 18}
     assert len(list(dirs["D-"].glob("part-*.parquet"))) == 3
     neg, pos = read_subset(dirs["D-"]), read_subset(dirs["D+"])
@@ -145,6 +148,56 @@ def test_subset_shards_roundtrip_and_report(tmp_path):
     captions["text"] = ["generic"] * 10 + [f"caption {i}" for i in range(10, 30)]
     text = extremes_markdown(table, captions, top=2)  # one row per distinct text
     assert "| D- | 10 | 0 | generic |" in text and "caption 10 |" in text.split("## Lowest")[0]
+
+
+def test_subsets_are_the_pandas_merges_shards_in_any_caption_order(tmp_path):
+    """The shards taken from the arrow table hold what the pandas merge wrote before issue 55
+    (captions columns, extra ones too, + entropy; sorted by caption_id), whatever the captions
+    file's order, with val/test captions left out."""
+    rng = np.random.default_rng(0)
+    n = 500
+    captions = pd.DataFrame(
+        {
+            "caption_id": rng.permutation(n).astype(np.int64),
+            "image_id": rng.integers(0, 50, n),
+            "split": rng.choice(["train", "train", "val"], n),
+            "text": [f"caption {i}" for i in range(n)],
+            "tokens": [rng.integers(0, 9, rng.integers(1, 6)).astype(np.int32) for _ in range(n)],
+            "level": rng.integers(0, 3, n),
+        }
+    )
+    train = captions[captions.split == "train"]
+    scores = pd.DataFrame(
+        {
+            "caption_id": train.caption_id.to_numpy()[::-1],
+            "image_id": train.image_id.to_numpy()[::-1],
+            "entropy": rng.random(len(train)).astype(np.float32),
+        }
+    )
+    table = split_subsets(scores, 0.5)
+    dirs = {"D-": tmp_path / "D-", "D+": tmp_path / "D+"}
+    counts = write_subsets(table, pa.Table.from_pandas(captions), dirs, shard_size=64)
+    joined = captions.merge(table[["caption_id", "entropy", "subset"]], on="caption_id")
+    for name in ("D-", "D+"):
+        before = joined[joined.subset == name].drop(columns="subset").sort_values("caption_id")
+        got = read_subset(dirs[name])
+        assert counts[name] == len(before) == len(got) and len(got) > 64
+        pd.testing.assert_frame_equal(
+            got.drop(columns="tokens"), before.drop(columns="tokens").reset_index(drop=True),
+            check_dtype=False,
+        )  # fmt: skip
+        assert all(map(np.array_equal, got.tokens, before.tokens))
+        assert got.entropy.dtype == np.float32
+
+
+def test_the_split_and_report_jobs_do_not_load_torch():
+    """Their jobs hold the captions, not torch's ~440 MB (issue 55)."""
+    code = (
+        "import sys, distinctcap.features.subsets, distinctcap.core.logs\n"
+        "assert 'torch' not in sys.modules, 'torch loaded'"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
 
 
 # ---------------------------------------------------------------- the stage, for real

@@ -4,11 +4,12 @@ from pathlib import Path
 
 from distinctcap.core import logs
 from distinctcap.core.io import atomic_path, read_table
-from distinctcap.features.entropy import extremes_markdown, plot_histogram
+from distinctcap.features.subsets import extremes_markdown, plot_histogram
 
 logs.setup(snakemake.log[0])
 table = read_table(snakemake.input.table, "entropy")
 plot_histogram(table, snakemake.output.histogram)
-text = extremes_markdown(table, read_table(snakemake.input.captions), snakemake.params.top)
+captions = read_table(snakemake.input.captions, "captions", ["caption_id", "text"])
+text = extremes_markdown(table, captions, snakemake.params.top)
 with atomic_path(snakemake.output.extremes) as tmp:
     Path(tmp).write_text(text)

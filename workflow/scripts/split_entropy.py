@@ -1,7 +1,7 @@
 """Rule split_entropy: top entropy.fraction of the ranked train captions -> D-, the rest D+."""
 
 from distinctcap.core import logs
-from distinctcap.features.entropy import split_stage
+from distinctcap.features.subsets import split_stage
 
 logs.setup(snakemake.log[0])
 split_stage(

@@ -116,7 +116,11 @@ def disk_full(error: BaseException, folder: Path) -> bool:
 
 def write_table(df: pd.DataFrame, path: str | os.PathLike, table: str | None = None) -> None:
     """Write `df` as parquet atomically; contract columns are cast to the named table's types."""
-    arrow = pa.Table.from_pandas(df, preserve_index=False)
+    write_arrow(pa.Table.from_pandas(df, preserve_index=False), path, table)
+
+
+def write_arrow(arrow: pa.Table, path: str | os.PathLike, table: str | None = None) -> None:
+    """`write_table` of an arrow table (no pandas copy)."""
     for field in SCHEMAS[table] if table else []:
         if field.name not in arrow.column_names:
             raise DistinctcapError(f"{table} table is missing column {field.name!r}")
@@ -139,10 +143,18 @@ def read_table(
     """Read parquet and check it has the named contract's columns and types; `columns` reads
     only those (a stage that needs the captions' ids, not their text and tokens, holds a tenth
     of the table: issue 55)."""
+    return read_arrow(path, table, columns).to_pandas()
+
+
+def read_arrow(
+    path: str | os.PathLike, table: str | None = None, columns: list[str] | None = None
+) -> pa.Table:
+    """`read_table` as an arrow table: a list column stays packed (the training captions'
+    tokens are ~30 MB so, several times that as pandas' arrays)."""
     arrow = pq.read_table(path, columns=columns)
     if table:
         check_schema(arrow.schema, table, path, columns)
-    return arrow.to_pandas()
+    return arrow
 
 
 def check_schema(

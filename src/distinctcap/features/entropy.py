@@ -1,4 +1,4 @@
-"""Retrieval entropy filtering (UNKT §3.1, eq. 3): split the training captions into D- / D+.
+"""Retrieval entropy of the training captions (UNKT §3.1, eq. 3), the score D- / D+ split on.
 
 For a caption y and the training images x_1..x_N,
     p_r(x_i | y) = softmax_i(s_i),   s_i = scale * cos(y, x_i),
@@ -10,15 +10,12 @@ reads the captions' embeddings shard by shard (`train_text_blocks`): its memory 
 images' embeddings (N x D float32, 242 MB at COCO) and a shard, not the 1.2 GB of caption
 embeddings it held whole, twice, before issue 55.
 
-Captions ranked by H: the top `fraction` (high entropy: the caption fits many images, i.e.
-generic, the "many-to-one" case) form D-, the rest D+. Only the train split is scored and split;
-val/test captions are never in D- or D+.
+Only the train split is scored; `features.subsets` ranks the scores into D- and D+.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -28,7 +25,7 @@ import torch
 
 from distinctcap.core.devices import CPU
 from distinctcap.core.errors import DistinctcapError
-from distinctcap.core.io import atomic_path, read_json, read_table, write_table
+from distinctcap.core.io import read_json
 from distinctcap.core.logs import progress
 from distinctcap.features.read import (
     feature_ids,
@@ -39,8 +36,6 @@ from distinctcap.features.read import (
 from distinctcap.features.store import check_finite
 
 log = logging.getLogger(__name__)
-
-SUBSETS = ("D-", "D+")
 
 
 def _mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -225,144 +220,3 @@ def score_captions(
     return pd.DataFrame(
         {"caption_id": train_ids, "image_id": train.image_id.to_numpy(), "entropy": entropy}
     )
-
-
-def split_subsets(scores: pd.DataFrame, fraction: float) -> pd.DataFrame:
-    """Rank by entropy (highest first, ties by caption_id); the top `fraction` is D-, the rest
-    D+ (UNKT §3.1: the top 50% by retrieval entropy form the negative set)."""
-    if not 0 < fraction < 1:
-        raise DistinctcapError(f"entropy.fraction = {fraction}: choose 0 < fraction < 1")
-    if len(scores) < 2:
-        raise DistinctcapError("need at least two train captions to split into D- and D+")
-    ranked = scores.sort_values(["entropy", "caption_id"], ascending=[False, True])
-    n_neg = min(max(round(fraction * len(ranked)), 1), len(ranked) - 1)
-    subset = np.where(np.arange(len(ranked)) < n_neg, "D-", "D+")
-    return ranked.assign(subset=subset).sort_values("caption_id").reset_index(drop=True)
-
-
-def threshold(table: pd.DataFrame) -> float:
-    """The lowest entropy in D- (the split point)."""
-    return float(table.entropy[table.subset == "D-"].min())
-
-
-def write_subsets(
-    table: pd.DataFrame, captions: pd.DataFrame, out_dirs: dict[str, str], shard_size: int = 100_000
-) -> dict[str, int]:
-    """Each subset's captions (captions table columns + entropy) as part-NNNNN.parquet shards."""
-    joined = captions.merge(table[["caption_id", "entropy", "subset"]], on="caption_id")
-    counts = {}
-    for name in SUBSETS:
-        rows = joined[joined.subset == name].drop(columns="subset").sort_values("caption_id")
-        folder = Path(out_dirs[name])
-        folder.mkdir(parents=True, exist_ok=True)
-        for stale in folder.glob("part-*.parquet"):
-            stale.unlink()
-        for i, start in enumerate(range(0, len(rows), shard_size)):
-            part = rows.iloc[start : start + shard_size]
-            write_table(part, folder / f"part-{i:05d}.parquet", "captions")
-        counts[name] = len(rows)
-    return counts
-
-
-def read_subset(folder: str | Path) -> pd.DataFrame:
-    """All captions of one subset folder (D- or D+), as a captions table with `entropy`."""
-    parts = sorted(Path(folder).glob("part-*.parquet"))
-    if not parts:
-        raise DistinctcapError(f"{folder} holds no part-*.parquet shards")
-    return pd.concat([read_table(p, "captions") for p in parts], ignore_index=True)
-
-
-def split_stage(
-    scores_path: str, captions_path: str, outputs: dict, fraction: float, shard_size: int
-) -> dict:
-    """The split rule: entropy table (with subset) + the D- / D+ shards."""
-    table = split_subsets(read_table(scores_path), fraction)
-    write_table(table, outputs["table"], "entropy")
-    counts = write_subsets(
-        table,
-        read_table(captions_path, "captions"),
-        {"D-": outputs["negative"], "D+": outputs["positive"]},
-        shard_size,
-    )
-    log.info(
-        "D-: %d captions, D+: %d captions, threshold H >= %.4f nats",
-        counts["D-"],
-        counts["D+"],
-        threshold(table),
-    )
-    return counts
-
-
-# ---------------------------------------------------------------- report
-
-
-def plot_histogram(table: pd.DataFrame, path: str | Path, bins: int = 60) -> None:
-    """Histogram of retrieval entropies per subset, with the split threshold."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    cut = threshold(table)
-    edges = np.linspace(table.entropy.min(), table.entropy.max(), bins + 1)
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.hist(  # stacked: a bin straddling the threshold shows both parts
-        [table.entropy[table.subset == name] for name in SUBSETS],
-        bins=edges,
-        stacked=True,
-        color=["tab:red", "tab:blue"],
-        label=[f"{name} ({(table.subset == name).sum()} captions)" for name in SUBSETS],
-    )
-    ax.axvline(cut, color="black", linestyle="--", label=f"threshold {cut:.3f}")
-    ax.axvline(
-        math.log(max(1, table.image_id.nunique())),
-        color="grey",
-        linestyle=":",
-        label="log N images (uniform)",
-    )
-    ax.set(
-        xlabel="retrieval entropy H(y) [nats] (UNKT eq. 3)",
-        ylabel="captions",
-        title="Retrieval entropy of the training captions",
-    )
-    ax.legend()
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
-    plt.close(fig)
-
-
-def extremes_markdown(table: pd.DataFrame, captions: pd.DataFrame, top: int = 20) -> str:
-    """The `top` highest- and lowest-entropy captions with their entropies, as markdown.
-
-    Identical texts have identical embeddings, hence one entropy: each distinct text is listed
-    once with how many train captions (and images) carry it, so one generic caption repeated
-    across images does not fill the whole list.
-    """
-    joined = table.merge(captions[["caption_id", "text"]], on="caption_id")
-    texts = joined.groupby("text", sort=False).agg(
-        entropy=("entropy", "mean"),
-        subset=("subset", lambda s: "/".join(sorted(set(s)))),
-        captions=("caption_id", "size"),
-        first_id=("caption_id", "min"),
-    )
-    ranked = texts.reset_index().sort_values(["entropy", "first_id"], ascending=[False, True])
-    n_images = table.image_id.nunique()
-    lines = [
-        "# Retrieval entropy extremes (UNKT eq. 3)\n",
-        f"{len(table)} train captions ({len(texts)} distinct texts); D- = top "
-        f"{(table.subset == 'D-').mean():.0%} (H >= {threshold(table):.4f} nats; uniform over "
-        f"all {n_images} images would be {math.log(n_images):.4f}).\n",
-    ]
-    for title, rows in (("Highest", ranked.head(top)), ("Lowest", ranked.tail(top)[::-1])):
-        lines += [
-            f"\n## {title} {len(rows)}\n",
-            "| entropy | subset | captions | first caption_id | text |",
-            "|---:|:---|---:|---:|:---|",
-        ]
-        lines += [
-            f"| {r.entropy:.4f} | {r.subset} | {r.captions} | {r.first_id} | "
-            f"{str(r.text).replace('|', '/')} |"
-            for r in rows.itertuples()
-        ]
-    return "\n".join(lines) + "\n"

@@ -1,0 +1,178 @@
+"""The D- / D+ split of the scored training captions and its report (UNKT §3.1).
+
+Captions ranked by retrieval entropy H (`features.entropy`): the top `fraction` (high
+entropy: the caption fits many images, i.e. generic, the "many-to-one" case) form D-, the rest
+D+. Only the train split is scored and split; val/test captions are never in D- or D+.
+
+No torch here: the split and report jobs load pandas and pyarrow only (issue 55: importing
+torch was ~440 MB of each job's ~980 MB peak at COCO's size).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from distinctcap.core.errors import DistinctcapError
+from distinctcap.core.io import atomic_path, read_arrow, read_table, write_arrow, write_table
+
+log = logging.getLogger(__name__)
+
+SUBSETS = ("D-", "D+")
+
+
+def split_subsets(scores: pd.DataFrame, fraction: float) -> pd.DataFrame:
+    """Rank by entropy (highest first, ties by caption_id); the top `fraction` is D-, the rest
+    D+ (UNKT §3.1: the top 50% by retrieval entropy form the negative set)."""
+    if not 0 < fraction < 1:
+        raise DistinctcapError(f"entropy.fraction = {fraction}: choose 0 < fraction < 1")
+    if len(scores) < 2:
+        raise DistinctcapError("need at least two train captions to split into D- and D+")
+    ranked = scores.sort_values(["entropy", "caption_id"], ascending=[False, True])
+    n_neg = min(max(round(fraction * len(ranked)), 1), len(ranked) - 1)
+    subset = np.where(np.arange(len(ranked)) < n_neg, "D-", "D+")
+    return ranked.assign(subset=subset).sort_values("caption_id").reset_index(drop=True)
+
+
+def threshold(table: pd.DataFrame) -> float:
+    """The lowest entropy in D- (the split point)."""
+    return float(table.entropy[table.subset == "D-"].min())
+
+
+def write_subsets(
+    table: pd.DataFrame, captions: pa.Table, out_dirs: dict[str, str], shard_size: int = 100_000
+) -> dict[str, int]:
+    """Each subset's captions (the captions table's columns + entropy), sorted by caption_id,
+    as part-NNNNN.parquet shards of `shard_size` rows. The captions stay one packed arrow table
+    and each shard is taken from it: the job holds that table and a shard (issue 55: a pandas
+    merge of COCO's 590,855 training captions, token arrays and all, peaked +410 MB)."""
+    order = np.argsort(table.caption_id.to_numpy(), kind="stable")
+    scored_ids = table.caption_id.to_numpy()[order]
+    entropy = table.entropy.to_numpy(np.float32)[order]
+    negative = (table.subset == "D-").to_numpy()[order]
+    caption_ids = captions.column("caption_id").to_numpy()
+    at = np.searchsorted(scored_ids, caption_ids).clip(max=max(len(scored_ids) - 1, 0))
+    scored = scored_ids[at] == caption_ids if len(scored_ids) else np.zeros(len(at), bool)
+    counts = {}
+    for name in SUBSETS:
+        rows = np.flatnonzero(scored & (negative[at] == (name == "D-")))
+        rows = rows[np.argsort(caption_ids[rows], kind="stable")]
+        folder = Path(out_dirs[name])
+        folder.mkdir(parents=True, exist_ok=True)
+        for stale in folder.glob("part-*.parquet"):
+            stale.unlink()
+        for i, start in enumerate(range(0, len(rows), shard_size)):
+            take = rows[start : start + shard_size]
+            part = captions.take(take).append_column("entropy", pa.array(entropy[at[take]]))
+            write_arrow(part, folder / f"part-{i:05d}.parquet", "captions")
+        counts[name] = len(rows)
+    return counts
+
+
+def read_subset(folder: str | Path) -> pd.DataFrame:
+    """All captions of one subset folder (D- or D+), as a captions table with `entropy`."""
+    parts = sorted(Path(folder).glob("part-*.parquet"))
+    if not parts:
+        raise DistinctcapError(f"{folder} holds no part-*.parquet shards")
+    return pd.concat([read_table(p, "captions") for p in parts], ignore_index=True)
+
+
+def split_stage(
+    scores_path: str, captions_path: str, outputs: dict, fraction: float, shard_size: int
+) -> dict:
+    """The split rule: entropy table (with subset) + the D- / D+ shards."""
+    table = split_subsets(read_table(scores_path), fraction)
+    write_table(table, outputs["table"], "entropy")
+    counts = write_subsets(
+        table,
+        read_arrow(captions_path, "captions"),
+        {"D-": outputs["negative"], "D+": outputs["positive"]},
+        shard_size,
+    )
+    log.info(
+        "D-: %d captions, D+: %d captions, threshold H >= %.4f nats",
+        counts["D-"],
+        counts["D+"],
+        threshold(table),
+    )
+    return counts
+
+
+# ---------------------------------------------------------------- report
+
+
+def plot_histogram(table: pd.DataFrame, path: str | Path, bins: int = 60) -> None:
+    """Histogram of retrieval entropies per subset, with the split threshold."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cut = threshold(table)
+    edges = np.linspace(table.entropy.min(), table.entropy.max(), bins + 1)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.hist(  # stacked: a bin straddling the threshold shows both parts
+        [table.entropy[table.subset == name] for name in SUBSETS],
+        bins=edges,
+        stacked=True,
+        color=["tab:red", "tab:blue"],
+        label=[f"{name} ({(table.subset == name).sum()} captions)" for name in SUBSETS],
+    )
+    ax.axvline(cut, color="black", linestyle="--", label=f"threshold {cut:.3f}")
+    ax.axvline(
+        math.log(max(1, table.image_id.nunique())),
+        color="grey",
+        linestyle=":",
+        label="log N images (uniform)",
+    )
+    ax.set(
+        xlabel="retrieval entropy H(y) [nats] (UNKT eq. 3)",
+        ylabel="captions",
+        title="Retrieval entropy of the training captions",
+    )
+    ax.legend()
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
+    plt.close(fig)
+
+
+def extremes_markdown(table: pd.DataFrame, captions: pd.DataFrame, top: int = 20) -> str:
+    """The `top` highest- and lowest-entropy captions with their entropies, as markdown.
+
+    Identical texts have identical embeddings, hence one entropy: each distinct text is listed
+    once with how many train captions (and images) carry it, so one generic caption repeated
+    across images does not fill the whole list.
+    """
+    joined = table.merge(captions[["caption_id", "text"]], on="caption_id")
+    texts = joined.groupby("text", sort=False).agg(
+        entropy=("entropy", "mean"),
+        subset=("subset", lambda s: "/".join(sorted(set(s)))),
+        captions=("caption_id", "size"),
+        first_id=("caption_id", "min"),
+    )
+    ranked = texts.reset_index().sort_values(["entropy", "first_id"], ascending=[False, True])
+    n_images = table.image_id.nunique()
+    lines = [
+        "# Retrieval entropy extremes (UNKT eq. 3)\n",
+        f"{len(table)} train captions ({len(texts)} distinct texts); D- = top "
+        f"{(table.subset == 'D-').mean():.0%} (H >= {threshold(table):.4f} nats; uniform over "
+        f"all {n_images} images would be {math.log(n_images):.4f}).\n",
+    ]
+    for title, rows in (("Highest", ranked.head(top)), ("Lowest", ranked.tail(top)[::-1])):
+        lines += [
+            f"\n## {title} {len(rows)}\n",
+            "| entropy | subset | captions | first caption_id | text |",
+            "|---:|:---|---:|---:|:---|",
+        ]
+        lines += [
+            f"| {r.entropy:.4f} | {r.subset} | {r.captions} | {r.first_id} | "
+            f"{str(r.text).replace('|', '/')} |"
+            for r in rows.itertuples()
+        ]
+    return "\n".join(lines) + "\n"

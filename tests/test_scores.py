@@ -106,6 +106,23 @@ def test_sentences_are_pycocoevalcaps_loop_to_the_last_digit(monkeypatch):
     assert scorer.scores(cands, refs).tolist() == [loop_cider_d(docs, c, refs) for c in cands]
 
 
+def test_a_full_memo_starts_afresh_with_the_same_scores(monkeypatch):
+    """A scorer keeps at most MEMO_SENTENCES sentence vectors between calls (an evaluate job's
+    training scorer kept every sample of every decoding, issue 55); past it the memo and the
+    n-gram keys start afresh and every score is the same to the last digit."""
+    docs = corpus()
+    cands, images = candidates(docs)
+    expected = [loop_cider_d(docs, c, docs[i]) for c, i in zip(cands, images, strict=True)]
+    monkeypatch.setattr(cider_module, "MEMO_SENTENCES", 10)
+    scorer, kept = CiderD(docs), []
+    for c, i in zip(cands, images, strict=True):
+        assert scorer.score(c, docs[i]) == expected[len(kept)]
+        kept.append(len(scorer._cache))
+    assert max(kept) <= 10 and min(kept[10:]) < max(kept)  # it filled and started afresh
+    assert scorer.score_each(cands, [docs[i] for i in images]).tolist() == expected
+    assert len(scorer._cache) > 10  # one call's sentences, whatever their number
+
+
 def test_token_ids_are_pycocoevalcaps_loop_in_key_order_to_the_last_digit(monkeypatch):
     docs = corpus(seed=2)
     refs = [c for doc in docs for c in doc]

@@ -301,6 +301,18 @@ def test_a_resumed_jobs_numbers_are_marked_and_not_judged(tmp_path):
     assert "one size" in scale_table.stage_table([result(40, False)])
 
 
+def test_quadratic_stages_are_judged_against_the_images_squared():
+    """The retrieval entropy (every caption over every image) and the neighbours (every image
+    against every other) do work in N²: 4x the images may take 16x the CPU, not 4x."""
+    import scale_table
+
+    small, large = ({"cpu_s": cpu, "peak_rss_mb": 100.0, "resumed": False} for cpu in (1, 15))
+    assert scale_table.GOALS["retrieval_entropy"] == scale_table.GOALS["neighbours"] == "quadratic"
+    said = scale_table.verdict("quadratic", small, large, 4.0)
+    assert said == "CPU x15.0 of images² x16.0, RSS x1.00 met"
+    assert scale_table.verdict("linear", small, large, 4.0).endswith("MISSED")
+
+
 def test_a_killed_rehearsals_lock_is_lifted_before_it_resumes(tmp_path, capsys):
     """A session's end kills a long rehearsal; Snakemake's lock stays, and the resumed run would
     stop on LockException. The rehearsal unlocks its own WORK first, saying so."""

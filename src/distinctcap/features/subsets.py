@@ -51,17 +51,15 @@ def write_subsets(
     as part-NNNNN.parquet shards of `shard_size` rows. The captions stay one packed arrow table
     and each shard is taken from it: the job holds that table and a shard (issue 55: a pandas
     merge of COCO's 590,855 training captions, token arrays and all, peaked +410 MB)."""
-    order = np.argsort(table.caption_id.to_numpy(), kind="stable")
-    scored_ids = table.caption_id.to_numpy()[order]
-    entropy = table.entropy.to_numpy(np.float32)[order]
-    negative = (table.subset == "D-").to_numpy()[order]
     caption_ids = captions.column("caption_id").to_numpy()
-    at = np.searchsorted(scored_ids, caption_ids).clip(max=max(len(scored_ids) - 1, 0))
-    scored = scored_ids[at] == caption_ids if len(scored_ids) else np.zeros(len(at), bool)
+    at = pd.Index(table.caption_id).get_indexer(caption_ids)  # each caption's row in `table`
+    entropy = table.entropy.to_numpy(np.float32)
+    negative = (table.subset == "D-").to_numpy()
+    by_id = np.argsort(caption_ids, kind="stable")
+    by_id = by_id[at[by_id] >= 0]  # the scored captions, by caption_id
     counts = {}
     for name in SUBSETS:
-        rows = np.flatnonzero(scored & (negative[at] == (name == "D-")))
-        rows = rows[np.argsort(caption_ids[rows], kind="stable")]
+        rows = by_id[negative[at[by_id]] == (name == "D-")]
         folder = Path(out_dirs[name])
         folder.mkdir(parents=True, exist_ok=True)
         for stale in folder.glob("part-*.parquet"):

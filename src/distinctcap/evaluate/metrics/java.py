@@ -20,8 +20,9 @@ JAVA_INSTALL = "install Java 17, e.g. `apt-get install openjdk-17-jre-headless`"
 
 Pair = tuple[str, Sequence[str]]  # (candidate, references)
 # The JVM writes its own warnings (unified logging, Java 9+) to stdout by default, where PTB
-# and METEOR write their answers: one such line under load gave a tokenizer 242 lines for 241
-# captions. These options send them to stderr; `check_java` tries them.
+# and METEOR write their answers; a forced warning gives the tokenizer one line too many, the
+# failure a loaded CI run hit (242 lines for 241 captions). These options send them to
+# stderr; `check_java` tries them.
 JVM_WARNINGS_TO_STDERR = ("-Xlog:disable", "-Xlog:all=warning:stderr")
 
 

@@ -237,7 +237,7 @@ def test_plots_are_written(metrics, tmp_path):
 def test_gallery_shows_every_run_for_the_chosen_images(tmp_path_factory, tmp_path):
     world = build(tmp_path_factory.getbasetemp() / "evaluate-world")
     generated = [world.generated(r, d) for r in ("perfect", "generic") for d in ("greedy",)]
-    images, captions = read_table(world.images), read_table(world.captions)
+    images, captions = read_table(world.images), world.captions
     runs = {"generic": {"method": "mle"}, "perfect": {"method": "smile"}}
     write_gallery(images, captions, generated, "test", tmp_path / "g.html", count=5, runs=runs)
     page = (tmp_path / "g.html").read_text()
@@ -257,7 +257,7 @@ def test_gallery_marks_claims_and_hides_samples_and_the_showcase_is_chosen(
     world = build(tmp_path_factory.getbasetemp() / "evaluate-world")
     generated = [world.generated(r, d) for r in ("perfect", "generic")
                  for d in ("greedy", "sample4")]  # fmt: skip
-    images, captions = read_table(world.images), read_table(world.captions)
+    images, captions = read_table(world.images), world.captions
     runs = {"generic": {"method": "mle"}, "perfect": {"method": "smile"}}
     decoding = {"greedy": {"kind": "greedy"}, "sample4": {"kind": "sample", "n": 4}}
     write_gallery(images, captions, generated, "test", tmp_path / "g.html", count=5, runs=runs,

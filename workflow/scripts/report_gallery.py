@@ -2,25 +2,17 @@
 README's showcase, each run's best scene-scored caption (distinctcap.report.gallery)."""
 
 from distinctcap.core import logs
-from distinctcap.core.io import read_table
-from distinctcap.report.gallery import write_gallery, write_showcase
+from distinctcap.report.gallery import gallery_stage
 
 logs.setup(snakemake.log[0])
-images = read_table(snakemake.input.images)
-write_gallery(
-    images,
-    read_table(snakemake.input.captions),
+gallery_stage(
+    snakemake.input.images,
+    snakemake.input.captions,
     list(snakemake.input.generated),
     snakemake.params.split,
     snakemake.output.html,
-    count=snakemake.params.images,
-    runs=snakemake.params.runs,
-    decoding=snakemake.params.decoding,
-)
-write_showcase(
-    images,
-    list(snakemake.input.generated),
     snakemake.output.showcase,
+    count=snakemake.params.images,
     runs=snakemake.params.runs,
     decoding=snakemake.params.decoding,
 )

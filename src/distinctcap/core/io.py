@@ -119,15 +119,18 @@ def write_table(df: pd.DataFrame, path: str | os.PathLike, table: str | None = N
     write_arrow(pa.Table.from_pandas(df, preserve_index=False), path, table)
 
 
+ROW_GROUP_ROWS = 65_536  # a filtered read decodes a group at a time, not a whole column
+
+
 def write_arrow(arrow: pa.Table, path: str | os.PathLike, table: str | None = None) -> None:
-    """`write_table` of an arrow table (no pandas copy)."""
+    """`write_table` of an arrow table (no pandas copy), in row groups of ROW_GROUP_ROWS."""
     for field in SCHEMAS[table] if table else []:
         if field.name not in arrow.column_names:
             raise DistinctcapError(f"{table} table is missing column {field.name!r}")
         i = arrow.schema.get_field_index(field.name)
         arrow = arrow.set_column(i, field, arrow.column(i).cast(field.type))
     with atomic_path(path) as tmp:
-        pq.write_table(arrow, tmp)
+        pq.write_table(arrow, tmp, row_group_size=ROW_GROUP_ROWS)
 
 
 def release_arrow_memory() -> None:
@@ -138,20 +141,27 @@ def release_arrow_memory() -> None:
 
 
 def read_table(
-    path: str | os.PathLike, table: str | None = None, columns: list[str] | None = None
+    path: str | os.PathLike,
+    table: str | None = None,
+    columns: list[str] | None = None,
+    filters: list[tuple] | None = None,
 ) -> pd.DataFrame:
     """Read parquet and check it has the named contract's columns and types; `columns` reads
     only those (a stage that needs the captions' ids, not their text and tokens, holds a tenth
-    of the table: issue 55)."""
-    return read_arrow(path, table, columns).to_pandas()
+    of the table: issue 55), `filters` only the rows that pass (pyarrow's DNF form, e.g.
+    `[("image_id", "in", ids)]`)."""
+    return read_arrow(path, table, columns, filters).to_pandas()
 
 
 def read_arrow(
-    path: str | os.PathLike, table: str | None = None, columns: list[str] | None = None
+    path: str | os.PathLike,
+    table: str | None = None,
+    columns: list[str] | None = None,
+    filters: list[tuple] | None = None,
 ) -> pa.Table:
     """`read_table` as an arrow table: a list column stays packed (the training captions'
     tokens are ~30 MB so, several times that as pandas' arrays)."""
-    arrow = pq.read_table(path, columns=columns)
+    arrow = pq.read_table(path, columns=columns, filters=filters)
     if table:
         check_schema(arrow.schema, table, path, columns)
     return arrow

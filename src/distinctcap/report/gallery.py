@@ -40,9 +40,9 @@ def gallery_captions(generated: Sequence[str | Path], image_ids: Sequence[int]) 
 
     The decoding is the file name's part after the split ("test-greedy.parquet" -> greedy)."""
     rows = []
+    shown = [("image_id", "in", list(image_ids)), ("sample", "<", SAMPLES_SHOWN)]
     for path in generated:
-        table = read_table(path, "generated")
-        table = table[table.image_id.isin(image_ids) & (table["sample"] < SAMPLES_SHOWN)]
+        table = read_table(path, "generated", filters=shown)
         decoding = Path(path).stem.split("-", 1)[-1]
         rows += [
             (r.run, decoding, int(r.image_id), int(r.sample), r.text) for r in table.itertuples()
@@ -57,6 +57,16 @@ image-rendering:pixelated;display:block;margin-bottom:6px}.who{font-weight:bold}
 .human{color:#555}.line{margin:3px 0}.right{color:#060}.wrong{color:#b00;
 text-decoration:line-through}.claims{font-size:12px}details{margin-top:4px;color:#444}
 summary{cursor:pointer}</style>"""
+
+
+def longest_human_captions(captions: str | Path, image_ids: Sequence[int]) -> pd.Series:
+    """image_id -> its longest human caption (usually the most specific), read for those
+    images only: the whole captions table is 268 MB as pandas at COCO's size (issue 55)."""
+    refs = read_table(
+        captions, "captions", ["image_id", "text"], filters=[("image_id", "in", list(image_ids))]
+    )
+    refs = refs.assign(n=refs.text.str.len()).sort_values(["image_id", "n"], kind="stable")
+    return refs.groupby("image_id").text.last()
 
 
 def run_labels(runs: dict) -> dict[str, str]:
@@ -131,7 +141,7 @@ def scenes_of(images: pd.DataFrame) -> dict[int, dict]:
 
 def write_gallery(
     images: pd.DataFrame,
-    captions: pd.DataFrame,
+    captions: str | Path,
     generated: Sequence[str | Path],
     split: str,
     html_path: str | Path,
@@ -140,9 +150,9 @@ def write_gallery(
     decoding: dict | None = None,
 ) -> None:
     """For `count` images of the split, one card each (`card`): the image, its longest human
-    caption and every run's captions (labelled with its method, `runs`: the config's blocks,
-    in report order; `decoding`: the config's settings, which say which decodings sample), as
-    an HTML page with the images embedded."""
+    caption (read from the `captions` file) and every run's captions (labelled with its
+    method, `runs`: the config's blocks, in report order; `decoding`: the config's settings,
+    which say which decodings sample), as an HTML page with the images embedded."""
     ids = gallery_images(images, split, count)
     caps = gallery_captions(generated, ids)
     runs = runs or {r: {} for r in caps.run.unique()}
@@ -151,9 +161,7 @@ def write_gallery(
         ["k", "decoding", "sample"], kind="stable"
     )
     files = images.set_index("image_id").file
-    refs = captions[captions.image_id.isin(ids)]
-    refs = refs.assign(n=refs.text.str.len()).sort_values(["image_id", "n"], kind="stable")
-    refs = refs.groupby("image_id").text.last()  # the longest, usually the most specific
+    refs = longest_human_captions(captions, ids)
     labels, main, scenes = run_labels(runs), main_decodings(decoding), scenes_of(images)
     cards = [
         card(i, files[i], refs.get(i, ""), caps, labels, main, scenes.get(i)) for i in ids
@@ -187,8 +195,8 @@ def best_captions(
         decoding = Path(path).stem.split("-", 1)[-1]
         if main is not None and decoding not in main:
             continue
-        table = read_table(path, "generated")
-        for r in table[table["sample"] == 0].itertuples():
+        table = read_table(path, "generated", filters=[("sample", "==", 0)])
+        for r in table.itertuples():
             counts = score_caption(r.text, scenes[int(r.image_id)])
             rows.append({"run": r.run, "decoding": decoding, "image_id": int(r.image_id),
                          "text": r.text, **counts})  # fmt: skip
@@ -226,3 +234,22 @@ def write_showcase(
             )
     with atomic_path(path) as tmp:
         tmp.write_text("\n".join(lines) + "\n")
+
+
+def gallery_stage(
+    images: str | Path,
+    captions: str | Path,
+    generated: Sequence[str | Path],
+    split: str,
+    html_path: str | Path,
+    showcase_path: str | Path,
+    count: int = 24,
+    runs: dict | None = None,
+    decoding: dict | None = None,
+) -> None:
+    """Rule report_gallery: `write_gallery` and `write_showcase` from the data tables' files,
+    reading the split's images and the shown images' captions only, so the job's memory does
+    not grow with COCO's 616k captions (+268 MB at 123,287 images before, issue 55)."""
+    shown = read_table(images, "images", filters=[("split", "==", split)])
+    write_gallery(shown, captions, generated, split, html_path, count, runs, decoding)
+    write_showcase(shown, generated, showcase_path, runs, decoding)

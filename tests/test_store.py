@@ -203,14 +203,20 @@ def test_training_and_decoding_give_the_same_numbers_as_with_a_full_read(
     assert generated.equals(generated_old)
 
 
-def test_the_entropy_stage_streams_captions_to_the_numbers_of_a_whole_read(tmp_path):
+@pytest.mark.parametrize("chunks_per_read", [1, 4])
+def test_the_entropy_stage_streams_captions_to_the_numbers_of_a_whole_read(
+    tmp_path, monkeypatch, chunks_per_read
+):
     """score_captions reads the caption embeddings shard by shard (shards of 700 rows, blocks of
-    256: neither divides the other) and gives retrieval_entropy's numbers on the whole matrix
+    256: neither divides the other), and the images a read at a time (3 reads of 100 of the
+    280 train images, or one read), and gives retrieval_entropy's numbers on the whole matrix
     bit for bit."""
     from distinctcap.core.io import read_table
+    from distinctcap.features import entropy
     from distinctcap.features.entropy import retrieval_entropy, score_captions
     from distinctcap.features.read import load_image_features
 
+    monkeypatch.setattr(entropy, "CHUNKS_PER_READ", chunks_per_read)
     paths = write_store(tmp_path, 300, test=20, text_shard_size=700, image_shard_size=128)
     captions = read_table(paths["captions"], "captions")
     got = score_captions(paths["features"], captions, text_chunk=256, chunk=100)
@@ -262,3 +268,44 @@ def test_entropy_memory_grows_by_the_images_embeddings_not_the_captions(tmp_path
                     grid_tokens=1, grid_dim=8)  # fmt: skip
         peaks[n] = peak_kib(ENTROPY, tmp_path / f"n{n}")
     assert (peaks[8000] - peaks[1000]) / 1024 <= 300, peaks
+
+
+IMAGE_CHUNKS = textwrap.dedent(
+    """
+    import sys
+    import torch
+    import torch.nn.functional as F
+    from distinctcap.features.entropy import entropies_by_image_chunks, train_image_chunks
+    from distinctcap.features.read import feature_ids
+    index, chunk = sys.argv[1] + "/features/index.json", int(sys.argv[2])
+    ids = feature_ids(index)
+    text = F.normalize(torch.randn(256, 512, generator=torch.Generator().manual_seed(0)), dim=1)
+    chunks = train_image_chunks(index, ids, chunk or len(ids), torch.device("cpu"))
+    entropy = entropies_by_image_chunks(lambda: (text[:128], text[128:]), chunks, 50.0)
+    assert entropy.shape == (256,) and torch.isfinite(entropy).all()
+    print(next(line for line in open("/proc/self/status") if line.startswith("VmHWM")))
+    """
+)
+
+
+def image_side_peak_mb(root, chunk: int) -> float:
+    """VmHWM of IMAGE_CHUNKS in a child (its own, unlike ru_maxrss, which keeps the parent's
+    peak across exec); `chunk` 0 reads every image in one chunk."""
+    done = subprocess.run(
+        [sys.executable, "-c", IMAGE_CHUNKS, str(root), str(chunk)], capture_output=True,
+        text=True, check=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+    )  # fmt: skip
+    return int(done.stdout.split()[-2]) / 1024
+
+
+def test_entropy_holds_a_chunk_of_the_images_not_all_of_them(tmp_path):
+    """The entropy stage's image side: 4,000 against 64,000 images' pooled embeddings (512
+    float32, 8 against 131 MB), read 4,096 at a time, grow the peak by under 40 MB; read in one
+    chunk, as the stage held them before (242 MB at COCO's size), by over 100 MB."""
+    peaks = {}
+    for n in (4_000, 64_000):
+        write_store(tmp_path / f"n{n}", n, test=100, vocab_size=50, captions_per_image=1,
+                    grid_tokens=1, grid_dim=8)  # fmt: skip
+        peaks[n] = {c: image_side_peak_mb(tmp_path / f"n{n}", c) for c in (4096, 0)}
+    chunked, whole = (peaks[64_000][c] - peaks[4_000][c] for c in (4096, 0))
+    assert chunked <= 40 and whole >= 100, peaks

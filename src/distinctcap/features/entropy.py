@@ -6,9 +6,11 @@ For a caption y and the training images x_1..x_N,
 with log Z = logsumexp_i s_i. `retrieval_entropy` computes it exactly in one streamed pass over
 image chunks with a running log-sum-exp, so memory holds (text block x image chunk) tiles,
 never the N_text x N_images matrix (COCO: 591,753 x 118,287). The stage (`score_captions`)
-reads the captions' embeddings shard by shard (`train_text_blocks`): its memory holds the train
-images' embeddings (N x D float32, 242 MB at COCO) and a shard, not the 1.2 GB of caption
-embeddings it held whole, twice, before issue 55.
+reads both sides from the store as it goes (`entropies_by_image_chunks`): the train images'
+embeddings CHUNKS_PER_READ chunks at a time, and for each such read the captions' embeddings
+block by block (`train_text_blocks`). So its memory holds a read of images (64 MB), a shard
+of captions and three floats per caption, not the 1.2 GB of caption embeddings it held whole,
+twice, nor the 242 MB of image embeddings it held whole, before issue 55.
 
 Only the train split is scored; `features.subsets` ranks the scores into D- and D+.
 """
@@ -16,7 +18,7 @@ Only the train split is scored; `features.subsets` ranks the scores into D- and 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -68,25 +70,33 @@ def _block_entropy(
     """
     rows = q.shape[0]
     tile_s, tile_e = tiles
-    m = z = a = None
+    state = None
     for start in range(0, images.shape[0], chunk):
         block = images[start : start + chunk]
         s = _mm(q, block, tile_s[: rows * len(block)].view(rows, len(block)))  # (T, C) logits
-        e = tile_e[: s.numel()].view_as(s)
-        m_chunk = s.amax(dim=1)
-        m_new = m_chunk if m is None else torch.maximum(m, m_chunk)
-        s.sub_(m_new[:, None])  # s - m' <= 0
-        torch.exp(s, out=e)
-        z_chunk = e.sum(dim=1)
-        a_chunk = torch.bmm(e.unsqueeze(1), s.unsqueeze(2)).view(-1)  # row dots, no temp tile
-        if m is None:
-            z, a = z_chunk, a_chunk
-        else:
-            shift = m - m_new  # <= 0
-            decay = torch.exp(shift)
-            a = decay * (a + shift * z) + a_chunk
-            z = decay * z + z_chunk
-        m = m_new
+        state = _absorb(state, s, tile_e[: s.numel()].view_as(s))
+    return _entropy(state)
+
+
+def _absorb(state: tuple | None, s: torch.Tensor, e: torch.Tensor) -> tuple:
+    """The running (m, z, a) of `_block_entropy` after one more chunk of logits `s` (rows x
+    chunk, overwritten; `e` a tile of its shape)."""
+    m_chunk = s.amax(dim=1)
+    m_new = m_chunk if state is None else torch.maximum(state[0], m_chunk)
+    s.sub_(m_new[:, None])  # s - m' <= 0
+    torch.exp(s, out=e)
+    z_chunk = e.sum(dim=1)
+    a_chunk = torch.bmm(e.unsqueeze(1), s.unsqueeze(2)).view(-1)  # row dots, no temp tile
+    if state is None:
+        return m_new, z_chunk, a_chunk
+    m, z, a = state
+    shift = m - m_new  # <= 0
+    decay = torch.exp(shift)
+    return m_new, decay * z + z_chunk, decay * (a + shift * z) + a_chunk
+
+
+def _entropy(state: tuple) -> torch.Tensor:
+    _, z, a = state
     return torch.log(z) - a / z
 
 
@@ -118,6 +128,12 @@ def _accumulation(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def _matmul_dtype(block: torch.Tensor) -> torch.dtype:
+    """The product's default dtype: float16 on CUDA for float32 inputs, else the accumulation's."""
+    acc = _accumulation(block.dtype)
+    return torch.float16 if block.is_cuda and acc == torch.float32 else acc
+
+
 def block_entropies(
     blocks: Iterable[torch.Tensor],
     image_emb: torch.Tensor,
@@ -137,8 +153,7 @@ def block_entropies(
                 f"text embeddings have dim {block.shape[-1]}, images {image_emb.shape[-1]}"
             )
         acc = _accumulation(block.dtype)
-        if matmul_dtype is None:
-            matmul_dtype = torch.float16 if block.is_cuda and acc == torch.float32 else acc
+        matmul_dtype = matmul_dtype or _matmul_dtype(block)
         if images is None:
             images = image_emb.to(matmul_dtype).contiguous()
         if tiles is None or tiles[0].dtype != acc or tiles[0].numel() < block.shape[0] * min(
@@ -147,6 +162,51 @@ def block_entropies(
             tiles = _tiles(block.shape[0], len(images), chunk, acc, block.device)
         q = (block.to(acc) * logit_scale).to(matmul_dtype)
         yield _block_entropy(q, images, chunk, acc, tiles)
+
+
+def entropies_by_image_chunks(
+    text_blocks: Callable[[], Iterable[torch.Tensor]],
+    image_reads: Iterable[torch.Tensor],
+    logit_scale: float,
+    chunk: int = 8192,
+    matmul_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """`retrieval_entropy` with its loops swapped, for images too many to hold: each read of
+    image embeddings (`image_reads`, a multiple of `chunk` rows each but the last) meets every
+    block of caption embeddings (`text_blocks()`, streamed afresh for each read) a `chunk` at a
+    time, and each caption keeps its running (m, z, a) between reads. Memory holds a read of
+    images, a block of captions and three floats per caption, not the N x D image embeddings
+    (242 MB at COCO's size); the captions are read once per read of images. Each caption meets
+    the same operations in the same order as in `block_entropies` with the same `chunk`, so the
+    entropies are the same bit for bit."""
+    states: list[tuple] = []
+    tiles, seen = None, 0
+    for read in image_reads:
+        images, seen = None, seen + len(read)
+        for k, block in enumerate(text_blocks()):
+            if block.shape[-1] != read.shape[-1]:
+                raise DistinctcapError(
+                    f"text embeddings have dim {block.shape[-1]}, images {read.shape[-1]}"
+                )
+            acc = _accumulation(block.dtype)
+            matmul_dtype = matmul_dtype or _matmul_dtype(block)
+            if images is None:
+                images = read.to(matmul_dtype).contiguous()
+            rows = block.shape[0]
+            if tiles is None or tiles[0].dtype != acc or tiles[0].numel() < rows * min(
+                chunk, len(images)
+            ):
+                tiles = _tiles(rows, len(images), chunk, acc, block.device)
+            q = (block.to(acc) * logit_scale).to(matmul_dtype)
+            state = states[k] if k < len(states) else None
+            for start in range(0, len(images), chunk):
+                part = images[start : start + chunk]
+                s = _mm(q, part, tiles[0][: rows * len(part)].view(rows, len(part)))
+                state = _absorb(state, s, tiles[1][: s.numel()].view_as(s))
+            states[k : k + 1] = [state]
+    if not seen:
+        raise DistinctcapError("retrieval entropy needs at least one image")
+    return torch.cat([_entropy(state) for state in states]) if states else torch.empty(0)
 
 
 def train_text_blocks(
@@ -167,6 +227,24 @@ def train_text_blocks(
 
 
 # ---------------------------------------------------------------- the stage
+
+
+# images read at a time, in `chunk`s: 4 reads of 32,768 (64 MB) at COCO's 118,287 training
+# images, so the captions' embeddings are read 4 times (~26 CPU s a read there, on 2 cores)
+CHUNKS_PER_READ = 4
+
+
+def train_image_chunks(
+    index_path: str | Path, image_ids: np.ndarray, chunk: int, device
+) -> Iterator[torch.Tensor]:
+    """The pooled embeddings of `image_ids`, `chunk` images at a time, read from the store for
+    each chunk (one shard's decode at a time), stopped at a NaN / inf naming its image."""
+    for start in range(0, len(image_ids), chunk):
+        ids = image_ids[start : start + chunk]
+        _, pooled, _ = load_image_features(index_path, grid=False, image_ids=ids)
+        images = torch.from_numpy(pooled).to(device)
+        check_finite(ids, "image", images)
+        yield images
 
 
 def _checked(blocks: Iterable[tuple[np.ndarray, np.ndarray]], device) -> Iterator[torch.Tensor]:
@@ -199,24 +277,27 @@ def score_captions(
             "rerun the extract_features rule"
         )
     image_ids = np.intersect1d(feature_ids(index_path), train.image_id.unique())  # sorted
-    _, pooled, _ = load_image_features(index_path, grid=False, image_ids=image_ids)  # no copy
-    img = torch.from_numpy(pooled).to(device)
-    check_finite(image_ids, "image", img)
     log.info(
         "retrieval entropy of %d captions over %d images, logit scale %.3f, on %s",
         len(train_ids),
-        len(img),
+        len(image_ids),
         scale,
         device,
     )
-    entropy, done = np.empty(len(train_ids), np.float32), 0
-    blocks = _checked(train_text_blocks(index_path, train_ids, text_chunk), device)
-    for scores in progress(block_entropies(blocks, img, scale, chunk), desc="entropy",
-                           total=-(-len(train_ids) // text_chunk), unit="blocks"):  # fmt: skip
-        entropy[done : done + len(scores)] = scores.float().cpu().numpy()
-        done += len(scores)
-    if done != len(train_ids):
+    per_read = chunk * CHUNKS_PER_READ
+    reads = train_image_chunks(index_path, image_ids, per_read, device)
+    entropy = entropies_by_image_chunks(
+        lambda: _checked(train_text_blocks(index_path, train_ids, text_chunk), device),
+        progress(reads, desc="entropy", total=-(-len(image_ids) // per_read), unit="image reads"),
+        scale,
+        chunk,
+    )
+    if len(entropy) != len(train_ids):
         raise DistinctcapError(f"{index_path}: its text shards hold a caption id twice")
     return pd.DataFrame(
-        {"caption_id": train_ids, "image_id": train.image_id.to_numpy(), "entropy": entropy}
+        {
+            "caption_id": train_ids,
+            "image_id": train.image_id.to_numpy(),
+            "entropy": entropy.float().cpu().numpy(),
+        }
     )

@@ -51,36 +51,21 @@ def _mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
 
 
 def _tiles(rows: int, images: int, chunk: int, acc: torch.dtype, device) -> tuple:
-    """The two (rows x chunk) work tiles of `_block_entropy`, allocated once for every block:
+    """The two (rows x chunk) work tiles of a streamed entropy, allocated once for every block:
     fresh multi-MB buffers per chunk cost page faults, and per block they fragmented glibc's
     heap (issue 55: +1.5 GB over 160 blocks kept beside their small results)."""
     tile_s = torch.empty(rows * min(chunk, images), dtype=acc, device=device)
     return tile_s, torch.empty_like(tile_s)
 
 
-def _block_entropy(
-    q: torch.Tensor, images: torch.Tensor, chunk: int, acc: torch.dtype, tiles: tuple
-) -> torch.Tensor:
-    """Entropy of softmax(q @ images.T) per row of q, streaming over image chunks.
-
-    Running state per row: m (max logit so far), z = sum exp(s - m), a = sum exp(s - m)(s - m).
-    Then H = log Z - E[s] = log z - a / z, all in offsets from m (no cancellation of large
-    logits). When m grows to m', old terms rescale by exp(m - m') and their offset by (m - m').
-    `tiles` (`_tiles`) hold at least q's rows x chunk.
-    """
-    rows = q.shape[0]
-    tile_s, tile_e = tiles
-    state = None
-    for start in range(0, images.shape[0], chunk):
-        block = images[start : start + chunk]
-        s = _mm(q, block, tile_s[: rows * len(block)].view(rows, len(block)))  # (T, C) logits
-        state = _absorb(state, s, tile_e[: s.numel()].view_as(s))
-    return _entropy(state)
-
-
 def _absorb(state: tuple | None, s: torch.Tensor, e: torch.Tensor) -> tuple:
-    """The running (m, z, a) of `_block_entropy` after one more chunk of logits `s` (rows x
-    chunk, overwritten; `e` a tile of its shape)."""
+    """The running state of a streamed entropy after one more chunk of logits `s` (rows x
+    chunk, overwritten; `e` a tile of its shape).
+
+    Per row: m (max logit so far), z = sum exp(s - m), a = sum exp(s - m)(s - m). Then
+    H = log Z - E[s] = log z - a / z (`_entropy`), all in offsets from m (no cancellation of
+    large logits). When m grows to m', old terms rescale by exp(m - m') and their offset by
+    (m - m')."""
     m_chunk = s.amax(dim=1)
     m_new = m_chunk if state is None else torch.maximum(state[0], m_chunk)
     s.sub_(m_new[:, None])  # s - m' <= 0
@@ -117,11 +102,16 @@ def retrieval_entropy(
     whatever N_images. The product runs in `matmul_dtype` (default: the
     accumulation dtype on CPU, float16 on CUDA, with the log-sum-exp always accumulated in fp32).
     """
-    blocks = (text_emb[s : s + text_chunk] for s in range(0, text_emb.shape[0], text_chunk))
-    parts = list(block_entropies(blocks, image_emb, logit_scale, chunk, matmul_dtype))
-    if not parts:
+    if text_emb.shape[0] == 0 and image_emb.shape[0]:
         return torch.empty(0, dtype=_accumulation(text_emb.dtype), device=text_emb.device)
-    return torch.cat(parts)
+    starts = range(0, text_emb.shape[0], text_chunk)
+    return entropies_by_image_chunks(
+        lambda: (text_emb[s : s + text_chunk] for s in starts),
+        [image_emb],
+        logit_scale,
+        chunk,
+        matmul_dtype,
+    )
 
 
 def _accumulation(dtype: torch.dtype) -> torch.dtype:
@@ -134,36 +124,6 @@ def _matmul_dtype(block: torch.Tensor) -> torch.dtype:
     return torch.float16 if block.is_cuda and acc == torch.float32 else acc
 
 
-def block_entropies(
-    blocks: Iterable[torch.Tensor],
-    image_emb: torch.Tensor,
-    logit_scale: float,
-    chunk: int = 8192,
-    matmul_dtype: torch.dtype | None = None,
-) -> Iterator[torch.Tensor]:
-    """`retrieval_entropy` of each block of caption embeddings in turn (a block's rows are
-    scored together, so blocks cut as retrieval_entropy cuts them give its numbers bit for bit),
-    the image side converted once: a caller may stream the captions' blocks from disk."""
-    if image_emb.shape[0] == 0:
-        raise DistinctcapError("retrieval entropy needs at least one image")
-    images = tiles = None
-    for block in blocks:
-        if block.shape[-1] != image_emb.shape[-1]:
-            raise DistinctcapError(
-                f"text embeddings have dim {block.shape[-1]}, images {image_emb.shape[-1]}"
-            )
-        acc = _accumulation(block.dtype)
-        matmul_dtype = matmul_dtype or _matmul_dtype(block)
-        if images is None:
-            images = image_emb.to(matmul_dtype).contiguous()
-        if tiles is None or tiles[0].dtype != acc or tiles[0].numel() < block.shape[0] * min(
-            chunk, len(images)
-        ):
-            tiles = _tiles(block.shape[0], len(images), chunk, acc, block.device)
-        q = (block.to(acc) * logit_scale).to(matmul_dtype)
-        yield _block_entropy(q, images, chunk, acc, tiles)
-
-
 def entropies_by_image_chunks(
     text_blocks: Callable[[], Iterable[torch.Tensor]],
     image_reads: Iterable[torch.Tensor],
@@ -171,14 +131,14 @@ def entropies_by_image_chunks(
     chunk: int = 8192,
     matmul_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """`retrieval_entropy` with its loops swapped, for images too many to hold: each read of
+    """`retrieval_entropy` with the images read in parts, for images too many to hold: each read of
     image embeddings (`image_reads`, a multiple of `chunk` rows each but the last) meets every
     block of caption embeddings (`text_blocks()`, streamed afresh for each read) a `chunk` at a
     time, and each caption keeps its running (m, z, a) between reads. Memory holds a read of
     images, a block of captions and three floats per caption, not the N x D image embeddings
     (242 MB at COCO's size); the captions are read once per read of images. Each caption meets
-    the same operations in the same order as in `block_entropies` with the same `chunk`, so the
-    entropies are the same bit for bit."""
+    the same operations in the same order whatever the reads, so the entropies are the same bit
+    for bit as from one read of every image."""
     states: list[tuple] = []
     tiles, seen = None, 0
     for read in image_reads:

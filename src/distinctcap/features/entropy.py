@@ -174,16 +174,28 @@ def train_text_blocks(
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """(caption ids, float32 embeddings) of the sorted `train_ids`, read shard by shard
     (features.read.text_feature_shards) and regrouped into blocks of `block` rows: the blocks
-    retrieval_entropy cuts from the whole matrix, so the entropies are the same bit for bit."""
-    ids_left, rows_left = np.zeros(0, np.int64), None
+    retrieval_entropy cuts from the whole matrix, so the entropies are the same bit for bit.
+
+    Each block is a copy, so a shard is freed as soon as its last block is cut: memory holds
+    one shard (100,000 captions, 205 MB, by default) and a block, not a shard, its copy with
+    the last one's rest, and the next shard (~3 shards before issue 55's fix)."""
+    rest_ids, rest_rows = np.zeros(0, np.int64), None
     for ids, rows in text_feature_shards(index_path, train_ids):
-        ids_left = np.concatenate([ids_left, ids])
-        rows_left = rows if rows_left is None else np.concatenate([rows_left, rows])
-        while len(ids_left) >= block:
-            yield ids_left[:block], rows_left[:block]
-            ids_left, rows_left = ids_left[block:], rows_left[block:]
-    if len(ids_left):
-        yield ids_left, rows_left
+        if len(rest_ids):
+            need = block - len(rest_ids)
+            rest_ids = np.concatenate([rest_ids, ids[:need]])
+            rest_rows = np.concatenate([rest_rows, rows[:need]])
+            ids, rows = ids[need:], rows[need:]
+            if len(rest_ids) < block:
+                continue
+            yield rest_ids, rest_rows
+        full = len(ids) - len(ids) % block
+        for start in range(0, full, block):
+            yield ids[start : start + block].copy(), rows[start : start + block].copy()
+        rest_ids, rest_rows = ids[full:].copy(), rows[full:].copy()
+        del ids, rows  # the shard, before the next one is read
+    if len(rest_ids):
+        yield rest_ids, rest_rows
 
 
 # ---------------------------------------------------------------- the stage

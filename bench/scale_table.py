@@ -31,8 +31,9 @@ DOCS = Path(__file__).resolve().parents[1] / "docs"
 # commits and sessions) until the three sizes have run on one commit
 DOCS_BLOCKS = {
     "scale-table": [
-        DOCS / "rehearsal/scale/diagnostic-f9b9c2d-10000.json",
-        DOCS / "rehearsal/scale/diagnostic-f9b9c2d-40000.json",
+        DOCS / "rehearsal/scale/full-10000.json",
+        DOCS / "rehearsal/scale/full-40000.json",
+        DOCS / "rehearsal/scale/first-full-123287.json",
     ],
     "scale-full": [DOCS / "rehearsal/scale/first-full-123287.json"],
     "scale-10k-123k": [

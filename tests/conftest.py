@@ -82,6 +82,18 @@ def pytest_xdist_make_scheduler(config, log):
     return ByModuleGroup(config, log)
 
 
+def child_peak_mb(code: str, *args: object) -> float:
+    """Peak RSS (MB) of `code` run in a fresh Python with `args` as argv[1:], read as the
+    child's own VmHWM: its ru_maxrss would keep the parent's peak across exec on Linux."""
+    report = 'print(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")))'
+    done = subprocess.run(
+        [sys.executable, "-c", f"{code}\n{report}", *map(str, args)], capture_output=True,
+        text=True, check=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src"), "MPLBACKEND": "Agg"},
+    )  # fmt: skip
+    return int(done.stdout.split()[-2]) / 1024
+
+
 def tiny_config() -> dict:
     """The embedded default config, shrunk so the whole DAG runs in a few minutes on 2 cores."""
     config = yaml.safe_load((ROOT / "tests" / "tiny_config.yaml").read_text())

@@ -2,17 +2,14 @@
 shown images' captions, not the whole captions table, so its peak does not grow with the data
 (+268 MB at 123,287 images before, the table read whole as pandas)."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from conftest import child_peak_mb
 
 from distinctcap.core.io import write_table
 
-ROOT = Path(__file__).resolve().parents[1]
 CAPTIONS_PER_IMAGE = 5
 TEST_IMAGES = 100
 
@@ -23,7 +20,6 @@ from distinctcap.report.gallery import gallery_stage
 root = Path(sys.argv[1])
 gallery_stage(root / "images.parquet", root / "captions.parquet", [root / "test-greedy.parquet"],
               "test", root / "gallery.html", root / "showcase.md", count=24)
-print(next(line for line in open("/proc/self/status") if line.startswith("VmHWM")))
 """
 
 
@@ -54,16 +50,6 @@ def write_data(root: Path, images: int) -> None:
                 root / "test-greedy.parquet", "generated")  # fmt: skip
 
 
-def peak_mb(root: Path) -> float:
-    """The gallery's peak RSS in a child, as its own VmHWM: the child's getrusage would count
-    the parent's peak too (Linux keeps ru_maxrss across exec)."""
-    done = subprocess.run(
-        [sys.executable, "-c", GALLERY, str(root)], capture_output=True, text=True, check=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "src"), "MPLBACKEND": "Agg"},
-    )  # fmt: skip
-    return int(done.stdout.split()[-2]) / 1024
-
-
 def test_the_gallerys_memory_does_not_grow_with_the_captions_table(tmp_path):
     """4,000 against 120,000 images (20k against 600k captions, COCO's count): the peak stays
     within 40 MB: +12 MB (the whole table read as pandas added 392 MB here before; on the 2-core
@@ -71,7 +57,7 @@ def test_the_gallerys_memory_does_not_grow_with_the_captions_table(tmp_path):
     peaks = {}
     for n in (4_000, 120_000):
         write_data(tmp_path / f"n{n}", n)
-        peaks[n] = peak_mb(tmp_path / f"n{n}")
+        peaks[n] = child_peak_mb(GALLERY, tmp_path / f"n{n}")
     assert peaks[120_000] - peaks[4_000] <= 40, peaks
     pages = [(tmp_path / f"n{n}" / "gallery.html").read_text() for n in peaks]
     assert all(page.count("<div class='card'>") == 24 for page in pages)

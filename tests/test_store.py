@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import ROOT
+from conftest import ROOT, child_peak_mb
 
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import read_json
@@ -275,27 +275,16 @@ IMAGE_CHUNKS = textwrap.dedent(
     import sys
     import torch
     import torch.nn.functional as F
-    from distinctcap.features.entropy import entropies_by_image_chunks, train_image_chunks
+    from distinctcap.features.entropy import entropies_by_image_chunks, train_image_reads
     from distinctcap.features.read import feature_ids
     index, chunk = sys.argv[1] + "/features/index.json", int(sys.argv[2])
     ids = feature_ids(index)
     text = F.normalize(torch.randn(256, 512, generator=torch.Generator().manual_seed(0)), dim=1)
-    chunks = train_image_chunks(index, ids, chunk or len(ids), torch.device("cpu"))
+    chunks = train_image_reads(index, ids, chunk or len(ids), torch.device("cpu"))  # 0: one read
     entropy = entropies_by_image_chunks(lambda: (text[:128], text[128:]), chunks, 50.0)
     assert entropy.shape == (256,) and torch.isfinite(entropy).all()
-    print(next(line for line in open("/proc/self/status") if line.startswith("VmHWM")))
     """
 )
-
-
-def image_side_peak_mb(root, chunk: int) -> float:
-    """VmHWM of IMAGE_CHUNKS in a child (its own, unlike ru_maxrss, which keeps the parent's
-    peak across exec); `chunk` 0 reads every image in one chunk."""
-    done = subprocess.run(
-        [sys.executable, "-c", IMAGE_CHUNKS, str(root), str(chunk)], capture_output=True,
-        text=True, check=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
-    )  # fmt: skip
-    return int(done.stdout.split()[-2]) / 1024
 
 
 def test_entropy_holds_a_chunk_of_the_images_not_all_of_them(tmp_path):
@@ -306,6 +295,6 @@ def test_entropy_holds_a_chunk_of_the_images_not_all_of_them(tmp_path):
     for n in (4_000, 64_000):
         write_store(tmp_path / f"n{n}", n, test=100, vocab_size=50, captions_per_image=1,
                     grid_tokens=1, grid_dim=8)  # fmt: skip
-        peaks[n] = {c: image_side_peak_mb(tmp_path / f"n{n}", c) for c in (4096, 0)}
+        peaks[n] = {c: child_peak_mb(IMAGE_CHUNKS, tmp_path / f"n{n}", c) for c in (4096, 0)}
     chunked, whole = (peaks[64_000][c] - peaks[4_000][c] for c in (4096, 0))
     assert chunked <= 40 and whole >= 100, peaks

@@ -206,11 +206,11 @@ def train_text_blocks(
 CHUNKS_PER_READ = 4
 
 
-def train_image_chunks(
+def train_image_reads(
     index_path: str | Path, image_ids: np.ndarray, chunk: int, device
 ) -> Iterator[torch.Tensor]:
-    """The pooled embeddings of `image_ids`, `chunk` images at a time, read from the store for
-    each chunk (one shard's decode at a time), stopped at a NaN / inf naming its image."""
+    """The pooled embeddings of `image_ids`, `chunk` images a read, each read from the store
+    (one shard's decode at a time), stopped at a NaN / inf naming its image."""
     for start in range(0, len(image_ids), chunk):
         ids = image_ids[start : start + chunk]
         _, pooled, _ = load_image_features(index_path, grid=False, image_ids=ids)
@@ -257,7 +257,7 @@ def score_captions(
         device,
     )
     per_read = chunk * CHUNKS_PER_READ
-    reads = train_image_chunks(index_path, image_ids, per_read, device)
+    reads = train_image_reads(index_path, image_ids, per_read, device)
     entropy = entropies_by_image_chunks(
         lambda: _checked(train_text_blocks(index_path, train_ids, text_chunk), device),
         progress(reads, desc="entropy", total=-(-len(image_ids) // per_read), unit="image reads"),

@@ -301,16 +301,38 @@ def test_a_resumed_jobs_numbers_are_marked_and_not_judged(tmp_path):
     assert "one size" in scale_table.stage_table([result(40, False)])
 
 
-def test_quadratic_stages_are_judged_against_the_images_squared():
-    """The retrieval entropy (every caption over every image) and the neighbours (every image
-    against every other) do work in N²: 4x the images may take 16x the CPU, not 4x."""
+def test_quadratic_stages_are_judged_against_the_train_images_squared():
+    """The retrieval entropy (every train caption over every train image) and the neighbours
+    (every train image against every other) do work in N²: 4x the train images may take 16x
+    the CPU, not 4x; the linear stages are judged on all the images."""
     import scale_table
 
     small, large = ({"cpu_s": cpu, "peak_rss_mb": 100.0, "resumed": False} for cpu in (1, 15))
     assert scale_table.GOALS["retrieval_entropy"] == scale_table.GOALS["neighbours"] == "quadratic"
-    said = scale_table.verdict("quadratic", small, large, 4.0)
-    assert said == "CPU x15.0 of images² x16.0, RSS x1.00 met"
-    assert scale_table.verdict("linear", small, large, 4.0).endswith("MISSED")
+    ratios = {"images": 2.0, "train images": 4.0}
+    said = scale_table.verdict("quadratic", small, large, ratios)
+    assert said == "CPU x15.0 of train images² x16.0, RSS x1.00 met"
+    assert scale_table.verdict("linear", small, large, ratios) == (
+        "CPU x15.0 of images x2.0, RSS x1.00 MISSED"
+    )
+
+
+def test_the_train_images_are_those_each_rehearsal_kept():
+    """The rehearsal keeps COCO's 5,000 val and test images at every size, so its train split
+    grows faster than its images; the train images of each committed run (synthcoco's layout
+    less its truncated files) add up, with the val and test ones, to the images the data stage
+    counted, and a run that kept other images is refused."""
+    import scale_table
+
+    paths = {p for block in scale_table.DOCS_BLOCKS.values() for p in block}
+    train = {}
+    for path in sorted(paths):
+        result = json.loads(path.read_text())
+        train[result["images"]] = scale_table.work_sizes(result)["train images"]
+        assert result["kept_images"] == result["data"]["counts"]["images"]
+    assert train[10_000] == 4_995 and train[123_287] == 118_171
+    with pytest.raises(ValueError, match="kept 9,989 images, not the 9,990"):
+        scale_table.work_sizes({"images": 10_000, "kept_images": 9_989})
 
 
 def test_a_killed_rehearsals_lock_is_lifted_before_it_resumes(tmp_path, capsys):

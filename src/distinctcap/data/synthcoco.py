@@ -268,6 +268,14 @@ class Layout:
         )
 
 
+def kept_by_part(n_images: int, cocos_val: bool = False) -> dict[str, int]:
+    """The images of each 2017 part (train2017: mrnn's train split; val2017: its val and test)
+    that the data stage keeps: all but the truncated files, which it quarantines."""
+    layout = Layout.of(n_images, cocos_val)
+    kept = Counter(p for i, p in layout.part2017.items() if odd_kind(i) != "truncated")
+    return {part: kept[part] for part in ("train2017", "val2017")}
+
+
 def file_name(image_id: int, part: str) -> str:
     """COCO's file names: COCO_train2014_%012d.jpg in 2014, %012d.jpg in 2017."""
     return f"COCO_{part}_{image_id:012d}.jpg" if part.endswith("2014") else f"{image_id:012d}.jpg"

@@ -180,32 +180,42 @@ def cell(rows: list[dict | None], key: str, fmt: str) -> str:
     )
 
 
+def goal_cells(name: str, rows: list[dict | None], results: list[dict]) -> list[str]:
+    """The stage's goal judged at each larger size against the smallest."""
+    if len(rows) == 1:
+        return ["one size"]
+    small = work_sizes(results[0])
+    cells = []
+    for row, result in zip(rows[1:], results[1:], strict=True):
+        ratios = {unit: size / small[unit] for unit, size in work_sizes(result).items()}
+        both = rows[0] is not None and row is not None
+        cells.append(verdict(GOALS.get(name), rows[0], row, ratios) if both else "not run at both")
+    return cells
+
+
 def stage_table(results: list[dict]) -> str:
-    """Markdown: one row per stage, each measure at every size (smallest first)."""
+    """Markdown: one row per stage, each measure at every size (smallest first), and its goal
+    judged at each larger size against the smallest."""
     per_size = [stages(r) for r in results]
     sizes = " / ".join(f"{r['images']:,}" for r in results)
-    small, large = work_sizes(results[0]), work_sizes(results[-1])
-    ratios = {unit: large[unit] / small[unit] for unit in small}
+    first = f"{results[0]['images']:,}"
+    goals = [f"goal, {r['images']:,} against {first}" for r in results[1:]] or ["goal"]
     lines = [
-        f"| stage (jobs) | wall s ({sizes}) | CPU s | peak RSS MB | written MB | goal, "
-        f"{results[-1]['images']:,} against {results[0]['images']:,} |",
-        "|---|---|---|---|---|---|",
+        f"| stage (jobs) | wall s ({sizes}) | CPU s | peak RSS MB | written MB | "
+        + " | ".join(goals)
+        + " |",
+        "|---|---|---|---|---|" + "---|" * len(goals),
     ]
     for name in ORDER:
         rows = [s.get(name) for s in per_size]
         if all(r is None for r in rows):
             continue
         jobs = max(r["jobs"] for r in rows if r)
-        if len(rows) == 1:
-            goal = "one size"
-        elif rows[0] and rows[-1]:
-            goal = verdict(GOALS.get(name), rows[0], rows[-1], ratios)
-        else:
-            goal = "not run at every size"
         lines.append(
             f"| {name} ({jobs}) | {cell(rows, 'wall_s', ',.0f')} | {cell(rows, 'cpu_s', ',.0f')} "
-            f"| {cell(rows, 'peak_rss_mb', ',.0f')} | {cell(rows, 'written_mb', ',.0f')} "
-            f"| {goal} |"
+            f"| {cell(rows, 'peak_rss_mb', ',.0f')} | {cell(rows, 'written_mb', ',.0f')} | "
+            + " | ".join(goal_cells(name, rows, results))
+            + " |"
         )
     if any(row["resumed"] for size in per_size for row in size.values()):
         lines += ["", RESUMED_NOTE]

@@ -299,6 +299,9 @@ def test_a_resumed_jobs_numbers_are_marked_and_not_judged(tmp_path):
     assert "| extract_features (1) | 10 / 10† |" in table
     assert "resumed†: not judged" in table and scale_table.RESUMED_NOTE in table
     assert "one size" in scale_table.stage_table([result(40, False)])
+    three = scale_table.stage_table([result(10, False), result(40, False), result(80, False)])
+    assert "| goal, 40 against 10 | goal, 80 against 10 |" in three
+    assert "x4.0, RSS x1.00 met | CPU x1.0 of images x8.0, RSS x1.00 met |" in three
 
 
 def test_quadratic_stages_are_judged_against_the_train_images_squared():

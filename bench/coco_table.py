@@ -23,7 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import rehearsal  # noqa: E402  (bench/ is scripts, not a package)
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
-DOCS_INPUTS = {"2-core CPU, 16 images": DOCS / "rehearsal/cpu-2core-16-images.json"}  # the table's
+DOCS_INPUTS = {  # the table's columns: the first rehearsal, and the first at COCO's size
+    "2-core CPU, 16 images": DOCS / "rehearsal/cpu-2core-16-images.json",
+    "2-core CPU, 123,287 images, small models": DOCS / "rehearsal/scale/first-full-123287.json",
+}
 BEGIN, END = "<!-- coco-table:begin -->", "<!-- coco-table:end -->"
 UPSTREAM = (
     "prepare_data",
@@ -57,6 +60,14 @@ def expected_jobs(config: dict) -> list[str]:
 def shown(result: dict, job: str) -> bool:
     """Whether `result`'s row of `job` belongs in the table (module doc: MODEL_FREE)."""
     return not result.get("small_models") or job.split("/")[0] in MODEL_FREE
+
+
+def resumed_jobs(result: dict) -> set[str]:
+    """Jobs whose last run reused a killed run's work (their `usage` says so): their numbers
+    are that run's, not the job's whole cost. A job is named by its log (data/prepare_data)
+    and by its log's last part (prepare_data), as `stage` may name it."""
+    logs = [u["log"] for u in result.get("usage", []) if u.get("resumed")]
+    return {*logs, *(log.rsplit("/", 1)[-1] for log in logs)}
 
 
 def stage(row: dict) -> str:
@@ -94,6 +105,7 @@ def table(results: dict[str, dict], config: dict) -> str:
     ]
     lines.append("|---|---|" + "---|---|" * len(results))
     by_job = {label: {stage(row): row for row in r["stages"]} for label, r in results.items()}
+    resumed = {label: resumed_jobs(r) for label, r in results.items()}
     for job in expected_jobs(config):
         scaling = rehearsal.SCALING.get(job.split("/")[0], "fixed")
         cells = []
@@ -101,6 +113,9 @@ def table(results: dict[str, dict], config: dict) -> str:
             row = by_job[label].get(job)
             if not shown(result, job):
                 cells += ["small models", "-"]
+                continue
+            if row and row["job"] in resumed[label]:
+                cells += ["resumed: its last run only", "-"]
                 continue
             cells += [rate(row), hours(row["extrapolated_s"]) if row else "-"]
         lines.append(f"| {job} | {scaling} | " + " | ".join(cells) + " |")

@@ -259,6 +259,19 @@ def test_the_docs_coco_table_is_the_scripts_output():
     assert block.count("\n| train_run/") == len(rehearsal.load_coco()["runs"])
 
 
+def test_a_resumed_job_is_not_given_a_rate_in_the_coco_table():
+    """The first 123,287-image run's data stage resumed a killed run's extraction: its rate
+    would be that last run's, so the table says so instead; a job that ran whole keeps its."""
+    import coco_table
+
+    result = json.loads(coco_table.DOCS_INPUTS[next(reversed(coco_table.DOCS_INPUTS))].read_text())
+    assert result["small_models"] and result["images"] == 123_287
+    rows = coco_table.table({"full": result}, rehearsal.load_coco()).splitlines()
+    assert "| prepare_data | images | resumed: its last run only | - |" in rows
+    assert "| neighbours | images | 200 images/s | 0.17 |" in rows
+    assert "| train_run/reference | steps | small models | - |" in rows
+
+
 def test_the_docs_scale_table_is_the_scripts_output():
     """docs/performance.md's "COCO's shape on a CPU" tables are bench/scale_table.py's rendering
     of the rehearsal JSONs it names (regenerate: scale_table.py FILE ... --write --block NAME),

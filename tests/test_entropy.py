@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 import torch.nn.functional as F
@@ -87,6 +88,16 @@ def test_mismatched_dims_are_an_error():
         retrieval_entropy(unit(3, 4, 0), unit(3, 5, 1), 10.0)
 
 
+def captions_file(captions: pd.DataFrame, path, row_group_size: int) -> pq.ParquetFile:
+    """The captions as a parquet file of small row groups, so a shard spans several (texts
+    as the captions contract's string, as core.io writes them)."""
+    table = pa.Table.from_pandas(captions, preserve_index=False)
+    table = table.set_column(table.schema.get_field_index("text"), "text",
+                             table["text"].cast(pa.string()))  # fmt: skip
+    pq.write_table(table, path, row_group_size=row_group_size)
+    return pq.ParquetFile(path)
+
+
 def scores_table(entropies):
     n = len(entropies)
     return pd.DataFrame(
@@ -130,7 +141,7 @@ def test_subset_shards_roundtrip_and_report(tmp_path):
     )
     table = split_subsets(scores, 0.4)
     dirs = {"D-": tmp_path / "D-", "D+": tmp_path / "D+"}
-    counts = write_subsets(table, pa.Table.from_pandas(captions), dirs, shard_size=5)
+    counts = write_subsets(table, captions_file(captions, tmp_path / "c.parquet", 7), dirs, 5)
     assert counts == {"D-": 12, "D+": 18}
     assert len(list(dirs["D-"].glob("part-*.parquet"))) == 3
     neg, pos = read_subset(dirs["D-"]), read_subset(dirs["D+"])
@@ -140,18 +151,20 @@ def test_subset_shards_roundtrip_and_report(tmp_path):
 
     plot_histogram(table, tmp_path / "hist.png")
     assert (tmp_path / "hist.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    text = extremes_markdown(table, captions, top=4)
+    text = extremes_markdown(table, tmp_path / "c.parquet", top=4)
     assert "## Highest 4" in text and "## Lowest 4" in text
     highest = text.split("## Lowest")[0]
     assert "| 5.0000 | D- | 1 | 0 | caption 0 |" in highest
     assert "| 0.0000 | D+ | 1 | 29 | caption 29 |" in text.split("## Lowest")[1]
     captions["text"] = ["generic"] * 10 + [f"caption {i}" for i in range(10, 30)]
-    text = extremes_markdown(table, captions, top=2)  # one row per distinct text
+    captions_file(captions, tmp_path / "c.parquet", 7)
+    text = extremes_markdown(table, tmp_path / "c.parquet", top=2)  # one row per distinct text
     assert "| D- | 10 | 0 | generic |" in text and "caption 10 |" in text.split("## Lowest")[0]
 
 
 def test_subsets_are_the_pandas_merges_shards_in_any_caption_order(tmp_path):
-    """The shards taken from the arrow table hold what the pandas merge wrote before issue 55
+    """The shards read from the captions file's row groups hold what the pandas merge wrote
+    before issue 55
     (captions columns, extra ones too, + entropy; sorted by caption_id), whatever the captions
     file's order, with val/test captions left out."""
     rng = np.random.default_rng(0)
@@ -176,7 +189,7 @@ def test_subsets_are_the_pandas_merges_shards_in_any_caption_order(tmp_path):
     )
     table = split_subsets(scores, 0.5)
     dirs = {"D-": tmp_path / "D-", "D+": tmp_path / "D+"}
-    counts = write_subsets(table, pa.Table.from_pandas(captions), dirs, shard_size=64)
+    counts = write_subsets(table, captions_file(captions, tmp_path / "c.parquet", 37), dirs, 64)
     joined = captions.merge(table[["caption_id", "entropy", "subset"]], on="caption_id")
     for name in ("D-", "D+"):
         before = joined[joined.subset == name].drop(columns="subset").sort_values("caption_id")

@@ -9,7 +9,6 @@ from distinctcap.features.subsets import extremes_markdown, plot_histogram
 logs.setup(snakemake.log[0])
 table = read_table(snakemake.input.table, "entropy")
 plot_histogram(table, snakemake.output.histogram)
-captions = read_table(snakemake.input.captions, "captions", ["caption_id", "text"])
-text = extremes_markdown(table, captions, snakemake.params.top)
+text = extremes_markdown(table, snakemake.input.captions, snakemake.params.top)
 with atomic_path(snakemake.output.extremes) as tmp:
     Path(tmp).write_text(text)

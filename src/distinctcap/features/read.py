@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from distinctcap.core.errors import DistinctcapError
-from distinctcap.core.io import atomic_path, read_json, release_arrow_memory
+from distinctcap.core.io import atomic_path, read_json, release_arrow_memory, row_group_starts
 from distinctcap.features.store import KEY, digest
 
 log = logging.getLogger(__name__)
@@ -59,18 +59,12 @@ def _width(files: list[pq.ParquetFile], column: str) -> int:
     return files[0].schema_arrow.field(column).type.list_size
 
 
-def _row_groups(file: pq.ParquetFile) -> np.ndarray:
-    """The first row of each row group of a shard, and the shard's row count last."""
-    sizes = [file.metadata.row_group(g).num_rows for g in range(file.num_row_groups)]
-    return np.cumsum([0] + sizes)
-
-
 def _gather(file: pq.ParquetFile, local: np.ndarray, columns: dict, into: dict[str, tuple]) -> None:
     """Write rows `local` of one shard's `columns` ({name: dtype}) into `into` ({name: (array,
     positions)}), reading only the row groups that hold one of them, one at a time: parquet
     decodes a list column with per-value levels, about 7x the values, so a read's transient
     is one group's (ROW_GROUP_ROWS rows), not the shard's."""
-    starts = _row_groups(file)
+    starts = row_group_starts(file)
     group_of = np.searchsorted(starts, local, side="right") - 1
     for g in np.unique(group_of):
         pick = np.flatnonzero(group_of == g)

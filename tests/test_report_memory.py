@@ -84,15 +84,21 @@ def write_scores(root: Path) -> None:
                               "entropy": entropy}), root / "scores.parquet")  # fmt: skip
 
 
-def test_the_splits_memory_grows_by_its_scores_not_the_captions(tmp_path):
-    """4,000 against 120,000 images (20k against 600k captions): the split holds the scores
-    and a shard, not the captions table with its texts and tokens (+254 MB here with the
-    packed table held, +139 read a shard at a time, on the 2-core box)."""
+def scored_peaks(tmp_path: Path, code: str) -> dict[int, float]:
+    """`code`'s peak RSS on 4,000 and 120,000 images' data, their train captions scored."""
     peaks = {}
     for n in (4_000, 120_000):
         write_data(tmp_path / f"n{n}", n)
         write_scores(tmp_path / f"n{n}")
-        peaks[n] = child_peak_mb(SPLIT, tmp_path / f"n{n}")
+        peaks[n] = child_peak_mb(code, tmp_path / f"n{n}")
+    return peaks
+
+
+def test_the_splits_memory_grows_by_its_scores_not_the_captions(tmp_path):
+    """4,000 against 120,000 images (20k against 600k captions): the split holds the scores
+    and a shard, not the captions table with its texts and tokens (+254 MB here with the
+    packed table held, +139 read a shard at a time, on the 2-core box)."""
+    peaks = scored_peaks(tmp_path, SPLIT)
     assert peaks[120_000] - peaks[4_000] <= 190, peaks
 
 
@@ -112,10 +118,6 @@ def test_the_entropy_reports_memory_grows_by_its_scores_not_the_texts(tmp_path):
     """4,000 against 120,000 images (20k against 600k captions): the report groups the captions
     by their texts' hashes and reads only the 40 texts it lists (+148 MB; +320 with every text
     read and merged, the same page, on the 2-core box)."""
-    peaks = {}
-    for n in (4_000, 120_000):
-        write_data(tmp_path / f"n{n}", n)
-        write_scores(tmp_path / f"n{n}")
-        peaks[n] = child_peak_mb(REPORT, tmp_path / f"n{n}")
+    peaks = scored_peaks(tmp_path, REPORT)
     assert peaks[120_000] - peaks[4_000] <= 200, peaks
     assert (tmp_path / "n120000" / "extremes.md").read_text().count("| a caption ") == 40

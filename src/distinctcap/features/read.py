@@ -315,8 +315,7 @@ class ImageFeatures:
         image (training) maps the grid from the index's contiguous cache (`grid_cache`, built
         once), whose pages the kernel loads as batches gather rows and may drop again; pooled
         (small) is read into memory. The numbers are the shards' either way. A selection is
-        read from the cache when it exists
-        (`grid_rows`: fewer bytes read than whole shards)."""
+        read from the cache when it exists (`grid_rows`: fewer bytes than whole shards)."""
         norms = load_image_norms(index_path, image_ids)
         norm = None if norms is None else torch.from_numpy(norms)
         if image_ids is None:

@@ -185,17 +185,22 @@ def cell(rows: list[dict | None], key: str, fmt: str) -> str:
     )
 
 
-def goal_cells(name: str, rows: list[dict | None], results: list[dict]) -> list[str]:
-    """The stage's goal judged at each larger size against the smallest."""
+def growths(results: list[dict]) -> list[dict[str, float]]:
+    """Each larger size's growth of every GROWTH unit against the smallest size."""
+    sizes = [work_sizes(r) for r in results]
+    return [{unit: size[unit] / sizes[0][unit] for unit in size} for size in sizes[1:]]
+
+
+def goal_cells(name: str, rows: list[dict | None], ratios: list[dict[str, float]]) -> list[str]:
+    """The stage's goal judged at each larger size against the smallest (`growths`)."""
     if len(rows) == 1:
         return ["one size"]
-    small = work_sizes(results[0])
-    cells = []
-    for row, result in zip(rows[1:], results[1:], strict=True):
-        ratios = {unit: size / small[unit] for unit, size in work_sizes(result).items()}
-        both = rows[0] is not None and row is not None
-        cells.append(verdict(GOALS.get(name), rows[0], row, ratios) if both else "not run at both")
-    return cells
+    return [
+        verdict(GOALS.get(name), rows[0], row, growth)
+        if rows[0] is not None and row is not None
+        else "not run at both"
+        for row, growth in zip(rows[1:], ratios, strict=True)
+    ]
 
 
 def stage_table(results: list[dict]) -> str:
@@ -203,6 +208,7 @@ def stage_table(results: list[dict]) -> str:
     judged at each larger size against the smallest."""
     per_size = [stages(r) for r in results]
     sizes = " / ".join(f"{r['images']:,}" for r in results)
+    ratios = growths(results)
     first = f"{results[0]['images']:,}"
     goals = [f"goal, {r['images']:,} against {first}" for r in results[1:]] or ["goal"]
     lines = [
@@ -219,7 +225,7 @@ def stage_table(results: list[dict]) -> str:
         lines.append(
             f"| {name} ({jobs}) | {cell(rows, 'wall_s', ',.0f')} | {cell(rows, 'cpu_s', ',.0f')} "
             f"| {cell(rows, 'peak_rss_mb', ',.0f')} | {cell(rows, 'written_mb', ',.0f')} | "
-            + " | ".join(goal_cells(name, rows, results))
+            + " | ".join(goal_cells(name, rows, ratios))
             + " |"
         )
     if any(row["resumed"] for size in per_size for row in size.values()):

@@ -299,12 +299,12 @@ IMAGE_CHUNKS = textwrap.dedent(
     import sys
     import torch
     import torch.nn.functional as F
-    from distinctcap.features.entropy import entropies_by_image_chunks, train_image_reads
-    from distinctcap.features.read import feature_ids
+    from distinctcap.features.entropy import entropies_by_image_chunks
+    from distinctcap.features.read import feature_ids, pooled_reads
     index, chunk = sys.argv[1] + "/features/index.json", int(sys.argv[2])
     ids = feature_ids(index)
     text = F.normalize(torch.randn(256, 512, generator=torch.Generator().manual_seed(0)), dim=1)
-    chunks = train_image_reads(index, ids, chunk or len(ids), torch.device("cpu"))  # 0: one read
+    chunks = pooled_reads(index, ids, chunk or len(ids), torch.device("cpu"))  # 0: one read
     entropy = entropies_by_image_chunks(lambda: (text[:128], text[128:]), chunks, 50.0)
     assert entropy.shape == (256,) and torch.isfinite(entropy).all()
     """

@@ -31,7 +31,7 @@ from distinctcap.core.io import read_json
 from distinctcap.core.logs import progress
 from distinctcap.features.read import (
     feature_ids,
-    load_image_features,
+    pooled_reads,
     text_caption_ids,
     text_feature_shards,
 )
@@ -206,19 +206,6 @@ def train_text_blocks(
 CHUNKS_PER_READ = 4
 
 
-def train_image_reads(
-    index_path: str | Path, image_ids: np.ndarray, chunk: int, device
-) -> Iterator[torch.Tensor]:
-    """The pooled embeddings of `image_ids`, `chunk` images a read, each read from the store
-    (one shard's decode at a time), stopped at a NaN / inf naming its image."""
-    for start in range(0, len(image_ids), chunk):
-        ids = image_ids[start : start + chunk]
-        _, pooled, _ = load_image_features(index_path, grid=False, image_ids=ids)
-        images = torch.from_numpy(pooled).to(device)
-        check_finite(ids, "image", images)
-        yield images
-
-
 def _checked(blocks: Iterable[tuple[np.ndarray, np.ndarray]], device) -> Iterator[torch.Tensor]:
     """Each block's embeddings on `device`, stopped at a NaN / inf naming its captions."""
     for ids, rows in blocks:
@@ -257,7 +244,7 @@ def score_captions(
         device,
     )
     per_read = chunk * CHUNKS_PER_READ
-    reads = train_image_reads(index_path, image_ids, per_read, device)
+    reads = pooled_reads(index_path, image_ids, per_read, device)
     entropy = entropies_by_image_chunks(
         lambda: _checked(train_text_blocks(index_path, train_ids, text_chunk), device),
         progress(reads, desc="entropy", total=-(-len(image_ids) // per_read), unit="image reads"),

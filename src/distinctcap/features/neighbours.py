@@ -6,9 +6,11 @@ the captioner CNN's last conv activations). The table is computed once per fract
 one row per training image, `image_id` int64 and `neighbours` list<int64> of the k most similar
 other training images, most similar first, with k = max(1, ceil(fraction * (N - 1))).
 
-The similarity matrix is never held whole: query rows are processed `chunk` at a time against
-all N images (memory chunk x N), so COCO's 118k images fit, and the table is streamed to
-parquet one row group per chunk.
+Neither the similarity matrix nor the N keys are held whole: query rows are processed `chunk`
+at a time against the keys a tile of at most KEY_ROWS at a time, each tile's top k merged with
+the best so far, and the table is streamed to parquet one row group per chunk. The stage spills
+the keys from the store to a temporary file and reads each tile from there (`spilled_pooled`),
+so its memory is set by the tiles and by k, not by N's keys (242 MB at COCO's size).
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -29,7 +34,7 @@ from distinctcap.core.devices import CPU
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import atomic_path, read_table
 from distinctcap.core.logs import progress
-from distinctcap.features.read import feature_ids, load_image_features
+from distinctcap.features.read import feature_ids, pooled_reads
 
 log = logging.getLogger(__name__)
 
@@ -52,21 +57,75 @@ def neighbour_count(n: int, fraction: float) -> int:
     return min(n - 1, max(1, math.ceil(fraction * (n - 1))))
 
 
-SIMILARITY_BYTES = 64 * 2**20  # a chunk's (rows x N) float32 similarities at most
+SIMILARITY_BYTES = 64 * 2**20  # a tile's (queries x keys) float32 similarities at most
+KEY_ROWS = 16384  # keys a tile at most: 1,024 queries a pass over them at any N
 
 
-def _chunks(emb: Tensor, k: int, chunk: int):
+class PooledFile:
+    """(N, D) float32 rows in a file, sliced like a tensor with plain reads: a mapped file's
+    touched pages would count in the job's RSS, as the keys held whole did (242 MB at COCO's
+    size, issue 55)."""
+
+    def __init__(self, path: str | os.PathLike, rows: int, dim: int):
+        self.path, self.rows, self.dim = Path(path), rows, dim
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def __getitem__(self, part: slice) -> Tensor:
+        start, stop, _ = part.indices(self.rows)
+        out = np.empty((max(0, stop - start), self.dim), np.float32)
+        with open(self.path, "rb") as f:
+            f.seek(start * self.dim * 4)
+            if f.readinto(memoryview(out).cast("B")) != out.nbytes:
+                raise DistinctcapError(f"{self.path} ends before row {stop} of {self.rows}")
+        return torch.from_numpy(out)
+
+
+def _tile_rows(n: int, chunk: int) -> tuple[int, int]:
+    """(queries, keys) of a similarity tile: at most KEY_ROWS keys, and queries so that the
+    tile fits SIMILARITY_BYTES. Up to KEY_ROWS images there is one tile a chunk, as before
+    the keys were streamed."""
+    keys = max(1, min(n, KEY_ROWS, SIMILARITY_BYTES // 4))
+    return max(1, min(chunk, SIMILARITY_BYTES // (4 * keys))), keys
+
+
+def _top_of_tiles(queries: Tensor, start: int, tiles: Iterable[Tensor], k: int) -> Tensor:
+    """(c, k) int64: the k keys most similar to each of `queries` (keys start.. of the same
+    rows, so each query excludes itself), most similar first, from the keys a tile at a time:
+    each tile's top k merged with the best so far, unsorted (a partial selection) until the
+    one sort at the end."""
+    best_values = best_rows = None
+    at = 0
+    for keys in tiles:
+        sims = queries @ keys.T  # (c, b)
+        own = torch.arange(len(queries), device=sims.device)
+        hit = (own + start >= at) & (own + start < at + len(keys))
+        sims[own[hit], own[hit] + start - at] = float("-inf")  # self excluded
+        values, rows = _top(sims, k)
+        rows += at
+        if best_values is not None:
+            values, picked = _top(torch.cat([best_values, values], 1), k)
+            rows = torch.cat([best_rows, rows], 1).gather(1, picked)
+        best_values, best_rows, at = values, rows, at + len(keys)
+    order = best_values.argsort(dim=1, descending=True, stable=True)
+    return best_rows.gather(1, order)
+
+
+def _top(values: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    top = values.topk(min(k, values.shape[1]), dim=1, sorted=False)
+    return top.values, top.indices
+
+
+def _chunks(keys: Tensor | PooledFile, k: int, chunk: int, device=CPU):
     """Yield (start, rows (c, k) int64 on CPU) of the k most similar other images per row,
-    `chunk` rows at a time, fewer where chunk x N similarities would pass SIMILARITY_BYTES
-    (issue 55: 1,024 x 118,287 were 484 MB, growing with N)."""
-    n = emb.shape[0]
-    chunk = max(1, min(chunk, SIMILARITY_BYTES // (4 * n)))
+    `chunk` rows at a time, each chunk meeting the keys a tile at a time (`_tile_rows`): memory
+    holds a tile, a chunk's best k and a tile of keys, not all N keys (issue 55)."""
+    n = len(keys)
+    chunk, block = _tile_rows(n, chunk)
     for s in range(0, n, chunk):
-        q = emb[s : s + chunk]  # (c, D)
-        sims = q @ emb.T  # (c, N)
-        own = torch.arange(q.shape[0], device=emb.device)
-        sims[own, own + s] = float("-inf")  # self excluded
-        yield s, sims.topk(k, dim=1).indices.cpu()
+        tiles = (keys[a : a + block].to(device) for a in range(0, n, block))
+        yield s, _top_of_tiles(keys[s : s + chunk].to(device), s, tiles, k).cpu()
 
 
 def top_neighbours(
@@ -74,15 +133,31 @@ def top_neighbours(
 ) -> Tensor:
     """Rows of the k most similar other rows of `emb` (N, D) (L2-normalised, so dot = cosine),
     most similar first -> (N, k) int64. Ties are broken arbitrarily (torch.topk)."""
-    emb = torch.as_tensor(emb, dtype=torch.float32).to(device)
+    emb = torch.as_tensor(emb, dtype=torch.float32)
     if not 1 <= k < emb.shape[0]:
         raise DistinctcapError(f"k = {k} neighbours of {emb.shape[0]} images: allowed 1..N-1")
-    return torch.cat([rows for _, rows in _chunks(emb, k, chunk)])
+    return torch.cat([rows for _, rows in _chunks(emb, k, chunk, device)])
+
+
+def _finite_rows(ids: np.ndarray, emb: Tensor | np.ndarray | PooledFile) -> Tensor | PooledFile:
+    """`emb` as float32 rows (a PooledFile as it is: its rows were checked as it was written),
+    stopped at a NaN / inf or a count that is not the ids'."""
+    if isinstance(emb, PooledFile):
+        if len(emb) != len(ids):
+            raise DistinctcapError(f"{len(ids)} image ids but {len(emb)} embeddings")
+        return emb
+    emb = torch.as_tensor(np.asarray(emb), dtype=torch.float32)
+    if emb.ndim != 2 or len(ids) != emb.shape[0]:
+        raise DistinctcapError(f"{len(ids)} image ids but embeddings of shape {tuple(emb.shape)}")
+    if not torch.isfinite(emb).all():
+        bad = ids[(~torch.isfinite(emb).all(dim=1)).numpy()][:10].tolist()
+        raise DistinctcapError(f"non-finite image embeddings for image ids {bad} (first 10)")
+    return emb
 
 
 def write_neighbours(
     image_ids: Sequence[int] | np.ndarray,
-    emb: Tensor | np.ndarray,
+    emb: Tensor | np.ndarray | PooledFile,
     path: str | os.PathLike,
     fraction: float = 0.01,
     chunk: int = 1024,
@@ -91,17 +166,11 @@ def write_neighbours(
     """Compute the table of `image_ids` with pooled embeddings `emb` (N, D) and write it to
     `path` atomically, streamed one row group per chunk. Returns k."""
     ids = np.asarray(image_ids, dtype=np.int64)
-    emb = torch.as_tensor(np.asarray(emb), dtype=torch.float32)
-    if emb.ndim != 2 or len(ids) != emb.shape[0]:
-        raise DistinctcapError(f"{len(ids)} image ids but embeddings of shape {tuple(emb.shape)}")
-    if not torch.isfinite(emb).all():
-        bad = ids[(~torch.isfinite(emb).all(dim=1)).numpy()][:10].tolist()
-        raise DistinctcapError(f"non-finite image embeddings for image ids {bad} (first 10)")
+    keys = _finite_rows(ids, emb)
     k = neighbour_count(len(ids), fraction)
-    emb = emb.to(device)
     with atomic_path(path) as tmp, pq.ParquetWriter(tmp, SCHEMA) as writer:
         with progress(total=len(ids), unit="images", desc=f"neighbours (top {k})") as bar:
-            for s, rows in _chunks(emb, k, chunk):
+            for s, rows in _chunks(keys, k, chunk, device):
                 c = rows.shape[0]
                 offsets = pa.array(np.arange(0, (c + 1) * k, k, dtype=np.int32))
                 values = pa.array(ids[rows.numpy().reshape(-1)])
@@ -209,6 +278,30 @@ class NeighbourTable:
         return self.neighbours[slots, pick].long()
 
 
+READ_ROWS = 8192  # images a read from the store while the keys are spilled
+
+
+@contextmanager
+def spilled_pooled(
+    features_index: str | os.PathLike, image_ids: np.ndarray, folder: Path
+) -> Iterator[PooledFile]:
+    """The pooled embeddings of `image_ids`, written READ_ROWS at a time from the store to a
+    temporary file in `folder` (the stage's own) and removed after: each pass of the
+    neighbours reads its keys from there with plain reads (page cache), not from the store's
+    shards again (~1 CPU s a pass at COCO's size, 116 passes)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    handle, name = tempfile.mkstemp(prefix=".pooled-", suffix=".tmp", dir=folder)
+    dim = 0
+    try:
+        with os.fdopen(handle, "wb") as f:
+            for read in pooled_reads(features_index, image_ids, READ_ROWS):
+                f.write(memoryview(np.ascontiguousarray(read.numpy())).cast("B"))
+                dim = read.shape[1]
+        yield PooledFile(name, len(image_ids), dim)
+    finally:
+        os.unlink(name)
+
+
 def build_table(
     features_index: str | os.PathLike,
     images_path: str | os.PathLike,
@@ -226,7 +319,7 @@ def build_table(
         raise DistinctcapError(
             f"no image features for training images {missing[:10].tolist()} (first 10)"
         )
-    _, pooled, _ = load_image_features(features_index, grid=False, image_ids=train)  # no copy
-    k = write_neighbours(train, pooled, out, pct / 100, chunk, device)
+    with spilled_pooled(features_index, train, Path(out).parent) as keys:
+        k = write_neighbours(train, keys, out, pct / 100, chunk, device)
     log.info("%d training images, top %g%% = %d neighbours each -> %s", len(train), pct, k, out)
     return k

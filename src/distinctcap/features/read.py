@@ -20,7 +20,7 @@ from torch import Tensor
 
 from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import atomic_path, read_json, release_arrow_memory, row_group_starts
-from distinctcap.features.store import KEY, digest
+from distinctcap.features.store import KEY, check_finite, digest
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +147,19 @@ def load_image_features(
     tokens = index["images"]["grid_tokens"]
     flat = out.get("grid", np.zeros((len(out_ids), 0), np.float16))
     return out_ids, pooled, flat.reshape(len(out_ids), tokens, -1)
+
+
+def pooled_reads(
+    index_path: str | Path, image_ids: np.ndarray, chunk: int, device: torch.device | str = "cpu"
+) -> Iterator[torch.Tensor]:
+    """The pooled embeddings of `image_ids`, `chunk` images a read, each read from the store
+    (one shard's decode at a time), stopped at a NaN / inf naming its image."""
+    for start in range(0, len(image_ids), chunk):
+        ids = image_ids[start : start + chunk]
+        _, pooled, _ = load_image_features(index_path, grid=False, image_ids=ids)
+        images = torch.from_numpy(pooled).to(device)
+        check_finite(ids, "image", images)
+        yield images
 
 
 def grid_cache_path(index_path: str | Path) -> Path:

@@ -106,7 +106,11 @@ class CaptionData:
     def state(self) -> dict:
         """Tensors and plain values only, so `torch.load(weights_only=True)` reads it back
         (`from_state`): job data crosses a process boundary as a file (train.launch)."""
-        features = {f.name: getattr(self.features, f.name) for f in fields(ImageFeatures)}
+        features = {
+            f.name: getattr(self.features, f.name)
+            for f in fields(ImageFeatures)
+            if f.name != "grid_file"  # a path: the saved grid is read back as a tensor
+        }
         features["image_ids"] = torch.from_numpy(np.asarray(self.features.image_ids))
         return {**vars(self), "features": features}
 
@@ -124,7 +128,7 @@ class CaptionData:
         n = max(int(self.lengths[idx].max()), 1)
         rows = self.image_rows[idx]
         return Batch(
-            self.features.grid[rows],
+            self.features.grid_at(rows),
             self.features.pooled[rows],
             self.inputs[idx, :n],
             self.labels[idx, :n],

@@ -197,21 +197,37 @@ def grid_cache(index_path: str | Path) -> np.ndarray:
     return np.load(path, mmap_mode="c")
 
 
+class GridFile:
+    """The grid cache's rows read on demand with plain reads (page cache, not the reader's
+    RSS). Gathered through the cache's memory map, each row touched mapped the large page-cache
+    folio around it: 1,500 random rows (108 MB) of the 40,000-image rehearsal's 2.9 GB cache
+    added 554 MB to a process's RSS, 176 MB at 10,000 images, and a long training run maps the
+    whole file (issue 55)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        header = np.load(self.path, mmap_mode="r")  # its shape, dtype and offset; no page read
+        self.shape, self.dtype, self.offset = header.shape, header.dtype, header.offset
+
+    def rows(self, rows: np.ndarray | Tensor, out: np.ndarray | None = None) -> np.ndarray:
+        """Rows `rows` (any order, repeats allowed) into one array (`out` if given)."""
+        rows = np.asarray(rows.cpu() if isinstance(rows, Tensor) else rows, dtype=np.int64)
+        out = np.empty((len(rows), *self.shape[1:]), self.dtype) if out is None else out
+        row_bytes = out[0].nbytes if len(rows) else 0
+        with open(self.path, "rb") as f:
+            for i, row in enumerate(rows):
+                f.seek(self.offset + int(row) * row_bytes)
+                if f.readinto(memoryview(out[i]).cast("B")) != row_bytes:
+                    raise DistinctcapError(f"{self.path} ends before row {row} of {self.shape[0]}")
+        return out
+
+
 def grid_rows(index_path: str | Path, rows: np.ndarray) -> np.ndarray:
     """Rows `rows` of the index's grid cache (which must exist), read with plain reads into one
-    array. Gathered through the map instead, every page they touched counted in the job's RSS
-    beside the copy until the map went: 2,000 of 3,000 images' grids (144 MB) added 369 MB
-    to the peak, read this way 146 (`tests/test_store.py`, issue 55)."""
-    path = grid_cache_path(index_path)
-    header = np.load(path, mmap_mode="r")  # its shape, dtype and offset; no page is read
-    out = np.empty((len(rows), *header.shape[1:]), header.dtype)
-    row_bytes = out[0].nbytes if len(rows) else 0
-    with open(path, "rb") as f:
-        for i, row in enumerate(np.asarray(rows, dtype=np.int64)):
-            f.seek(header.offset + int(row) * row_bytes)
-            if f.readinto(memoryview(out[i]).cast("B")) != row_bytes:
-                raise DistinctcapError(f"{path} ends before row {row} of {header.shape[0]}")
-    return out
+    array (`GridFile`). Gathered through the map instead, every page they touched counted in
+    the job's RSS beside the copy until the map went: 2,000 of 3,000 images' grids (144 MB)
+    added 369 MB to the peak, read this way 146 (`tests/test_store.py`, issue 55)."""
+    return GridFile(grid_cache_path(index_path)).rows(rows)
 
 
 def _write_grid_cache(index_path: str | Path, path: Path) -> None:
@@ -309,6 +325,9 @@ class ImageFeatures:
     # (N,) float32: pooled's norm before normalising (pooled * pooled_norm is CLIP's
     # unnormalised projection, specificity dp/cdp); None where not loaded
     pooled_norm: Tensor | None = None
+    # the grid cache `grid` maps, where every image was loaded: rows are read from it
+    # (`grid_at`), not gathered through the map
+    grid_file: GridFile | None = None
 
     @classmethod
     def load(
@@ -322,14 +341,16 @@ class ImageFeatures:
         It reads what the job needs (ARCHITECTURE.md, Data contracts): `image_ids` (decode,
         evaluate) reads only those images' rows, so the memory is that of the selection; every
         image (training) maps the grid from the index's contiguous cache (`grid_cache`, built
-        once), whose pages the kernel loads as batches gather rows and may drop again; pooled
-        (small) is read into memory. The numbers are the shards' either way. A selection is
+        once) and reads the rows each batch asks for from its file (`grid_at`); pooled (small)
+        is read into memory. The numbers are the shards' either way. A selection is
         read from the cache when it exists (`grid_rows`: fewer bytes than whole shards)."""
         norms = load_image_norms(index_path, image_ids)
         norm = None if norms is None else torch.from_numpy(norms)
         if image_ids is None:
             ids, pooled, _ = load_image_features(index_path, grid=False)
-            grid = grid_cache(index_path)
+            grid = torch.from_numpy(grid_cache(index_path))
+            file = GridFile(grid_cache_path(index_path))
+            return cls(ids, torch.from_numpy(pooled), grid, norm, file)
         elif not grid_cache_path(index_path).is_file():
             ids, pooled, grid = load_image_features(index_path, image_ids=image_ids)
         else:
@@ -350,8 +371,18 @@ class ImageFeatures:
         rows = torch.as_tensor(self.rows(image_ids))
         norm = None if self.pooled_norm is None else self.pooled_norm[rows]
         return ImageFeatures(
-            np.asarray(image_ids, dtype=np.int64), self.pooled[rows], self.grid[rows], norm
+            np.asarray(image_ids, dtype=np.int64), self.pooled[rows], self.grid_at(rows), norm
         )
+
+    def grid_at(self, rows: Tensor, out: Tensor | None = None) -> Tensor:
+        """`grid[rows]` (into `out` if given): read from the grid cache's file when the
+        features map it (`GridFile`), so that a job's RSS holds the rows it asked for."""
+        if self.grid_file is None:
+            return torch.index_select(self.grid, 0, rows.to(self.grid.device), out=out)
+        if out is None:
+            return torch.from_numpy(self.grid_file.rows(rows))
+        self.grid_file.rows(rows, out.numpy())
+        return out
 
     def unnormalised(self, rows: Tensor) -> Tensor:
         """CLIP's image projections before L2 normalisation at `rows`, float32 (B, Dp)."""

@@ -72,7 +72,7 @@ def clip_val_ranks(
     texts = []
     for s in range(0, len(rows), batch_size):
         r = rows[s : s + batch_size]
-        grid, pooled = val.features.grid[r].to(device), val.features.pooled[r].to(device)
+        grid, pooled = val.features.grid_at(r).to(device), val.features.pooled[r].to(device)
         with autocast() if autocast else contextlib.nullcontext():
             caps = greedy(model, grid.float(), pooled.float())
             seqs = caption_ids_tensor([c.tokens for c in caps], device)

@@ -252,7 +252,7 @@ class GreedyCaptions:
         todo = torch.unique(image_rows[~self.done[image_rows]])
         if len(todo):
             dev = next(self.teacher.parameters()).device
-            grid, pooled = self.features.grid[todo].to(dev), self.features.pooled[todo].to(dev)
+            grid, pooled = self.features.grid_at(todo).to(dev), self.features.pooled[todo].to(dev)
             caps = greedy(self.teacher, grid, pooled)
             self.labels[todo] = caption_labels(caps, self.max_len, self.pad_id)
             self.done[todo] = True

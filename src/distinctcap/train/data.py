@@ -185,11 +185,12 @@ class DeviceCaptions:
         s = self.store
         if self.resident:
             rows_at, idx_at = self._to_device(rows), self._to_device(idx)
-            parts = (s["grid"][rows_at], s["pooled"][rows_at],
+            grid = s["grid"][rows_at] if self.device.type == "cuda" else d.features.grid_at(rows)
+            parts = (grid, s["pooled"][rows_at],
                      s["inputs"][idx_at, :n], s["labels"][idx_at, :n])  # fmt: skip
         else:
             gather = self._pinned
-            parts = (gather(s["grid"], rows), gather(s["pooled"], rows),
+            parts = (self._pinned_grid(rows), gather(s["pooled"], rows),
                      gather(s["inputs"][:, :n], idx), gather(s["labels"][:, :n], idx))  # fmt: skip
         return Batch(*parts, d.caption_ids[idx], d.image_ids[idx], rows)
 
@@ -197,6 +198,15 @@ class DeviceCaptions:
         if self.device.type != "cuda":
             return index
         return index.pin_memory().to(self.device, non_blocking=True)
+
+    def _pinned_grid(self, rows: torch.Tensor) -> torch.Tensor:
+        """The batch's grid rows read into pinned memory (`ImageFeatures.grid_at`: from the
+        grid cache's file, not through its map), then copied without waiting."""
+        grid = self.data.features.grid
+        if self.device.type != "cuda":
+            return self.data.features.grid_at(rows)
+        out = torch.empty((len(rows), *grid.shape[1:]), dtype=grid.dtype, pin_memory=True)
+        return self.data.features.grid_at(rows, out).to(self.device, non_blocking=True)
 
     def _pinned(self, table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         """table[index] gathered on the host into pinned memory, then copied without waiting

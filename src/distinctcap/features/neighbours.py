@@ -92,28 +92,30 @@ def _tile_rows(n: int, chunk: int) -> tuple[int, int]:
 
 def _top_of_tiles(queries: Tensor, start: int, tiles: Iterable[Tensor], k: int) -> Tensor:
     """(c, k) int64: the k keys most similar to each of `queries` (keys start.. of the same
-    rows, so each query excludes itself), most similar first, from the keys a tile at a time:
-    each tile's top k merged with the best so far, unsorted (a partial selection) until the
-    one sort at the end."""
+    rows, so each query excludes itself), most similar first, from the keys a tile at a time.
+    The first tile's top k is sorted, as the whole keys' was when they were one tile (so one
+    tile gives that table, ties and all); each later tile's top k is merged with the best so
+    far unsorted (a partial selection), and the merged best sorted once at the end."""
     best_values = best_rows = None
-    at = 0
+    at, merged = 0, False
     for keys in tiles:
         sims = queries @ keys.T  # (c, b)
         own = torch.arange(len(queries), device=sims.device)
         hit = (own + start >= at) & (own + start < at + len(keys))
         sims[own[hit], own[hit] + start - at] = float("-inf")  # self excluded
-        values, rows = _top(sims, k)
+        values, rows = _top(sims, k, sort=best_values is None)
         rows += at
         if best_values is not None:
-            values, picked = _top(torch.cat([best_values, values], 1), k)
-            rows = torch.cat([best_rows, rows], 1).gather(1, picked)
+            values, picked = _top(torch.cat([best_values, values], 1), k, sort=False)
+            rows, merged = torch.cat([best_rows, rows], 1).gather(1, picked), True
         best_values, best_rows, at = values, rows, at + len(keys)
-    order = best_values.argsort(dim=1, descending=True, stable=True)
-    return best_rows.gather(1, order)
+    if not merged:
+        return best_rows
+    return best_rows.gather(1, best_values.argsort(dim=1, descending=True, stable=True))
 
 
-def _top(values: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    top = values.topk(min(k, values.shape[1]), dim=1, sorted=False)
+def _top(values: Tensor, k: int, sort: bool) -> tuple[Tensor, Tensor]:
+    top = values.topk(min(k, values.shape[1]), dim=1, sorted=sort)
     return top.values, top.indices
 
 

@@ -59,6 +59,9 @@ def neighbour_count(n: int, fraction: float) -> int:
 
 SIMILARITY_BYTES = 64 * 2**20  # a tile's (queries x keys) float32 similarities at most
 KEY_ROWS = 16384  # keys a tile at most: 1,024 queries a pass over them at any N
+# a chunk's best k and its tiles' (COCO's 1% is k = 1,183: 1,024 queries, 53 MB); more
+# neighbours than that take fewer queries a pass, so k does not set the memory either
+TOP_BYTES = 64 * 2**20
 
 
 class PooledFile:
@@ -74,49 +77,96 @@ class PooledFile:
 
     def __getitem__(self, part: slice) -> Tensor:
         start, stop, _ = part.indices(self.rows)
-        out = np.empty((max(0, stop - start), self.dim), np.float32)
+        return self.read(start, torch.empty((max(0, stop - start), self.dim)))
+
+    def read(self, start: int, out: Tensor) -> Tensor:
+        """Rows start.. into `out` (float32, contiguous): as many as it holds, or up to N."""
+        rows = min(len(out), self.rows - start)
+        view = out[:rows]
         with open(self.path, "rb") as f:
             f.seek(start * self.dim * 4)
-            if f.readinto(memoryview(out).cast("B")) != out.nbytes:
-                raise DistinctcapError(f"{self.path} ends before row {stop} of {self.rows}")
-        return torch.from_numpy(out)
+            if f.readinto(memoryview(view.numpy()).cast("B")) != view.nbytes:
+                raise DistinctcapError(f"{self.path} ends before row {start + rows}")
+        return view
 
 
-def _tile_rows(n: int, chunk: int) -> tuple[int, int]:
+def _tile_rows(n: int, chunk: int, k: int = 1) -> tuple[int, int]:
     """(queries, keys) of a similarity tile: at most KEY_ROWS keys, and queries so that the
-    tile fits SIMILARITY_BYTES. Up to KEY_ROWS images there is one tile a chunk, as before
-    the keys were streamed."""
+    tile fits SIMILARITY_BYTES and their best k (`_Buffers`) fit TOP_BYTES. Up to KEY_ROWS
+    images there is one tile a chunk, as before the keys were streamed."""
     keys = max(1, min(n, KEY_ROWS, SIMILARITY_BYTES // 4))
-    return max(1, min(chunk, SIMILARITY_BYTES // (4 * keys))), keys
+    queries = min(chunk, SIMILARITY_BYTES // (4 * keys), TOP_BYTES // (_Buffers.TOP_BYTES * k))
+    return max(1, queries), keys
 
 
-def _top_of_tiles(queries: Tensor, start: int, tiles: Iterable[Tensor], k: int) -> Tensor:
+class _Buffers:
+    """A pass's tensors, taken once (issue 55): the queries, a tile of keys, its similarities,
+    the tile's top k and the best k so far beside it. Allocated anew per tile, as before,
+    glibc's heap kept ~150 MB of them at COCO's size beyond the tiles themselves."""
+
+    TOP_BYTES = 44  # bytes a query and a neighbour: values, rows, top and picked rows below
+
+    def __init__(self, chunk: int, block: int, k: int, dim: int, device):
+        self.k, width = k, k + min(k, block)
+        self.queries, self.keys = torch.empty((chunk, dim)), torch.empty((block, dim))
+        self.sims = torch.empty(chunk * block, device=device)
+        self.values = torch.empty((chunk, width), device=device)
+        self.rows = torch.empty((chunk, width), dtype=torch.long, device=device)
+        self.top_values = torch.empty(chunk * k, device=device)
+        self.top_rows = torch.empty(chunk * k, dtype=torch.long, device=device)
+        self.picked_rows = torch.empty(chunk * k, dtype=torch.long, device=device)
+
+    def picked(self, c: int, k: int) -> Tensor:
+        return self.picked_rows[: c * k].view(c, k)
+
+    def top(self, values: Tensor, k: int, sort: bool) -> tuple[Tensor, Tensor]:
+        """torch.topk of the rows of `values` (c, m), into the buffers."""
+        c = len(values)
+        out = (self.top_values[: c * k].view(c, k), self.top_rows[: c * k].view(c, k))
+        return torch.topk(values, k, dim=1, sorted=sort, out=out)
+
+    def similarities(self, queries: Tensor, keys: Tensor) -> Tensor:
+        c = len(queries)
+        return torch.mm(queries, keys.T, out=self.sims[: c * len(keys)].view(c, len(keys)))
+
+
+def _top_of_tiles(queries: Tensor, start: int, tiles: Iterable[Tensor], b: _Buffers) -> Tensor:
     """(c, k) int64: the k keys most similar to each of `queries` (keys start.. of the same
     rows, so each query excludes itself), most similar first, from the keys a tile at a time.
     The first tile's top k is sorted, as the whole keys' was when they were one tile (so one
     tile gives that table, ties and all); each later tile's top k is merged with the best so
     far unsorted (a partial selection), and the merged best sorted once at the end."""
-    best_values = best_rows = None
-    at, merged = 0, False
+    c = len(queries)
+    values, rows = b.values[:c], b.rows[:c]  # the best `have` columns, then a tile's top
+    at = have = tiles_seen = 0
     for keys in tiles:
-        sims = queries @ keys.T  # (c, b)
-        own = torch.arange(len(queries), device=sims.device)
+        sims = b.similarities(queries, keys)  # (c, len(keys))
+        own = torch.arange(c, device=sims.device)
         hit = (own + start >= at) & (own + start < at + len(keys))
         sims[own[hit], own[hit] + start - at] = float("-inf")  # self excluded
-        values, rows = _top(sims, k, sort=best_values is None)
-        rows += at
-        if best_values is not None:
-            values, picked = _top(torch.cat([best_values, values], 1), k, sort=False)
-            rows, merged = torch.cat([best_rows, rows], 1).gather(1, picked), True
-        best_values, best_rows, at = values, rows, at + len(keys)
-    if not merged:
-        return best_rows
-    return best_rows.gather(1, best_values.argsort(dim=1, descending=True, stable=True))
+        tile = min(b.k, len(keys))
+        top_values, top_rows = b.top(sims, tile, sort=not tiles_seen)
+        values[:, have : have + tile] = top_values
+        rows[:, have : have + tile] = top_rows.add_(at)
+        span = have + tile
+        if tiles_seen:  # the tile's top merged with the best so far
+            have = min(b.k, span)
+            best_values, picked = b.top(values[:, :span], have, sort=False)
+            best_rows = torch.gather(rows[:, :span], 1, picked, out=b.picked(c, have))
+            values[:, :have], rows[:, :have] = best_values, best_rows
+        else:
+            have = tile
+        at, tiles_seen = at + len(keys), tiles_seen + 1
+    if tiles_seen == 1:  # its top k sorted as it was found
+        return rows[:, :have].clone()
+    return rows[:, :have].gather(1, values[:, :have].argsort(dim=1, descending=True, stable=True))
 
 
-def _top(values: Tensor, k: int, sort: bool) -> tuple[Tensor, Tensor]:
-    top = values.topk(min(k, values.shape[1]), dim=1, sorted=sort)
-    return top.values, top.indices
+def _key_tiles(keys: Tensor | PooledFile, block: int, b: _Buffers, device) -> Iterator[Tensor]:
+    """The keys `block` rows at a time (a file's read into the one buffer of the pass)."""
+    for a in range(0, len(keys), block):
+        tile = keys.read(a, b.keys) if isinstance(keys, PooledFile) else keys[a : a + block]
+        yield tile.to(device)
 
 
 def _chunks(keys: Tensor | PooledFile, k: int, chunk: int, device=CPU):
@@ -124,10 +174,13 @@ def _chunks(keys: Tensor | PooledFile, k: int, chunk: int, device=CPU):
     `chunk` rows at a time, each chunk meeting the keys a tile at a time (`_tile_rows`): memory
     holds a tile, a chunk's best k and a tile of keys, not all N keys (issue 55)."""
     n = len(keys)
-    chunk, block = _tile_rows(n, chunk)
+    chunk, block = _tile_rows(n, chunk, k)
+    dim = keys.dim if isinstance(keys, PooledFile) else keys.shape[1]
+    b = _Buffers(chunk, block, k, dim, device)
     for s in range(0, n, chunk):
-        tiles = (keys[a : a + block].to(device) for a in range(0, n, block))
-        yield s, _top_of_tiles(keys[s : s + chunk].to(device), s, tiles, k).cpu()
+        queries = keys.read(s, b.queries) if isinstance(keys, PooledFile) else keys[s : s + chunk]
+        tiles = _key_tiles(keys, block, b, device)
+        yield s, _top_of_tiles(queries.to(device), s, tiles, b).cpu()
 
 
 def top_neighbours(

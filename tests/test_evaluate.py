@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import TINY_CAPTIONER, child_peak_mb
 from evaluate_world import N_TEST, SAMPLES, build
 
 from distinctcap.core.io import read_table
@@ -339,6 +340,35 @@ def test_block_logprobs_match_the_decoders_sequence_logprob(world):
         model, grid, pooled, [tokens[c] for c, _ in pairs], image_index=[i for _, i in pairs]
     ).view(3, 3)
     np.testing.assert_allclose(got, want.double().numpy(), rtol=1e-5, atol=1e-4)
+
+
+SELF_RETRIEVAL = """
+import json
+import sys
+import numpy as np
+import torch
+from distinctcap.captioner.model import Captioner, CaptionerConfig
+from distinctcap.evaluate.device import block_logprobs
+torch.set_num_threads(1)
+images, g = int(sys.argv[1]), torch.Generator().manual_seed(0)
+model = Captioner(CaptionerConfig(64, 768, 512, **json.loads(sys.argv[2]))).eval()
+grid, pooled = torch.randn(images, 49, 768, generator=g), torch.randn(images, 512, generator=g)
+tokens = [torch.randint(3, 64, (31,), generator=g).tolist() for _ in range(999)]
+x = np.ones(30 * 2**20 // 8)
+del x  # a freed 30 MB mapping: glibc's mmap threshold rises, as torch's frees raise it
+block_logprobs(model, grid, pooled, tokens)
+"""
+
+
+def test_self_retrieval_memory_does_not_grow_with_its_chunks():
+    """Issue 55: an evaluate job's peak varied 1.7-3.7 GB between runs of the same inputs, the
+    main heap holding freed memory (malloc_trim gave back 0.7-0.9 GB of it) after the
+    self-retrieval: each chunk of images kept a small tensor of its log-probabilities, placed
+    between the chunk's freed temporaries, so the next chunk's took new memory. Here 220
+    images of 999 captions added 537-915 MB that way; filled into one matrix, 33."""
+    sizes = json.dumps({**TINY_CAPTIONER, "max_len": 32})
+    peaks = {n: child_peak_mb(SELF_RETRIEVAL, n, sizes) for n in (1, 220)}
+    assert peaks[220] - peaks[1] <= 150, peaks
 
 
 def test_retrieval_blocks_split_the_images_evenly():

@@ -275,7 +275,9 @@ def block_logprobs(
     c = len(tokens)
     per_image = c * inputs.shape[1] * model.cfg.vocab_size
     chunk = max(1, min(rows // max(1, c), max_logits // per_image))
-    was_training, out = model.training, []
+    # one matrix filled in place: a small tensor kept per chunk landed in the heap's holes
+    # between the chunks' temporaries, so each chunk's took new memory (issue 55)
+    was_training, out = model.training, torch.empty((c, len(grid)), dtype=torch.float64)
     model.eval()
     try:
         with torch.no_grad():
@@ -286,10 +288,10 @@ def block_logprobs(
                 g = len(memory)  # rows image-major: image k's c captions are rows k*c .. k*c+c-1
                 x, y = inputs.to(device).repeat(g, 1), labels.to(device).repeat(g, 1)
                 logp = label_logprobs(model.decode(memory, x), y)  # (g * c,)
-                out.append(logp.view(g, c).T.double().cpu())
+                out[:, s : s + g] = logp.view(g, c).T
     finally:
         model.train(was_training)
-    return torch.cat(out, dim=1).numpy()
+    return out.numpy()
 
 
 def self_retrieval_metrics(

@@ -365,7 +365,7 @@ def test_self_retrieval_memory_does_not_grow_with_its_chunks():
     main heap holding freed memory (malloc_trim gave back 0.7-0.9 GB of it) after the
     self-retrieval: each chunk of images kept a small tensor of its log-probabilities, placed
     between the chunk's freed temporaries, so the next chunk's took new memory. Here 220
-    images of 999 captions added 537-915 MB that way; filled into one matrix, 33."""
+    images of 999 captions added 415-915 MB that way; filled into one matrix, 33."""
     sizes = json.dumps({**TINY_CAPTIONER, "max_len": 32})
     peaks = {n: child_peak_mb(SELF_RETRIEVAL, n, sizes) for n in (1, 220)}
     assert peaks[220] - peaks[1] <= 150, peaks

@@ -1,10 +1,12 @@
 """The captioner: shapes, attention maps, fast/explicit paths, KV cache, loss, batching, IO."""
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from conftest import tiny_captioner
 
+from distinctcap.captioner import model as model_module
 from distinctcap.captioner.model import Captioner, CaptionerConfig, label_logprobs, make_batch
 from distinctcap.core.errors import DistinctcapError
 
@@ -151,6 +153,26 @@ def test_make_batch_shifts_pads_and_truncates():
     assert inputs.tolist() == [[1, 5, 6], [1, 4, 0]]
     assert labels.tolist() == [[5, 6, 7], [4, 2, 0]]
     assert inputs.dtype == labels.dtype == torch.long
+
+
+@pytest.mark.parametrize("block", [7, 65_536])
+def test_make_batch_equals_its_per_caption_definition(block, monkeypatch):
+    """The block-wise fill against the rows written out one caption at a time: numpy arrays of
+    either width and lists, empty captions, captions cut at max_len and some one short of it,
+    in blocks that split the captions or hold them all."""
+    monkeypatch.setattr(model_module, "FILL_BLOCK", block)
+    rng = np.random.default_rng(0)
+    captions = [rng.integers(3, 900, rng.integers(0, 12)) for _ in range(300)]
+    captions = [c.astype(np.int32) if i % 2 else c.tolist() for i, c in enumerate(captions)]
+    for max_len in (1, 2, 6, 11, 12, 20):
+        rows_in = [[1, *t][:max_len] for t in captions]
+        rows_out = [[*t, 2][:max_len] for t in captions]
+        n = max(len(r) for r in rows_in)
+        inputs, labels = make_batch(np.array(captions, dtype=object), max_len)
+        assert inputs.tolist() == [r + [0] * (n - len(r)) for r in rows_in]
+        assert labels.tolist() == [r + [0] * (n - len(r)) for r in rows_out]
+    inputs, labels = make_batch([], max_len=8)
+    assert inputs.shape == labels.shape == (0, 1)
 
 
 def test_gradients_reach_every_parameter(batch):

@@ -73,7 +73,7 @@ def test_real_coco_with_too_little_disk_fails_in_one_line_and_logs_the_parts(
     assert "\n" not in line and "snakemake --directory" in line
     (logged,) = [r.getMessage() for r in caplog.records if "disk:" in r.getMessage()]
     assert "download 20.4 GB (recorded sizes) + extracted 20.4 GB (recorded sizes)" in logged
-    assert "features 19.6 GB (123,287 image(s))" in logged and "runs 3.4 GB (8 x " in logged
+    assert "features 20.1 GB (123,287 image(s))" in logged and "runs 3.4 GB (8 x " in logged
 
 
 @pytest.mark.slow

@@ -20,6 +20,7 @@ from distinctcap.core.errors import DistinctcapError
 from distinctcap.core.io import read_json
 from distinctcap.features.read import (
     ImageFeatures,
+    cached,
     feature_ids,
     grid_cache,
     grid_cache_path,
@@ -110,6 +111,9 @@ def test_image_features_from_shards_and_from_the_grid_cache_are_the_same(store):
     rows = torch.tensor([5, 0, 249])
     assert torch.equal(whole.grid[rows].float(), torch.from_numpy(grid[[5, 0, 249]]).float())
     assert torch.equal(whole.subset(some).grid, from_cache.grid)
+    # the pooled embeddings are cached and read the same way
+    assert isinstance(cached(index, "pooled"), np.memmap)
+    assert torch.equal(whole.pooled_at(rows), torch.from_numpy(pooled[[5, 0, 249]]))
 
 
 GATHER = textwrap.dedent(
@@ -173,6 +177,40 @@ def test_training_batches_hold_their_rows_not_the_grid_cache_around_them(tmp_pat
     done = subprocess.run([sys.executable, "-c", BATCHES, str(paths["features"].parent.parent)],
                           capture_output=True, text=True, check=True, env=env)  # fmt: skip
     assert float(done.stdout.split()[-1]) <= 8, done.stdout
+
+
+TRAINING_DATA = textwrap.dedent(
+    """
+    import sys
+    from distinctcap.core.io import read_table
+    from distinctcap.features.batches import CaptionData, select_captions
+    from distinctcap.features.read import ImageFeatures, cached
+    root = sys.argv[1]
+    index = root + "/features/index.json"
+    cached(index, "pooled")  # built by the first training job: not what a job holds
+    cached(index, "grid")
+    features = ImageFeatures.load(index)
+    captions = read_table(root + "/data/captions.parquet", "captions",
+                          ["caption_id", "image_id", "split", "tokens"])
+    data = CaptionData.from_table(select_captions(captions, "train"), features, 16)
+    del captions
+    """
+)
+
+
+def test_training_data_holds_its_captions_not_the_images_tables(tmp_path):
+    """Issue 55: a COCO training job (590,855 captions, 123,166 images) peaked 1,838 MB
+    against 1,221 at 10,000 images. It held every image's pooled embedding (252 MB), its token
+    rows as int64 (151 MB), and built them from a Python list per caption (+300 MB while
+    loading). Here 20,000 against 80,000 images of five captions: the old code's peak grew by
+    580 MB (3384c85), now by 142 (the 300,000 more captions' rows, ids and table)."""
+    peaks = {}
+    for n in (20_000, 80_000):
+        root = tmp_path / f"n{n}"
+        write_store(root, n, test=100, grid_tokens=1, grid_dim=8, pooled_dim=512,
+                    vocab_size=1000, seed=0)  # fmt: skip
+        peaks[n] = child_peak_mb(TRAINING_DATA, root)
+    assert peaks[80_000] - peaks[20_000] <= 200, peaks
 
 
 DECODE = textwrap.dedent(

@@ -30,6 +30,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -342,16 +343,48 @@ def make_batch(
     bos: int = BOS,
     eos: int = EOS,
     pad: int = PAD,
+    dtype: torch.dtype = torch.long,
 ) -> tuple[Tensor, Tensor]:
     """inputs = [bos] + tokens, labels = tokens + [eos], each truncated to `max_len` (a caption
     of max_len tokens or more loses its eos), right-padded with `pad` to the longest row.
-    Returns two LongTensors (B, N), N <= max_len."""
-    rows_in = [[bos, *t][:max_len] for t in token_lists]
-    rows_out = [[*t, eos][:max_len] for t in token_lists]
-    n = max((len(r) for r in rows_in), default=1)
-    inputs = torch.full((len(rows_in), n), pad, dtype=torch.long)
-    labels = torch.full((len(rows_in), n), pad, dtype=torch.long)
-    for i, (a, b) in enumerate(zip(rows_in, rows_out, strict=True)):
-        inputs[i, : len(a)] = torch.tensor(a, dtype=torch.long)
-        labels[i, : len(b)] = torch.tensor(b, dtype=torch.long)
+    Returns two tensors (B, N) of `dtype`, N <= max_len.
+
+    Filled a block of captions at a time from their tokens laid end to end, without a list per
+    caption: COCO's 590,855 training captions took 26 s and peaked 1,821 MB in a training job
+    when each row was a Python list (issue 55)."""
+    lengths = np.fromiter(map(len, token_lists), dtype=np.int64, count=len(token_lists))
+    n = int(np.minimum(lengths + 1, max_len).max()) if len(lengths) else 1
+    inputs = torch.full((len(lengths), n), pad, dtype=dtype)
+    labels = torch.full((len(lengths), n), pad, dtype=dtype)
+    inputs[:, :1] = bos
+    for s in range(0, len(lengths), FILL_BLOCK):
+        block = slice(s, s + FILL_BLOCK)
+        flat = _tokens_end_to_end(token_lists[block])
+        _fill_block(inputs[block].numpy(), labels[block].numpy(), flat, lengths[block], max_len)
+    short = np.flatnonzero(lengths < max_len)
+    labels.numpy()[short, lengths[short]] = eos
     return inputs, labels
+
+
+FILL_BLOCK = 65_536  # captions make_batch fills at a time: its scratch is a few MB, not the data's
+
+
+def _fill_block(
+    inputs: np.ndarray, labels: np.ndarray, flat: np.ndarray, lengths: np.ndarray, max_len: int
+) -> None:
+    """Write captions' tokens (`flat`, end to end) after the bos of `inputs`' rows and from
+    the start of `labels`' rows, each cut at `max_len`."""
+    row = np.repeat(np.arange(len(lengths), dtype=np.int32), lengths)
+    at = np.arange(len(flat), dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    kept = at + 1 < max_len
+    inputs[row[kept], at[kept] + 1] = flat[kept]
+    kept = at < max_len
+    labels[row[kept], at[kept]] = flat[kept]
+
+
+def _tokens_end_to_end(token_lists: Sequence[Sequence[int]]) -> np.ndarray:
+    """Every caption's tokens in one int64 array (a caption's numpy array is taken as is)."""
+    arrays = [np.asarray(t) for t in token_lists if len(t)]
+    if not arrays:
+        return np.zeros(0, dtype=np.int64)
+    return np.concatenate(arrays).astype(np.int64, copy=False)

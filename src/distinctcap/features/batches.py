@@ -35,6 +35,7 @@ from distinctcap.data.tokenizer import BOS, EOS, PAD
 from distinctcap.features.read import ImageFeatures
 
 DATA_SELECTIONS = ("all", "D-", "D+")
+TOKEN_DTYPE = torch.int32  # CaptionData's token rows; any vocabulary's ids fit
 
 
 @dataclass
@@ -87,7 +88,8 @@ class CaptionData:
         self.caption_ids = torch.from_numpy(np.array(caption_ids, dtype=np.int64))
         self.image_ids = torch.from_numpy(np.array(image_ids, dtype=np.int64))
         self.image_rows = torch.as_tensor(features.rows(self.image_ids.numpy()))
-        self.inputs, self.labels = make_batch(tokens, max_len, bos=BOS, eos=EOS, pad=PAD)
+        # int32: half the bytes of 590,855 COCO captions' rows (issue 55); a batch is int64
+        self.inputs, self.labels = make_batch(tokens, max_len, BOS, EOS, PAD, TOKEN_DTYPE)
         self.lengths = (self.labels != PAD).sum(dim=1)  # (C,)
 
     def __len__(self) -> int:
@@ -99,7 +101,7 @@ class CaptionData:
             features,
             captions.caption_id.to_numpy(),
             captions.image_id.to_numpy(),
-            [list(t) for t in captions.tokens],
+            captions.tokens.to_numpy(),
             max_len,
         )
 
@@ -109,7 +111,7 @@ class CaptionData:
         features = {
             f.name: getattr(self.features, f.name)
             for f in fields(ImageFeatures)
-            if f.name != "grid_file"  # a path: the saved grid is read back as a tensor
+            if f.name not in ("grid_file", "pooled_file")  # saved as tensors, read back so
         }
         features["image_ids"] = torch.from_numpy(np.asarray(self.features.image_ids))
         return {**vars(self), "features": features}
@@ -129,9 +131,9 @@ class CaptionData:
         rows = self.image_rows[idx]
         return Batch(
             self.features.grid_at(rows),
-            self.features.pooled[rows],
-            self.inputs[idx, :n],
-            self.labels[idx, :n],
+            self.features.pooled_at(rows),
+            self.inputs[idx, :n].long(),
+            self.labels[idx, :n].long(),
             self.caption_ids[idx],
             self.image_ids[idx],
             rows,

@@ -162,8 +162,16 @@ def pooled_reads(
         yield images
 
 
+CACHED = {"grid": "<f2", "pooled": "<f4"}  # the columns kept as one .npy each, their dtype
+
+
 def grid_cache_path(index_path: str | Path) -> Path:
-    """Where `grid_cache` keeps the index's grid: `grid/<key>.npy` beside the image shards'
+    """Where `grid_cache` keeps the index's grid (`cache_path`)."""
+    return cache_path(index_path, "grid")
+
+
+def cache_path(index_path: str | Path, column: str) -> Path:
+    """Where `cached` keeps the index's `column`: `<column>/<key>.npy` beside the image shards'
     folder, the key a hash of every image shard's key (so of the CLIP and the images)."""
     index = read_json(index_path)
     shards = index["images"]["shards"]
@@ -171,38 +179,43 @@ def grid_cache_path(index_path: str | Path) -> Path:
         raise DistinctcapError(f"{index_path} lists no image shards")
     folder = (Path(index_path).parent / shards[0]["path"]).parent.parent
     key = digest(index["fingerprint"], [s["key"] for s in shards])[:32]
-    return folder / "grid" / f"{key}.npy"
+    return folder / column / f"{key}.npy"
 
 
 def grid_cache(index_path: str | Path) -> np.ndarray:
-    """The grid of every image of the index (float16 (N, G, Dv), sorted by image_id, the values
+    """The grid of every image of the index, float16 (N, G, Dv): `cached(index_path, "grid")`."""
+    return cached(index_path, "grid")
+
+
+def cached(index_path: str | Path, column: str) -> np.ndarray:
+    """`column` (CACHED) of every image of the index (sorted by image_id, the values
     `load_image_features` gives) as a read-only-on-disk memory map (copy-on-write in memory).
 
     Built once per features index, under a lock (concurrent jobs wait for one writer instead
-    of each writing the same file): the .npy header, then each shard's grid appended with
-    plain writes, one shard at a time (written pages are page cache, not the writer's RSS),
+    of each writing the same file): the .npy header, then each shard's rows appended with
+    plain writes, one row group at a time (written pages are page cache, not the writer's RSS),
     then renamed into place. Other keys' caches in that folder are removed (a job that still
     maps one keeps reading it). Its pages are the file's: the kernel shares them between jobs
     and drops them under pressure, so a training job's memory is the batches it gathers."""
-    path = grid_cache_path(index_path)
+    path = cache_path(index_path, column)
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path.parent / ".lock", "a+b") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 if not path.is_file():
-                    _write_grid_cache(index_path, path)
+                    _write_cache(index_path, path, column)
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
     return np.load(path, mmap_mode="c")
 
 
-class GridFile:
-    """The grid cache's rows read on demand with plain reads (page cache, not the reader's
-    RSS). Gathered through the cache's memory map, each row touched mapped the large page-cache
-    folio around it: 1,500 random rows (108 MB) of the 40,000-image rehearsal's 2.9 GB cache
-    added 554 MB to a process's RSS, 176 MB at 10,000 images, and a long training run maps the
-    whole file (issue 55)."""
+class RowFile:
+    """A feature cache's rows (`cached`: the grid, the pooled embeddings) read on demand with
+    plain reads (page cache, not the reader's RSS). Gathered through the cache's memory map,
+    each row touched mapped the large page-cache folio around it: 1,500 random rows (108 MB)
+    of the 40,000-image rehearsal's 2.9 GB grid cache added 554 MB to a process's RSS, 176 MB
+    at 10,000 images, and a long training run maps the whole file (issue 55)."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -224,27 +237,33 @@ class GridFile:
 
 def grid_rows(index_path: str | Path, rows: np.ndarray) -> np.ndarray:
     """Rows `rows` of the index's grid cache (which must exist), read with plain reads into one
-    array (`GridFile`). Gathered through the map instead, every page they touched counted in
+    array (`RowFile`). Gathered through the map instead, every page they touched counted in
     the job's RSS beside the copy until the map went: 2,000 of 3,000 images' grids (144 MB)
     added 369 MB to the peak, read this way 146 (`tests/test_store.py`, issue 55)."""
-    return GridFile(grid_cache_path(index_path)).rows(rows)
+    return RowFile(grid_cache_path(index_path)).rows(rows)
 
 
-def _write_grid_cache(index_path: str | Path, path: Path) -> None:
+def _write_cache(index_path: str | Path, path: Path, column: str) -> None:
     index, files = _shard_files(index_path, "images")
-    count, tokens = index["images"]["count"], index["images"]["grid_tokens"]
-    width = files[0].schema_arrow.field("grid").type.list_size
-    if width % tokens:
-        raise DistinctcapError(f"{index_path}: grid width {width} is not a multiple of {tokens}")
-    header = {"descr": "<f2", "fortran_order": False, "shape": (count, tokens, width // tokens)}
-    log.info("writing the grid cache %s (%.1f GiB)", path, count * width * 2 / 2**30)
+    count, width, dtype = index["images"]["count"], _width(files, column), CACHED[column]
+    shape = (count, width)
+    if column == "grid":
+        tokens = index["images"]["grid_tokens"]
+        if width % tokens:
+            raise DistinctcapError(
+                f"{index_path}: grid width {width} is not a multiple of {tokens}"
+            )
+        shape = (count, tokens, width // tokens)
+    header = {"descr": dtype, "fortran_order": False, "shape": shape}
+    nbytes = count * width * np.dtype(dtype).itemsize
+    log.info("writing the %s cache %s (%.2f GiB)", column, path, nbytes / 2**30)
     written = 0
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         np.lib.format.write_array_header_2_0(f, header)
         for file in files:
             for g in range(file.num_row_groups):
-                values = _rows(file.read_row_group(g, columns=["grid"]), "grid", np.float16)
-                f.write(np.ascontiguousarray(values.astype("<f2", copy=False)).data)
+                values = _rows(file.read_row_group(g, columns=[column]), column, dtype)
+                f.write(np.ascontiguousarray(values).data)
                 written += len(values)
                 del values
                 release_arrow_memory()
@@ -316,7 +335,6 @@ def load_text_features(index_path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     return ids, out
 
 
-
 @dataclass
 class ImageFeatures:
     image_ids: np.ndarray  # (N,) int64
@@ -325,9 +343,10 @@ class ImageFeatures:
     # (N,) float32: pooled's norm before normalising (pooled * pooled_norm is CLIP's
     # unnormalised projection, specificity dp/cdp); None where not loaded
     pooled_norm: Tensor | None = None
-    # the grid cache `grid` maps, where every image was loaded: rows are read from it
-    # (`grid_at`), not gathered through the map
-    grid_file: GridFile | None = None
+    # the caches `grid` and `pooled` map, where every image was loaded: rows are read from
+    # them (`grid_at`, `pooled_at`), not gathered through the maps
+    grid_file: RowFile | None = None
+    pooled_file: RowFile | None = None
 
     @classmethod
     def load(
@@ -347,10 +366,10 @@ class ImageFeatures:
         norms = load_image_norms(index_path, image_ids)
         norm = None if norms is None else torch.from_numpy(norms)
         if image_ids is None:
-            ids, pooled, _ = load_image_features(index_path, grid=False)
-            grid = torch.from_numpy(grid_cache(index_path))
-            file = GridFile(grid_cache_path(index_path))
-            return cls(ids, torch.from_numpy(pooled), grid, norm, file)
+            maps = {c: torch.from_numpy(cached(index_path, c)) for c in CACHED}
+            files = {c: RowFile(cache_path(index_path, c)) for c in CACHED}
+            ids = feature_ids(index_path)
+            return cls(ids, maps["pooled"], maps["grid"], norm, files["grid"], files["pooled"])
         elif not grid_cache_path(index_path).is_file():
             ids, pooled, grid = load_image_features(index_path, image_ids=image_ids)
         else:
@@ -371,18 +390,18 @@ class ImageFeatures:
         rows = torch.as_tensor(self.rows(image_ids))
         norm = None if self.pooled_norm is None else self.pooled_norm[rows]
         return ImageFeatures(
-            np.asarray(image_ids, dtype=np.int64), self.pooled[rows], self.grid_at(rows), norm
+            np.asarray(image_ids, dtype=np.int64), self.pooled_at(rows), self.grid_at(rows), norm
         )
 
     def grid_at(self, rows: Tensor, out: Tensor | None = None) -> Tensor:
         """`grid[rows]` (into `out` if given): read from the grid cache's file when the
-        features map it (`GridFile`), so that a job's RSS holds the rows it asked for."""
-        if self.grid_file is None:
-            return torch.index_select(self.grid, 0, rows.to(self.grid.device), out=out)
-        if out is None:
-            return torch.from_numpy(self.grid_file.rows(rows))
-        self.grid_file.rows(rows, out.numpy())
-        return out
+        features map it (`RowFile`), so that a job's RSS holds the rows it asked for."""
+        return _rows_at(self.grid, self.grid_file, rows, out)
+
+    def pooled_at(self, rows: Tensor, out: Tensor | None = None) -> Tensor:
+        """`pooled[rows]`, as `grid_at`: 123,166 images' pooled embeddings held in memory were
+        a COCO training job's largest table (252 MB; issue 55)."""
+        return _rows_at(self.pooled, self.pooled_file, rows, out)
 
     def unnormalised(self, rows: Tensor) -> Tensor:
         """CLIP's image projections before L2 normalisation at `rows`, float32 (B, Dp)."""
@@ -391,4 +410,14 @@ class ImageFeatures:
                 "these image features carry no pooled_norm (made before it was stored); "
                 "rerun the extract_features rule"
             )
-        return self.pooled[rows].float() * self.pooled_norm[rows].float().unsqueeze(-1)
+        return self.pooled_at(rows).float() * self.pooled_norm[rows].float().unsqueeze(-1)
+
+
+def _rows_at(table: Tensor, file: RowFile | None, rows: Tensor, out: Tensor | None) -> Tensor:
+    """`table[rows]` (into `out` if given), read from `file` where the table maps it."""
+    if file is None:
+        return torch.index_select(table, 0, rows.to(table.device), out=out)
+    if out is None:
+        return torch.from_numpy(file.rows(rows))
+    file.rows(rows, out.numpy())
+    return out

@@ -172,8 +172,8 @@ class ContrastiveLearning(facts.CL):
             neg = self.negatives(batch, step)  # (B, K)
             work.count("cl_negatives", neg.numel())
             n = max(int(self.data.lengths[neg].max()), 1)
-            inputs.append(self.data.inputs[neg, :n].to(device, non_blocking=True))  # (B, K, n)
-            labels.append(self.data.labels[neg, :n].to(device, non_blocking=True))
+            inputs.append(self.data.inputs[neg, :n].long().to(device, non_blocking=True))
+            labels.append(self.data.labels[neg, :n].long().to(device, non_blocking=True))
         width = max(x.shape[-1] for x in inputs)
 
         def flat(parts: list[Tensor]) -> Tensor:  # (B, g, width) -> (B*g, width)

@@ -72,14 +72,14 @@ def clip_val_ranks(
     texts = []
     for s in range(0, len(rows), batch_size):
         r = rows[s : s + batch_size]
-        grid, pooled = val.features.grid_at(r).to(device), val.features.pooled[r].to(device)
+        grid, pooled = val.features.grid_at(r).to(device), val.features.pooled_at(r).to(device)
         with autocast() if autocast else contextlib.nullcontext():
             caps = greedy(model, grid.float(), pooled.float())
             seqs = caption_ids_tensor([c.tokens for c in caps], device)
             texts.append(encoder(seqs).float().cpu())
     text = torch.cat(texts)
     work.count("clip_scored", len(text))
-    return retrieval_ranks(text, val.features.pooled[rows].float(), np.arange(len(rows)))
+    return retrieval_ranks(text, val.features.pooled_at(rows).float(), np.arange(len(rows)))
 
 
 def val_mean_rank(model, val, encoder, images=0, batch_size=128, autocast=None) -> float:

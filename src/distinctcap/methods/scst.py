@@ -104,7 +104,7 @@ class SCST(facts.SCST):
         n-gram keys need the model's vocabulary size); with `cider_end_token` the eos that
         ends a caption is its last word, in the references' document frequencies too."""
         if self._cider is None:
-            refs, groups = self.data.labels.cpu().numpy(), self.data.image_rows.cpu().numpy()
+            refs, groups = self.data.labels.cpu().long().numpy(), self.data.image_rows.cpu().numpy()
             self._cider = TokenCiderD(refs, groups, model.cfg.vocab_size, STOPS, self.end)
         return self._cider
 
@@ -120,7 +120,7 @@ class SCST(facts.SCST):
             images = rows[image_of].cpu().numpy()
             out["cider"] = torch.from_numpy(self.cider(model).score(seqs.cpu().numpy(), images))
         if self.encoder is not None:
-            images = F.normalize(self.features.pooled[rows].float(), dim=-1).to(seqs.device)
+            images = F.normalize(self.features.pooled_at(rows).float(), dim=-1).to(seqs.device)
             at = image_of.to(seqs.device)
             if self.weights["retrieval"]:
                 text = self.encoder(seqs).float()

@@ -192,7 +192,7 @@ class Specificity(facts.Specificity):
         """CLIP image embeddings of training-feature rows: L2-normalised for cos/ccos, the
         unnormalised projections for dp/cdp. (B, D) float32 on the CPU."""
         if self.cosine:
-            return self.features.pooled[rows].float()
+            return self.features.pooled_at(rows).float()
         return self.features.unnormalised(rows)
 
     def loss(

@@ -188,7 +188,7 @@ def negative_pool(train_data: CaptionData, caption_ids: np.ndarray) -> tuple[Ten
             "unkt targets = 'random': none of the D- captions (paths.d_minus) is a training "
             "caption of this run; train the student on data: all"
         )
-    return train_data.labels[keep], train_data.image_rows[keep]
+    return train_data.labels[keep].long(), train_data.image_rows[keep]
 
 
 def captions_of_other_images(pool_rows: Tensor, image_rows: Tensor) -> Tensor:
@@ -252,7 +252,8 @@ class GreedyCaptions:
         todo = torch.unique(image_rows[~self.done[image_rows]])
         if len(todo):
             dev = next(self.teacher.parameters()).device
-            grid, pooled = self.features.grid_at(todo).to(dev), self.features.pooled[todo].to(dev)
+            f = self.features
+            grid, pooled = f.grid_at(todo).to(dev), f.pooled_at(todo).to(dev)
             caps = greedy(self.teacher, grid, pooled)
             self.labels[todo] = caption_labels(caps, self.max_len, self.pad_id)
             self.done[todo] = True

@@ -150,10 +150,13 @@ def coco_parts(block: dict) -> tuple[list[DiskPart], int]:
 
 
 def features_part(config: dict, images: int) -> DiskPart:
-    """Grid, pooled and text features; training maps one more copy of the grid."""
-    tokens, width, _ = GRID["shapes" if config["clip"]["pretrained"] == "train" else "pretrained"]
-    copies = 2 if config.get("runs") else 1  # features.read.grid_cache
-    total = images * (tokens * width * 2 * copies + CAPTIONS_PER_IMAGE * TEXT_BYTES)
+    """Grid (float16), pooled (float32) and text features; training maps one more copy of the
+    grid and the pooled (features.read.cached)."""
+    kind = "shapes" if config["clip"]["pretrained"] == "train" else "pretrained"
+    tokens, width, pooled = GRID[kind]
+    copies = 2 if config.get("runs") else 1
+    per_image = (tokens * width * 2 + pooled * 4) * copies + CAPTIONS_PER_IMAGE * TEXT_BYTES
+    total = images * per_image
     return DiskPart("features", total, f"{images:,} image(s)")
 
 

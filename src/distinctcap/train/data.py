@@ -77,7 +77,10 @@ def load_run_data(run: RunConfig, paths: RunPaths) -> RunData:
     """Training captions of the run's data selection and all validation captions, with their
     image features, from its input files (captions, vocab, features, subset)."""
     inputs = paths.inputs
-    captions = read_table(inputs["captions"], "captions")
+    # the text only where the pre-trained model's tokenizer encodes it: 590,855 COCO captions'
+    # strings held beside their tokens while training (issue 55)
+    columns = None if run.pretrained else ["caption_id", "image_id", "split", "tokens"]
+    captions = read_table(inputs["captions"], "captions", columns)
     features = ImageFeatures.load(inputs["features"])
     max_len = run.captioner["max_len"]
     if run.pretrained:  # the model's own tokenizer (distinctcap.captioner.hf)
@@ -185,13 +188,18 @@ class DeviceCaptions:
         s = self.store
         if self.resident:
             rows_at, idx_at = self._to_device(rows), self._to_device(idx)
-            grid = s["grid"][rows_at] if self.device.type == "cuda" else d.features.grid_at(rows)
-            parts = (grid, s["pooled"][rows_at],
-                     s["inputs"][idx_at, :n], s["labels"][idx_at, :n])  # fmt: skip
+            if self.device.type == "cuda":
+                grid, pooled = s["grid"][rows_at], s["pooled"][rows_at]
+            else:
+                grid, pooled = d.features.grid_at(rows), d.features.pooled_at(rows)
+            tokens = (s["inputs"][idx_at, :n].long(), s["labels"][idx_at, :n].long())
+            parts = (grid, pooled, *tokens)
         else:
-            gather = self._pinned
-            parts = (self._pinned_grid(rows), gather(s["pooled"], rows),
-                     gather(s["inputs"][:, :n], idx), gather(s["labels"][:, :n], idx))  # fmt: skip
+            gather, read = self._pinned, self._pinned_rows
+            parts = (read(d.features.grid_at, s["grid"], rows),
+                     read(d.features.pooled_at, s["pooled"], rows),
+                     gather(s["inputs"][:, :n], idx).long(),
+                     gather(s["labels"][:, :n], idx).long())  # fmt: skip
         return Batch(*parts, d.caption_ids[idx], d.image_ids[idx], rows)
 
     def _to_device(self, index: torch.Tensor) -> torch.Tensor:
@@ -199,14 +207,14 @@ class DeviceCaptions:
             return index
         return index.pin_memory().to(self.device, non_blocking=True)
 
-    def _pinned_grid(self, rows: torch.Tensor) -> torch.Tensor:
-        """The batch's grid rows read into pinned memory (`ImageFeatures.grid_at`: from the
-        grid cache's file, not through its map), then copied without waiting."""
-        grid = self.data.features.grid
+    def _pinned_rows(self, read, table: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """The batch's rows of a feature table read into pinned memory (`read`:
+        `ImageFeatures.grid_at` or `pooled_at`, from the cache's file, not through its map),
+        then copied without waiting."""
         if self.device.type != "cuda":
-            return self.data.features.grid_at(rows)
-        out = torch.empty((len(rows), *grid.shape[1:]), dtype=grid.dtype, pin_memory=True)
-        return self.data.features.grid_at(rows, out).to(self.device, non_blocking=True)
+            return read(rows)
+        out = torch.empty((len(rows), *table.shape[1:]), dtype=table.dtype, pin_memory=True)
+        return read(rows, out).to(self.device, non_blocking=True)
 
     def _pinned(self, table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         """table[index] gathered on the host into pinned memory, then copied without waiting

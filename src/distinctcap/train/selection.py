@@ -60,7 +60,7 @@ def _decode(model, val, rows, autocast, n: int):
     """Greedy captions (n = 0) or n samples per image of the rows, as token-id sentences."""
     device = next(model.parameters()).device
     grid = val.features.grid_at(rows).to(device).float()
-    pooled = val.features.pooled[rows].to(device)
+    pooled = val.features.pooled_at(rows).to(device)
     with autocast() if autocast else contextlib.nullcontext():
         if n == 0:
             return [[_words(c.tokens)] for c in greedy(model, grid, pooled)]
@@ -132,7 +132,7 @@ def self_retrieval(
     greedy-decode a caption for each of the first `images` validation images and count how
     often log p(c_i | I_j) is largest for its own image j = i among those images."""
     rows = torch.unique(val.image_rows, sorted=True)[:images]
-    grid, pooled = val.features.grid_at(rows).float(), val.features.pooled[rows]
+    grid, pooled = val.features.grid_at(rows).float(), val.features.pooled_at(rows)
     caps = greedy(model, grid, pooled)
     m = len(rows)
     pairs_img = torch.arange(m).repeat(m)  # caption i paired with every image j

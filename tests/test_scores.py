@@ -139,6 +139,12 @@ def test_token_ids_are_pycocoevalcaps_loop_in_key_order_to_the_last_digit(monkey
     assert reward.score(ids_of(cands), np.array(images)).tolist() == expected
     monkeypatch.setattr(cider_module, "BLOCK_TERMS", 50)
     assert reward.score(ids_of(cands), np.array(images)).tolist() == expected
+    # document frequencies counted a few images' references at a time, from int32 ids
+    monkeypatch.setattr(cider_module, "DF_BLOCK", 7)
+    blocks = TokenCiderD(ids_of(refs)[order].astype(np.int32), groups[order], V, STOPS)
+    np.testing.assert_array_equal(blocks.df_keys, reward.df_keys)
+    np.testing.assert_array_equal(blocks.df_counts, reward.df_counts)
+    assert blocks.score(ids_of(cands), np.array(images)).tolist() == expected
 
 
 def test_the_reward_equals_the_metric_on_the_same_captions():

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -132,6 +133,27 @@ def write_arrow(arrow: pa.Table, path: str | os.PathLike, table: str | None = No
         arrow = arrow.set_column(i, field, arrow.column(i).cast(field.type))
     with atomic_path(path) as tmp:
         pq.write_table(arrow, tmp, row_group_size=ROW_GROUP_ROWS)
+
+
+def build_once(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:
+    """`path`, made by `write(path)` where it is missing, under a lock in its folder: concurrent
+    jobs wait for one writer instead of each writing the same file (`write` writes it whole or
+    not at all, through `atomic_path`). The folder's other files of its suffix, other keys'
+    builds, are then removed; a job that still maps one keeps reading it."""
+    path = Path(path)
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.parent / ".lock", "a+b") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                if not path.is_file():
+                    write(path)
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+        for stale in path.parent.glob(f"*{path.suffix}"):
+            if stale != path:
+                stale.unlink(missing_ok=True)
+    return path
 
 
 def release_arrow_memory() -> None:

@@ -15,6 +15,7 @@ so its memory is set by the tiles and by k, not by N's keys (242 MB at COCO's si
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import os
@@ -32,9 +33,10 @@ from torch import Tensor
 
 from distinctcap.core.devices import CPU
 from distinctcap.core.errors import DistinctcapError
-from distinctcap.core.io import atomic_path, read_table
+from distinctcap.core.io import atomic_path, build_once, read_table
 from distinctcap.core.logs import progress
-from distinctcap.features.read import feature_ids, pooled_reads
+from distinctcap.features.read import RowFile, feature_ids, pooled_reads
+from distinctcap.features.store import digest
 
 log = logging.getLogger(__name__)
 
@@ -245,24 +247,37 @@ def rows_of(index: pd.Index, image_ids: np.ndarray) -> np.ndarray:
     return rows.astype(np.int32).reshape(image_ids.shape)
 
 
-def read_neighbour_rows(path: str | os.PathLike, index: pd.Index) -> tuple[np.ndarray, np.ndarray]:
-    """-> image ids (N,) int64 and their neighbours' feature rows in `index` (N, k) int32,
-    read a row group at a time."""
+def neighbour_rows_path(path: str | os.PathLike, index: pd.Index) -> Path:
+    """Where `NeighbourTable.load` keeps the table at `path` as feature rows of `index`:
+    `<stem>.rows/<key>.npy` beside it, the key a hash of the table file's size and time and of
+    the feature ids."""
+    path = Path(path)
+    stat = path.stat()
+    ids = hashlib.sha256(np.asarray(index, dtype=np.int64).tobytes()).hexdigest()
+    key = digest(stat.st_size, stat.st_mtime_ns, ids)[:32]
+    return path.with_name(f"{path.stem}.rows") / f"{key}.npy"
+
+
+def write_neighbour_rows(path: str | os.PathLike, index: pd.Index, out: Path) -> None:
+    """The neighbours of the table at `path` as feature rows in `index`, (N, k) int32, into
+    the .npy `out`: a row group read and written at a time, so the writer holds one group."""
     file = pq.ParquetFile(path)
     check_columns(file.schema_arrow, path)
-    n = file.metadata.num_rows
-    ids, rows, at = np.empty(n, np.int64), None, 0
-    for g in range(file.num_row_groups):
-        group = file.read_row_group(g)
-        lists = group.column("neighbours").combine_chunks()
-        k = neighbours_per_row(lists, path)
-        rows = np.empty((n, k), np.int32) if rows is None else rows
-        if k != rows.shape[1]:
-            raise DistinctcapError(f"{path}: rows have different numbers of neighbours")
-        ids[at : at + len(group)] = group.column("image_id").to_numpy()
-        rows[at : at + len(group)] = rows_of(index, lists.flatten().to_numpy().reshape(-1, k))
-        at += len(group)
-    return ids, rows if rows is not None else np.empty((0, 0), np.int32)
+    n, k = file.metadata.num_rows, None
+    with atomic_path(out) as tmp, open(tmp, "wb") as f:
+        for g in range(file.num_row_groups):
+            lists = file.read_row_group(g, columns=["neighbours"]).column(0).combine_chunks()
+            if k is None:
+                k = neighbours_per_row(lists, path)
+                header = {"descr": "<i4", "fortran_order": False, "shape": (n, k)}
+                np.lib.format.write_array_header_2_0(f, header)
+            elif neighbours_per_row(lists, path) != k:
+                raise DistinctcapError(f"{path}: rows have different numbers of neighbours")
+            f.write(rows_of(index, lists.flatten().to_numpy().reshape(-1, k)).tobytes())
+        if k is None:
+            np.lib.format.write_array_header_2_0(
+                f, {"descr": "<i4", "fortran_order": False, "shape": (0, 0)}
+            )
 
 
 def check_columns(schema: pa.Schema, path: str | os.PathLike) -> None:
@@ -301,13 +316,18 @@ class NeighbourTable:
 
     @classmethod
     def load(cls, path: str | os.PathLike, feature_ids: np.ndarray) -> NeighbourTable:
-        """The table at `path` (`write_neighbours`), read a row group at a time into its
-        int32 feature rows: never the whole table as int64 ids. At COCO's size it has 140
-        million neighbours; reading them whole peaked at 6.2 GB in the 123,287-image
-        rehearsal's specificity job, for a table that holds 0.56 GB (issue 55)."""
+        """The table at `path` (`write_neighbours`) as int32 feature rows in a file beside it
+        (`neighbour_rows_path`, written once), mapped, each draw reading its rows from the
+        file. At COCO's size it has 140 million neighbours: read whole as int64 ids they
+        peaked at 6.2 GB in the 123,287-image rehearsal's specificity job; held as int32 rows,
+        0.56 GB, x1.66 the job's RSS at 10,000 images (issue 55)."""
         index = pd.Index(np.asarray(feature_ids, dtype=np.int64))
+        ids = pq.read_table(path, columns=["image_id"]).column(0).to_numpy()
+        rows = neighbour_rows_path(path, index)
+        build_once(rows, lambda out: write_neighbour_rows(path, index, out))
         table = cls.__new__(cls)
-        table._fill(index, *read_neighbour_rows(path, index))
+        table._fill(index, ids, np.load(rows, mmap_mode="c"))
+        table.file = RowFile(rows)
         return table
 
     def _fill(self, index: pd.Index, image_ids: np.ndarray, neighbour_rows: np.ndarray) -> None:
@@ -315,8 +335,8 @@ class NeighbourTable:
         slot in them."""
         rows = rows_of(index, np.asarray(image_ids))
         self.k = neighbour_rows.shape[1]
-        # (N, k) feature rows; int32 halves the table (COCO: 118k x 1183 neighbours = 0.56 GB)
-        self.neighbours = torch.as_tensor(neighbour_rows)
+        self.neighbours = torch.as_tensor(neighbour_rows)  # (N, k) feature rows
+        self.file = None  # RowFile: where `load` maps them, draws read them from it
         self.slot = torch.full((len(index),), -1, dtype=torch.long)  # feature row -> table row
         self.slot[torch.as_tensor(rows, dtype=torch.long)] = torch.arange(len(rows))
 
@@ -329,7 +349,10 @@ class NeighbourTable:
                 "neighbour table (contrastive images come from the training split)"
             )
         pick = torch.randint(self.k, (len(slots),), generator=generator)
-        return self.neighbours[slots, pick].long()
+        if self.file is None:
+            return self.neighbours[slots, pick].long()
+        rows = torch.from_numpy(self.file.rows(slots))  # (B, k)
+        return rows[torch.arange(len(slots)), pick].long()
 
 
 READ_ROWS = 8192  # images a read from the store while the keys are spilled

@@ -4,7 +4,6 @@ mapped float16 grid cache that training reads, image norms and text embeddings.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 from collections.abc import Iterator, Sequence
@@ -19,7 +18,13 @@ import torch
 from torch import Tensor
 
 from distinctcap.core.errors import DistinctcapError
-from distinctcap.core.io import atomic_path, read_json, release_arrow_memory, row_group_starts
+from distinctcap.core.io import (
+    atomic_path,
+    build_once,
+    read_json,
+    release_arrow_memory,
+    row_group_starts,
+)
 from distinctcap.features.store import KEY, check_finite, digest
 
 log = logging.getLogger(__name__)
@@ -197,16 +202,7 @@ def cached(index_path: str | Path, column: str) -> np.ndarray:
     then renamed into place. Other keys' caches in that folder are removed (a job that still
     maps one keeps reading it). Its pages are the file's: the kernel shares them between jobs
     and drops them under pressure, so a training job's memory is the batches it gathers."""
-    path = cache_path(index_path, column)
-    if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path.parent / ".lock", "a+b") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                if not path.is_file():
-                    _write_cache(index_path, path, column)
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+    path = build_once(cache_path(index_path, column), lambda p: _write_cache(index_path, p, column))
     return np.load(path, mmap_mode="c")
 
 
@@ -271,9 +267,6 @@ def _write_cache(index_path: str | Path, path: Path, column: str) -> None:
             raise DistinctcapError(
                 f"{index_path} records {count} images; its shards hold {written}"
             )
-    for stale in path.parent.glob("*.npy"):
-        if stale != path:
-            stale.unlink(missing_ok=True)
 
 
 def load_image_norms(

@@ -104,7 +104,7 @@ class SCST(facts.SCST):
         n-gram keys need the model's vocabulary size); with `cider_end_token` the eos that
         ends a caption is its last word, in the references' document frequencies too."""
         if self._cider is None:
-            refs, groups = self.data.labels.cpu().long().numpy(), self.data.image_rows.cpu().numpy()
+            refs, groups = self.data.labels.cpu().numpy(), self.data.image_rows.cpu().numpy()
             self._cider = TokenCiderD(refs, groups, model.cfg.vocab_size, STOPS, self.end)
         return self._cider
 

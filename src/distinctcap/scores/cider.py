@@ -54,6 +54,7 @@ from distinctcap.scores.frequencies import (
 ORDERS = 4  # n = 1..4 (pycocoevalcap's n)
 SIGMA = 6.0  # the length penalty's sigma (CIDEr-D, §3.4)
 BLOCK_TERMS = 1 << 22  # clipped-overlap terms one numpy block holds at most (~32 MB an array)
+DF_BLOCK = 1 << 16  # references whose n-grams TokenCiderD's document frequencies count at a time
 
 
 @dataclass
@@ -343,10 +344,12 @@ class TokenCiderD(CiderDCore):
             raise DistinctcapError(
                 f"CIDEr-D: a vocabulary of {vocab_size} ids does not fit a {n}-gram in int64"
             )
-        refs, groups = np.asarray(refs, np.int64), np.asarray(groups, np.int64)
+        refs, groups = np.asarray(refs), np.asarray(groups, np.int64)
+        if not np.issubdtype(refs.dtype, np.integer):
+            raise DistinctcapError(f"CIDEr-D: reference ids are {refs.dtype}, not integers")
         self.base, self.stops, self.end = vocab_size, tuple(stops), end
         order = np.argsort(groups, kind="stable")
-        self.refs = refs[order]
+        self.refs = refs[order]  # their own width of int: 590,855 COCO references (issue 55)
         self.ref_lengths = token_lengths(self.refs, self.stops, end)
         self.ref_count = np.bincount(groups)
         self.ref_start = np.cumsum(self.ref_count) - self.ref_count
@@ -355,20 +358,35 @@ class TokenCiderD(CiderDCore):
 
     def _document_frequencies(self, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Sorted n-gram keys (ending in `NEVER`) and the number of images whose references
-        hold each, one order at a time (keys of different orders are disjoint) to bound the
-        memory."""
+        hold each, one order and one block of whole images' references (about DF_BLOCK) at a
+        time, so the memory is a block's n-grams: over COCO's 590,855 references at once, an
+        SCST job peaked 1,963 MB against 1,039 at 10,000 images (issue 55)."""
+        if not len(groups):
+            return np.array([NEVER], np.int64), np.zeros(1, np.int64)
+        first_refs = np.flatnonzero(starts(groups))  # each image's first reference
+        at = np.searchsorted(first_refs, np.arange(0, len(groups), DF_BLOCK))
+        bounds = np.append(np.unique(first_refs[np.minimum(at, len(first_refs) - 1)]), len(groups))
         keys, counts = [], []
         for k in range(1, self.n + 1):
-            row, key, _ = ngram_keys(self.refs, self.ref_lengths, self.base, k, k)
-            by_gram = np.argsort(key, kind="stable")  # each n-gram's occurrences by image
-            key, image = key[by_gram], groups[row[by_gram]]
-            first = starts(key) | starts(image)  # of a run of one (n-gram, image)
-            grams, df = distinct_sorted(key[first], counts=True)
-            keys.append(grams)
-            counts.append(df)
+            for a, b in itertools.pairwise(bounds):
+                grams, df = self._block_frequencies(groups[a:b], slice(a, b), k)
+                keys.append(grams)
+                counts.append(df)
         keys_all, counts_all = np.concatenate(keys), np.concatenate(counts)
-        order = np.argsort(keys_all)
-        return np.append(keys_all[order], NEVER), np.append(counts_all[order], 0)
+        grams, inverse = np.unique(keys_all, return_inverse=True)  # blocks share n-grams
+        df = np.bincount(inverse, weights=counts_all, minlength=len(grams)).astype(np.int64)
+        return np.append(grams, NEVER), np.append(df, 0)
+
+    def _block_frequencies(
+        self, groups: np.ndarray, refs: slice, k: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The k-grams of references `refs` (whole images', `groups` theirs) and the number
+        of images whose references hold each."""
+        row, key, _ = ngram_keys(self.refs[refs], self.ref_lengths[refs], self.base, k, k)
+        by_gram = np.argsort(key, kind="stable")  # each n-gram's occurrences by image
+        key, image = key[by_gram], groups[row[by_gram]]
+        first = starts(key) | starts(image)  # of a run of one (n-gram, image)
+        return distinct_sorted(key[first], counts=True)
 
     def document_frequency(self, keys: np.ndarray) -> np.ndarray:
         """df of n-gram keys (G,), 0 for one no reference holds."""

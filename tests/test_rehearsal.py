@@ -285,6 +285,18 @@ def test_the_docs_scale_table_is_the_scripts_output():
         assert block == scale_table.tables([json.loads(p.read_text()) for p in paths]), name
 
 
+def test_the_docs_train_peaks_table_is_the_scripts_output():
+    """docs/performance.md's per-run training peaks are bench/train_peaks.py's rendering of the
+    JSON it wrote (regenerate: train_peaks.py SMALL LARGE --out FILE --from-json --write)."""
+    import train_peaks
+
+    doc = (REPO / "docs/performance.md").read_text()
+    begin, end = (f"<!-- {train_peaks.BLOCK}:{side} -->" for side in ("begin", "end"))
+    block = doc.split(begin + "\n")[1].split(end)[0]
+    result = json.loads((REPO / "docs/rehearsal/scale/train-peaks.json").read_text())
+    assert block == train_peaks.table(result)
+
+
 def test_a_resumed_jobs_numbers_are_marked_and_not_judged(tmp_path):
     """A job that reused a killed run's shards logs it; the table marks its cells and judges no
     goal on them (the 123,287-image run's features were computed over two sessions)."""

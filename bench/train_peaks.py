@@ -23,13 +23,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from coco_table import write_between_markers  # noqa: E402  (bench/ is scripts, not a package)
 from rehearsal import COCO_CONFIG, REPO, card  # noqa: E402
+from scale_table import RSS_GOAL, markers  # noqa: E402
 
 from distinctcap.core.usage import read_usage  # noqa: E402
 from distinctcap.features.read import feature_ids  # noqa: E402
 
 RUNS = ["reference", "teacher_neg", "teacher_pos", "cl", "scst", "smile", "specificity", "unkt"]
 LINKED = ["data", "features", "entropy", "neighbours"]  # upstream results, read only
-RSS_GOAL = 1.25
 BLOCK = "train-peaks"
 
 
@@ -119,7 +119,7 @@ def main() -> None:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
     text = table(result)
     if args.write:
-        write_between_markers(args.write, text, f"<!-- {BLOCK}:begin -->", f"<!-- {BLOCK}:end -->")
+        write_between_markers(args.write, text, *markers(BLOCK))
     print(text)
 
 

@@ -288,10 +288,11 @@ def test_the_docs_scale_table_is_the_scripts_output():
 def test_the_docs_train_peaks_table_is_the_scripts_output():
     """docs/performance.md's per-run training peaks are bench/train_peaks.py's rendering of the
     JSON it wrote (regenerate: train_peaks.py SMALL LARGE --out FILE --from-json --write)."""
+    import scale_table
     import train_peaks
 
     doc = (REPO / "docs/performance.md").read_text()
-    begin, end = (f"<!-- {train_peaks.BLOCK}:{side} -->" for side in ("begin", "end"))
+    begin, end = scale_table.markers(train_peaks.BLOCK)
     block = doc.split(begin + "\n")[1].split(end)[0]
     result = json.loads((REPO / "docs/rehearsal/scale/train-peaks.json").read_text())
     assert block == train_peaks.table(result)

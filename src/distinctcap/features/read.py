@@ -359,10 +359,11 @@ class ImageFeatures:
         norms = load_image_norms(index_path, image_ids)
         norm = None if norms is None else torch.from_numpy(norms)
         if image_ids is None:
-            maps = {c: torch.from_numpy(cached(index_path, c)) for c in CACHED}
-            files = {c: RowFile(cache_path(index_path, c)) for c in CACHED}
+            maps = {c: cached(index_path, c) for c in CACHED}
+            files = {c: RowFile(m.filename) for c, m in maps.items()}
+            grid, pooled = (torch.from_numpy(maps[c]) for c in ("grid", "pooled"))
             ids = feature_ids(index_path)
-            return cls(ids, maps["pooled"], maps["grid"], norm, files["grid"], files["pooled"])
+            return cls(ids, pooled, grid, norm, files["grid"], files["pooled"])
         elif not grid_cache_path(index_path).is_file():
             ids, pooled, grid = load_image_features(index_path, image_ids=image_ids)
         else:

@@ -24,9 +24,12 @@ from distinctcap.features.entropy import retrieval_entropy
 from distinctcap.features.subsets import (
     extremes_markdown,
     plot_histogram,
+    read_split,
     read_subset,
+    rows_in,
     split_subsets,
     threshold,
+    write_split,
     write_subsets,
 )
 
@@ -262,3 +265,57 @@ def test_stage_end_to_end_reruns_only_what_changed(tiny_dag, tmp_path):
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     table = read_table(workdir / "results/entropy/entropy.parquet", "entropy")
     assert (table.subset == "D-").mean() == pytest.approx(0.3, abs=1e-3)
+
+
+def grouped_page_rows(table: pd.DataFrame, captions: pd.DataFrame, top: int) -> list[str]:
+    """The extremes' rows as a pandas groupby of every text computes them (the report before
+    issue 55): mean entropy, subsets, captions and first caption_id per text, ranked by
+    entropy then first caption_id."""
+    joined = table.merge(captions[["caption_id", "text"]], on="caption_id")
+    texts = joined.groupby("text").agg(
+        entropy=("entropy", "mean"), subset=("subset", lambda s: "/".join(sorted(set(s)))),
+        captions=("caption_id", "size"), first_id=("caption_id", "min"),
+    ).reset_index().sort_values(["entropy", "first_id"], ascending=[False, True])  # fmt: skip
+    shown = pd.concat([texts.head(top), texts.tail(top)[::-1]])
+    return [f"| {r.entropy:.4f} | {r.subset} | {r.captions} | {r.first_id} | {r.text} |"
+            for r in shown.itertuples()]  # fmt: skip
+
+
+def test_extremes_are_a_groupby_of_every_text(tmp_path):
+    """Repeated texts, some in both subsets, in a captions file of several row groups: the
+    page lists what a pandas groupby of every text lists, in its order."""
+    rng = np.random.default_rng(1)
+    n = 600
+    text_of = rng.integers(0, 150, n)  # 150 texts, most repeated; one entropy per text
+    scores = pd.DataFrame({"caption_id": np.arange(n, dtype=np.int64) * 3,
+                           "image_id": rng.integers(0, 100, n),
+                           "entropy": rng.random(150).astype(np.float32)[text_of]})  # fmt: skip
+    table = split_subsets(scores, 0.5)
+    captions = scores.assign(split="train", text=[f"text {t}" for t in text_of],
+                             tokens=[np.array([4], dtype=np.int32)] * n)  # fmt: skip
+    captions_file(captions.sample(frac=1, random_state=0), tmp_path / "c.parquet", 64)
+    page = extremes_markdown(table, tmp_path / "c.parquet", top=80)  # every text: the split
+    rows = [line for line in page.splitlines() if line.startswith("| 0.")]
+    assert rows == grouped_page_rows(table, captions, 80)
+    assert any("| D+/D- |" in row for row in rows)  # the text at the threshold
+    assert f"({captions.text.nunique()} distinct texts)" in page
+
+
+def test_the_entropy_table_reads_back_as_split(tmp_path):
+    table = split_subsets(scores_table(np.random.default_rng(2).random(70_000)), 0.3)
+    write_split(table, tmp_path / "entropy.parquet")
+    assert pq.ParquetFile(tmp_path / "entropy.parquet").num_row_groups == 2
+    pd.testing.assert_frame_equal(read_split(tmp_path / "entropy.parquet"), table)
+    stored = read_table(tmp_path / "entropy.parquet", "entropy")  # the contract's strings
+    assert stored.subset.tolist() == table.subset.tolist()
+
+
+def test_scored_captions_missing_from_the_captions_file_are_an_error(tmp_path):
+    assert rows_in(np.array([7, 3, 5]), np.array([5, 7, 4])).tolist() == [2, 0, -1]
+    assert rows_in(np.array([3, 5, 7]), np.array([9, 3])).tolist() == [-1, 0]
+    scores = scores_table([0.3, 0.2, 0.1])
+    captions = scores.iloc[:2].assign(split="train", text="a", tokens=[np.array([4])] * 2)
+    dirs = {"D-": tmp_path / "D-", "D+": tmp_path / "D+"}
+    file = captions_file(captions, tmp_path / "c.parquet", 7)
+    with pytest.raises(DistinctcapError, match="1 scored captions are not in the captions file"):
+        write_subsets(split_subsets(scores, 0.5), file, dirs)

@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 from conftest import child_peak_mb
 
-from distinctcap.core.io import write_table
+from distinctcap.core.io import read_table, write_table
+from distinctcap.features.subsets import split_subsets, write_split
 
 CAPTIONS_PER_IMAGE = 5
 TEST_IMAGES = 100
@@ -84,40 +85,45 @@ def write_scores(root: Path) -> None:
                               "entropy": entropy}), root / "scores.parquet")  # fmt: skip
 
 
-def scored_peaks(tmp_path: Path, code: str) -> dict[int, float]:
-    """`code`'s peak RSS on 4,000 and 120,000 images' data, their train captions scored."""
+def scored_peaks(tmp_path: Path, code: str, split: bool = False) -> dict[int, float]:
+    """`code`'s peak RSS on 4,000 and 120,000 images' data, their train captions scored (and
+    split into the entropy table where `split`)."""
     peaks = {}
     for n in (4_000, 120_000):
         write_data(tmp_path / f"n{n}", n)
         write_scores(tmp_path / f"n{n}")
+        if split:
+            scores = read_table(tmp_path / f"n{n}" / "scores.parquet")
+            write_split(split_subsets(scores, 0.5), tmp_path / f"n{n}" / "entropy.parquet")
         peaks[n] = child_peak_mb(code, tmp_path / f"n{n}")
     return peaks
 
 
 def test_the_splits_memory_grows_by_its_scores_not_the_captions(tmp_path):
-    """4,000 against 120,000 images (20k against 600k captions): the split holds the scores
-    and a shard, not the captions table with its texts and tokens (+254 MB here with the
-    packed table held, +139 read a shard at a time, on the 2-core box)."""
+    """4,000 against 120,000 images (20k against 600k captions): the split holds the scores,
+    the scored captions' rows in the file and a row group, not the captions table with its
+    texts and tokens (on the 2-core box: +254 MB with the packed table held; +120-133 with
+    pandas' sorts, a merge index and each 100,000-caption shard gathered whole; +60-63 now)."""
     peaks = scored_peaks(tmp_path, SPLIT)
-    assert peaks[120_000] - peaks[4_000] <= 190, peaks
+    assert peaks[120_000] - peaks[4_000] <= 90, peaks
 
 
 REPORT = """
 import sys
 from pathlib import Path
-from distinctcap.core.io import read_table
-from distinctcap.features.subsets import extremes_markdown, plot_histogram, split_subsets
+from distinctcap.features.subsets import extremes_markdown, plot_histogram, read_split
 root = Path(sys.argv[1])
-table = split_subsets(read_table(root / "scores.parquet"), 0.5)
+table = read_split(root / "entropy.parquet")
 plot_histogram(table, root / "histogram.png")
 (root / "extremes.md").write_text(extremes_markdown(table, root / "captions.parquet", 20))
 """
 
 
 def test_the_entropy_reports_memory_grows_by_its_scores_not_the_texts(tmp_path):
-    """4,000 against 120,000 images (20k against 600k captions): the report groups the captions
-    by their texts' hashes and reads only the 40 texts it lists (+148 MB; +320 with every text
-    read and merged, the same page, on the 2-core box)."""
-    peaks = scored_peaks(tmp_path, REPORT)
-    assert peaks[120_000] - peaks[4_000] <= 200, peaks
+    """4,000 against 120,000 images (20k against 600k captions): the report reads the entropy
+    table a row group at a time, hashes the texts and sums only the 40 it lists (on the
+    2-core box: +320 MB with every text read and merged; +143-167 with a pandas groupby of
+    every text and a threaded filtered read of the listed ones; +50-58 now)."""
+    peaks = scored_peaks(tmp_path, REPORT, split=True)
+    assert peaks[120_000] - peaks[4_000] <= 90, peaks
     assert (tmp_path / "n120000" / "extremes.md").read_text().count("| a caption ") == 40

@@ -1,12 +1,15 @@
-"""Each training run's peak RSS at two rehearsal sizes, on the code checked out, in one session
-(issue 55: train's peak RSS at 123,287 images at most 1.25x its RSS at 10,000).
+"""Each job's peak RSS at two rehearsal sizes, on the code checked out, in one session (issue
+55: the peak RSS of train, the entropy split and its report at 123,287 images at most 1.25x
+their RSS at 10,000).
 
-Every train_run job of a `bench/rehearsal.py` work folder is rerun, one at a time, in a scratch
-folder beside its run (WORK/train-peaks), with the run's data, features, entropy subsets and
-neighbours linked in; a run whose inputs the rehearsal has not made yet is skipped and named.
+The split_entropy, entropy_report and every train_run job of a `bench/rehearsal.py` work folder
+are rerun, one at a time and in that order, in a scratch folder beside its run (WORK/job-peaks),
+with the run's data, features, retrieval entropies and neighbour table linked in. The training
+runs read the split the scratch folder made; a job whose inputs the rehearsal has not made yet
+is skipped and named.
 
-    PYTHONPATH=src python bench/train_peaks.py /scratch/r10000 /scratch/r123287 \
-        --out docs/rehearsal/scale/train-peaks.json [--write docs/performance.md]
+    PYTHONPATH=src python bench/job_peaks.py /scratch/r10000 /scratch/r123287 \
+        --out docs/rehearsal/scale/job-peaks.json [--write docs/performance.md]
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from coco_table import write_between_markers  # noqa: E402  (bench/ is scripts, not a package)
@@ -28,53 +32,77 @@ from scale_table import RSS_GOAL, markers  # noqa: E402
 from distinctcap.core.usage import read_usage  # noqa: E402
 from distinctcap.features.read import feature_ids  # noqa: E402
 
+
+class Job(NamedTuple):
+    rule: str
+    target: str  # what snakemake is asked for
+    removed: list[str]  # its outputs, removed first so that it runs from scratch
+    log: str
+
+
 RUNS = ["reference", "teacher_neg", "teacher_pos", "cl", "scst", "smile", "specificity", "unkt"]
-LINKED = ["data", "features", "entropy", "neighbours"]  # upstream results, read only
-BLOCK = "train-peaks"
+ENTROPY = "results/entropy"
+REPORT = "results/report"
+JOBS = {
+    "split_entropy": Job("split_entropy", f"{ENTROPY}/entropy.parquet",
+                         [f"{ENTROPY}/entropy.parquet", f"{ENTROPY}/D-", f"{ENTROPY}/D+"],
+                         "logs/entropy/split_entropy.log"),
+    "entropy_report": Job("entropy_report", f"{REPORT}/entropy_extremes.md",
+                          [f"{REPORT}/entropy_histogram.png", f"{REPORT}/entropy_extremes.md"],
+                          "logs/entropy/entropy_report.log"),
+    **{run: Job("train_run", f"results/runs/{run}/model.pt", [f"results/runs/{run}"],
+                f"logs/train/{run}.log") for run in RUNS},
+}  # fmt: skip
+# Upstream results, read only, each linked on its own so that the caches the jobs build beside
+# them (the pooled embeddings, the neighbour rows) are written here, not in the rehearsal's run.
+LINKED = ["results/data", "results/features/index.json", "results/features/cache/*",
+          f"{ENTROPY}/scores.parquet", "results/neighbours/*.parquet"]  # fmt: skip
+BLOCK = "job-peaks"
 
 
 def scratch(work: Path) -> Path:
-    """WORK/train-peaks/run: the rehearsal's upstream results linked, its config overlay."""
-    run, out = work / "run", work / "train-peaks" / "run"
-    (out / "results").mkdir(parents=True, exist_ok=True)
-    for name in LINKED:
-        link = out / "results" / name
-        if (run / "results" / name).exists() and not link.exists():
-            link.symlink_to(run / "results" / name)
+    """WORK/job-peaks/run: the rehearsal's upstream results linked, its config overlay."""
+    run, out = work / "run", work / "job-peaks" / "run"
+    for pattern in LINKED:
+        for source in sorted(run.glob(pattern)):
+            link = out / source.relative_to(run)
+            link.parent.mkdir(parents=True, exist_ok=True)
+            if not link.exists():
+                link.symlink_to(source)
     shutil.copy(run / "rehearsal.yaml", out / "rehearsal.yaml")
     return out
 
 
-def train(out: Path, run: str) -> dict | None:
-    """The run's train_run job, from scratch (its old outputs removed): its usage line, or None
-    where the job failed (its inputs missing)."""
-    shutil.rmtree(out / "results" / "runs" / run, ignore_errors=True)
-    (out / "logs" / "train" / f"{run}.log").unlink(missing_ok=True)
+def rerun(out: Path, job: Job) -> dict | None:
+    """The job, from scratch (its old outputs removed): its usage line, or None where it
+    failed (its inputs missing)."""
+    for path in [*job.removed, job.log]:
+        shutil.rmtree(out / path, ignore_errors=True)
+        (out / path).unlink(missing_ok=True)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "MPLBACKEND": "Agg",
            "PYTHONPATH": str(REPO / "src")}  # fmt: skip
     snakemake = Path(sys.executable).parent / "snakemake"
     command = [str(snakemake), "--snakefile", str(REPO / "Snakefile"), "--directory", str(out),
                "--cores", "1", "--configfile", str(COCO_CONFIG), str(out / "rehearsal.yaml"),
-               "--allowed-rules", "train_run", "--quiet", "rules", "--",
-               f"results/runs/{run}/model.pt"]  # fmt: skip
+               "--allowed-rules", job.rule, "--quiet", "rules", "--", job.target]  # fmt: skip
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
     if done.returncode:
         return None
-    return read_usage(out / "logs" / "train" / f"{run}.log")
+    return read_usage(out / job.log)
 
 
 def measure(work: Path) -> dict:
-    """{images, runs: {run: usage}, skipped: [run]} of one rehearsal folder."""
+    """{images, runs: {job: usage}, skipped: [job]} of one rehearsal folder."""
     out = scratch(work)
     images = len(feature_ids(work / "run" / "results" / "features" / "index.json"))
     runs, skipped = {}, []
-    for run in RUNS:
-        usage = train(out, run)
-        print(f"train-peaks: {images:,} images, {run}: {usage}", flush=True)
+    for name, job in JOBS.items():
+        usage = rerun(out, job)
+        print(f"job-peaks: {images:,} images, {name}: {usage}", flush=True)
         if usage is None:
-            skipped.append(run)
+            skipped.append(name)
         else:
-            runs[run] = usage
+            runs[name] = usage
     return {"images": images, "runs": runs, "skipped": skipped}
 
 
@@ -82,10 +110,10 @@ def table(result: dict) -> str:
     """The Markdown table: each run's peak RSS at both sizes, the ratio and the goal."""
     small, large = result["sizes"]
     head = (f"Measured on {result['machine']} ({result['card']}), commit {result['commit']}, "
-            f"one job at a time: peak RSS MB of each train_run job.\n\n")  # fmt: skip
-    rows = [f"| run | {small['images']:,} images | {large['images']:,} images | ratio | goal |",
+            f"one job at a time: peak RSS MB of each job.\n\n")  # fmt: skip
+    rows = [f"| job | {small['images']:,} images | {large['images']:,} images | ratio | goal |",
             "|---|---|---|---|---|"]  # fmt: skip
-    for run in RUNS:
+    for run in JOBS:
         a, b = small["runs"].get(run), large["runs"].get(run)
         if a is None or b is None:
             rows.append(f"| {run} | {_mb(a)} | {_mb(b)} | - | not measured (inputs missing) |")

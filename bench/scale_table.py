@@ -38,7 +38,7 @@ DOCS_BLOCKS = {
     "scale-table": [
         SCALE / "pair-10000.json",
         SCALE / "pair-40000.json",
-        SCALE / "first-full-123287.json",
+        SCALE / "second-full-123287.json",
     ],
     "scale-same-session": [SCALE / "pair-10000.json", SCALE / "pair-40000.json"],
     "scale-full": [SCALE / "first-full-123287.json"],

@@ -204,6 +204,17 @@ def row_pieces(file: pq.ParquetFile, rows: np.ndarray) -> Iterator[tuple[np.ndar
         release_arrow_memory()
 
 
+def rows_in(ids: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """Each of `wanted`'s row in the unique `ids` (ascending or not), -1 where it is not: a
+    sorted search, through a sorter where `ids` are not ascending."""
+    if not len(ids):
+        return np.full(len(wanted), -1, dtype=np.int64)
+    sorter = None if (ids[1:] > ids[:-1]).all() else np.argsort(ids, kind="stable")
+    at = np.minimum(np.searchsorted(ids, wanted, sorter=sorter), len(ids) - 1)
+    rows = at if sorter is None else sorter[at]
+    return np.where(ids[rows] == wanted, rows, -1)
+
+
 def read_rows(file: pq.ParquetFile, rows: np.ndarray) -> pa.Table:
     """Rows `rows` of a parquet file, in that order, read from the row groups that hold one of
     them, one group at a time: the caller holds the rows and a row group, not the file."""

@@ -24,6 +24,7 @@ from distinctcap.core.io import (
     read_json,
     release_arrow_memory,
     row_group_starts,
+    rows_in,
 )
 from distinctcap.features.store import KEY, check_finite, digest
 
@@ -87,16 +88,9 @@ def feature_rows(ids: np.ndarray, image_ids: Sequence[int] | np.ndarray) -> np.n
     """Row of each of `image_ids` in the sorted `ids`; a DistinctcapError names ids without
     features."""
     want = np.asarray(image_ids, dtype=np.int64)
-    if len(ids) > 1 and not (ids[1:] > ids[:-1]).all():  # shards are sorted; be safe anyway
-        rows = pd.Index(ids).get_indexer(want)
-        if (rows < 0).any():
-            missing = want[rows < 0][:10].tolist()
-            raise DistinctcapError(f"no image features for image ids {missing} (first 10 shown)")
-        return rows
-    rows = np.minimum(np.searchsorted(ids, want), max(len(ids) - 1, 0))
-    bad = (ids[rows] != want) if len(ids) else np.ones(len(want), dtype=bool)
-    if bad.any():
-        missing = want[bad][:10].tolist()
+    rows = rows_in(ids, want)
+    if (rows < 0).any():
+        missing = want[rows < 0][:10].tolist()
         raise DistinctcapError(f"no image features for image ids {missing} (first 10 shown)")
     return rows
 

@@ -32,6 +32,7 @@ from distinctcap.core.io import (
     release_arrow_memory,
     row_group_starts,
     row_pieces,
+    rows_in,
     write_pieces,
 )
 
@@ -81,16 +82,6 @@ def read_split(path: str | Path) -> pd.DataFrame:
         subset = file.read_row_group(g, columns=["subset"]).column(0)
         code[starts[g] : starts[g + 1]] = pc.not_equal(subset, SUBSETS[0]).to_numpy()
     return table.assign(subset=pd.Categorical.from_codes(code, SUBSETS))
-
-
-def rows_in(ids: np.ndarray, wanted: np.ndarray) -> np.ndarray:
-    """Each of `wanted`'s row in the unique `ids` (ascending or not), -1 where it is not."""
-    if not len(ids):
-        return np.full(len(wanted), -1, dtype=np.int64)
-    sorter = None if (ids[1:] > ids[:-1]).all() else np.argsort(ids, kind="stable")
-    at = np.minimum(np.searchsorted(ids, wanted, sorter=sorter), len(ids) - 1)
-    rows = at if sorter is None else sorter[at]
-    return np.where(ids[rows] == wanted, rows, -1)
 
 
 def threshold(table: pd.DataFrame) -> float:
@@ -263,11 +254,12 @@ def text_row(table: pd.DataFrame, hashes: np.ndarray, text_hash: np.uint64) -> d
     """One distinct text's captions: their mean entropy, how many (in D- and in all) and
     the first caption_id."""
     mine = hashes == text_hash
+    captions = int(mine.sum())
     negative = int((table.subset.cat.codes.to_numpy()[mine] == 0).sum())
     return {
         "entropy": float(table.entropy.to_numpy()[mine].mean(dtype=np.float64)),
-        "subset": "D-" if negative == mine.sum() else "D+" if negative == 0 else "D+/D-",
-        "captions": int(mine.sum()),
+        "subset": "D-" if negative == captions else "D+" if negative == 0 else "D+/D-",
+        "captions": captions,
         "first_id": int(table.caption_id.to_numpy()[mine][0]),
     }
 
